@@ -1,0 +1,93 @@
+#include "allocation_table.h"
+
+#include <algorithm>
+
+namespace membroker::broker {
+
+Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+                                    uint64_t creator) {
+  uint64_t id = next_id_++;
+  Allocation& a = allocations_[id];
+  a.id = id;
+  a.fd = std::move(mem.fd);
+  a.size = mem.size;
+  a.page_size = mem.page_size;
+  a.policy = policy;
+  a.creator = creator;
+  a.holders = 1;
+  a.created = std::chrono::steady_clock::now();
+  ++counters_.allocations_created;
+  counters_.bytes_live += a.size;
+  return a;
+}
+
+Allocation* AllocationTable::Find(uint64_t id) {
+  auto it = allocations_.find(id);
+  return it == allocations_.end() ? nullptr : &it->second;
+}
+
+void AllocationTable::AddHolder(uint64_t id) {
+  if (Allocation* a = Find(id)) ++a->holders;
+}
+
+bool AllocationTable::DropHolder(uint64_t id) {
+  auto it = allocations_.find(id);
+  if (it == allocations_.end() || it->second.holders == 0) return false;
+  if (--it->second.holders > 0) return false;
+  for (const std::string& t : it->second.tokens) exports_.erase(t);
+  counters_.bytes_live -= it->second.size;
+  ++counters_.allocations_freed;
+  allocations_.erase(it);
+  return true;
+}
+
+Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_t exporter_uid,
+                                            uint32_t flags) {
+  if (flags & ~ipc::kExportKnownFlags)
+    return Status(ErrorCode::kParamInvalid, "unknown export flags " + std::to_string(flags));
+  Allocation* a = Find(id);
+  if (a == nullptr) return Status(ErrorCode::kInvalidHandle, "unknown handle");
+  ExportEntry e;
+  e.allocation = id;
+  e.exporter = exporter;
+  e.exporter_uid = exporter_uid;
+  e.flags = flags;
+  if (flags & ipc::kExportReadOnly) {
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, ipc::ReopenReadOnly(a->fd.get()));
+  }
+  std::string token = ipc::RandomToken();
+  a->tokens.push_back(token);
+  exports_.emplace(token, std::move(e));
+  ++counters_.exports_created;
+  return token;
+}
+
+Status AllocationTable::SetPids(const std::string& token, uint64_t requester,
+                                std::vector<pid_t> pids) {
+  auto it = exports_.find(token);
+  if (it == exports_.end() || it->second.exporter != requester)
+    return Status(ErrorCode::kNotFound, "no such token exported by this client");
+  for (pid_t p : pids)
+    if (p <= 0) return Status(ErrorCode::kParamInvalid, "pid " + std::to_string(p) + " is invalid");
+  it->second.pids = std::move(pids);
+  return Status::Ok();
+}
+
+Result<const ExportEntry*> AllocationTable::CheckImport(const std::string& token,
+                                                        const Importer& who) {
+  static const Status kNoToken(ErrorCode::kNotFound,
+                               "token unknown, freed, or not shared with this process");
+  auto it = exports_.find(token);
+  if (it == exports_.end()) return kNoToken;
+  const ExportEntry& e = it->second;
+  bool allowed;
+  if (e.flags & ipc::kExportNoPidCheck) {
+    allowed = who.uid == e.exporter_uid || who.uid == 0;
+  } else {
+    allowed = std::find(e.pids.begin(), e.pids.end(), who.pid) != e.pids.end();
+  }
+  if (!allowed) return kNoToken;
+  return &e;
+}
+
+}  // namespace membroker::broker

@@ -1,0 +1,92 @@
+// AllocationTable: every live allocation the broker owns, its holder count and
+// its export tokens. Pure bookkeeping (no sockets, no loop), so its rules are
+// unit-tested directly.
+//
+// Lifetime rules:
+//  1. Insert() creates an allocation with one holder (its creator).
+//  2. AddHolder()/DropHolder() follow the per-client ledgers; when the last
+//     holder drops, the allocation is erased: its fd closes and its tokens die.
+//  3. A token lives exactly as long as its allocation.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "membroker/ipc/memfd.h"
+#include "membroker/ipc/unique_fd.h"
+#include "membroker/status.h"
+
+namespace membroker::broker {
+
+struct Allocation {
+  uint64_t id = 0;
+  ipc::UniqueFd fd;
+  uint64_t size = 0;
+  uint64_t page_size = 0;
+  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+  uint64_t creator = 0;  // client id
+  uint32_t holders = 0;
+  std::chrono::steady_clock::time_point created;
+  std::vector<std::string> tokens;
+};
+
+struct ExportEntry {
+  uint64_t allocation = 0;
+  uint64_t exporter = 0;  // client id
+  uid_t exporter_uid = 0;
+  uint32_t flags = 0;
+  std::vector<pid_t> pids;  // who may import (unless kExportNoPidCheck)
+  ipc::UniqueFd read_only_fd;  // set for kExportReadOnly
+};
+
+struct Importer {
+  uint64_t client = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+
+struct TableCounters {
+  uint64_t allocations_created = 0;
+  uint64_t allocations_freed = 0;
+  uint64_t bytes_live = 0;
+  uint64_t exports_created = 0;
+  uint64_t imports = 0;
+};
+
+class AllocationTable {
+ public:
+  // Takes ownership of mem; the creator becomes the only holder.
+  Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator);
+
+  Allocation* Find(uint64_t id);
+  const std::map<uint64_t, Allocation>& all() const { return allocations_; }
+  const TableCounters& counters() const { return counters_; }
+  size_t export_count() const { return exports_.size(); }
+
+  void AddHolder(uint64_t id);
+  // Returns true when this was the last holder and the allocation was freed.
+  bool DropHolder(uint64_t id);
+
+  // Creates an export token for allocation id.
+  Result<std::string> Export(uint64_t id, uint64_t exporter, uid_t exporter_uid, uint32_t flags);
+  // Only the client that created the token may restrict it.
+  Status SetPids(const std::string& token, uint64_t requester, std::vector<pid_t> pids);
+  // Checks the importer against the token's rules. Unknown, stale and
+  // not-permitted tokens all give the same NOT_FOUND (no oracle).
+  Result<const ExportEntry*> CheckImport(const std::string& token, const Importer& who);
+  void CountImport() { ++counters_.imports; }
+
+ private:
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Allocation> allocations_;
+  std::unordered_map<std::string, ExportEntry> exports_;
+  TableCounters counters_;
+};
+
+}  // namespace membroker::broker

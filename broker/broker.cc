@@ -1,0 +1,311 @@
+#include "broker.h"
+
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <sys/un.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "log.h"
+#include "membroker/ipc/syscall.h"
+
+namespace membroker::broker {
+
+namespace {
+constexpr int kListenBacklog = 512;
+// Frames read from one client per wakeup, so one busy client cannot starve others.
+constexpr int kFramesPerWakeup = 64;
+
+uint64_t DefaultMaxBytes() {
+  struct sysinfo si {};
+  if (::sysinfo(&si) != 0) return 1ull << 32;
+  return static_cast<uint64_t>(si.totalram) * si.mem_unit / 2;
+}
+}  // namespace
+
+Status PrepareSocketPath(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path))
+    return Status(ErrorCode::kParamInvalid, "socket path is empty or too long: '" + path + "'");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ipc::ErrnoStatus("lstat", path, errno);
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return Status(ErrorCode::kAlreadyExists, path + " exists and is not a socket; not touching it");
+  // Something is there: is a broker accepting on it?
+  for (int type : {SOCK_SEQPACKET, SOCK_STREAM}) {
+    ipc::UniqueFd probe(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+    if (!probe) return ipc::ErrnoStatus("socket", "AF_UNIX", errno);
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+      return Status(ErrorCode::kAlreadyExists,
+                    "another broker is serving " + path + "; refusing to start");
+    if (errno == EPROTOTYPE) continue;  // a socket of the other type: try that
+    if (errno != ECONNREFUSED) return ipc::ErrnoStatus("connect", path, errno);
+    break;
+  }
+  // Nobody accepting: a stale socket from a dead broker.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ipc::ErrnoStatus("unlink", path, errno);
+  MB_LOG("removed stale socket %s", path.c_str());
+  return Status::Ok();
+}
+
+Broker::Broker(Options options) : options_(std::move(options)) {
+  if (options_.max_bytes == 0) options_.max_bytes = DefaultMaxBytes();
+}
+
+Broker::~Broker() {
+  // Run() closes every handle; this only covers a Broker that never ran.
+  if (loop_.data == this) {
+    uv_walk(&loop_, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); },
+            nullptr);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+  }
+}
+
+Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
+  std::unique_ptr<Broker> b(new Broker(std::move(options)));
+  if (int rc = uv_loop_init(&b->loop_); rc != 0)
+    return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
+  b->loop_.data = b.get();
+  MB_RETURN_IF_ERROR(b->Listen());
+  MB_RETURN_IF_ERROR(b->ListenAdmin());
+  return b;
+}
+
+Status Broker::Listen() {
+  MB_RETURN_IF_ERROR(PrepareSocketPath(options_.socket_path));
+  int raw = -1;
+  MB_RETURN_IF_ERROR(ipc::CheckedCall("socket", "AF_UNIX, SOCK_SEQPACKET", &raw, [] {
+    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }));
+  listen_fd_.reset(raw);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
+  // Clients of the same uid or group may connect: mode 0660.
+  mode_t old = ::umask(0117);
+  int rc = ::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  ::umask(old);
+  if (rc != 0) return ipc::ErrnoStatus("bind", options_.socket_path, err);
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("listen", options_.socket_path, nullptr, [&] {
+    return ::listen(listen_fd_.get(), kListenBacklog);
+  }));
+  uv_poll_init(&loop_, &listen_poll_, listen_fd_.get());
+  listen_poll_.data = this;
+  uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable);
+  return Status::Ok();
+}
+
+Status Broker::Run() {
+  uv_signal_init(&loop_, &sigterm_);
+  uv_signal_init(&loop_, &sigint_);
+  sigterm_.data = sigint_.data = this;
+  auto on_signal = [](uv_signal_t* h, int signum) {
+    MB_LOG("signal %d: stopping", signum);
+    static_cast<Broker*>(h->data)->Stop();
+  };
+  uv_signal_start(&sigterm_, on_signal, SIGTERM);
+  uv_signal_start(&sigint_, on_signal, SIGINT);
+
+  MB_LOG("serving on %s (admin %s), byte budget %llu", options_.socket_path.c_str(),
+         options_.admin_socket_path.c_str(), static_cast<unsigned long long>(options_.max_bytes));
+  if (options_.ready_fd >= 0) {
+    char line[64];
+    int n = std::snprintf(line, sizeof(line), "READY %d\n", static_cast<int>(::getpid()));
+    (void)!::write(options_.ready_fd, line, static_cast<size_t>(n));
+    ::close(options_.ready_fd);
+    options_.ready_fd = -1;
+  }
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  // Every handle is closed and every worker finished: the loop is empty.
+  int rc = uv_loop_close(&loop_);
+  loop_.data = nullptr;
+  ::unlink(options_.socket_path.c_str());
+  ::unlink(options_.admin_socket_path.c_str());
+  MB_LOG("stopped: %zu allocations left to release", table_.all().size());
+  if (rc != 0) return Status(ErrorCode::kInternal, "loop still had open handles at exit");
+  return Status::Ok();
+}
+
+void Broker::Stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&admin_pipe_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+  std::vector<Session*> all;
+  for (auto& [id, s] : sessions_) all.push_back(s);
+  for (Session* s : all) {
+    s->said_goodbye = true;  // the broker is ending it; not a client crash
+    CloseSession(*s, "broker stopping");
+  }
+  CloseAdminConnections(&loop_, reinterpret_cast<uv_handle_t*>(&admin_pipe_));
+}
+
+void Broker::OnListenReadable(uv_poll_t* h, int status, int) {
+  if (status < 0) return;
+  static_cast<Broker*>(h->data)->Accept();
+}
+
+void Broker::Accept() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        MB_LOG("accept4: %s", std::strerror(errno));
+      return;
+    }
+    ipc::UniqueFd conn(fd);
+    if (sessions_.size() >= options_.max_clients) {
+      MB_LOG("refusing a client: %zu clients connected (--max-clients)", sessions_.size());
+      continue;  // closing it tells the client
+    }
+    auto cred = ipc::GetPeerCred(conn.get());
+    if (!cred.ok()) continue;
+    auto* s = new Session();
+    s->id = next_session_id_++;
+    s->fd = std::move(conn);
+    s->cred = *cred;
+    s->connected_since = std::chrono::system_clock::now();
+    uv_poll_init(&loop_, &s->poll, s->fd.get());
+    s->poll.data = s;
+    uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
+    sessions_[s->id] = s;
+    ++counters_.clients_total;
+  }
+}
+
+Session* Broker::FindSession(uint64_t id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() || it->second->closing ? nullptr : it->second;
+}
+
+void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
+  auto* self = static_cast<Broker*>(h->loop->data);
+  auto* s = static_cast<Session*>(h->data);
+  if (s->closing) return;
+  if (status < 0) {
+    self->CloseSession(*s, uv_strerror(status));
+    return;
+  }
+  if (events & UV_WRITABLE) self->Flush(*s);
+  if (!s->closing && (events & (UV_READABLE | UV_DISCONNECT))) self->ReadFrames(*s);
+}
+
+void Broker::ReadFrames(Session& s) {
+  ipc::Frame frame;
+  for (int i = 0; i < kFramesPerWakeup && !s.closing; ++i) {
+    bool would_block = false;
+    Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
+    if (would_block) return;
+    if (!st.ok()) {
+      if (st.code() == ErrorCode::kProtocolError) {
+        ++counters_.protocol_errors;
+        ++counters_.clients_kicked;
+      }
+      CloseSession(s, st.message().c_str());
+      return;
+    }
+    HandleFrame(s, std::move(frame));
+  }
+}
+
+void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
+                  std::span<const int> fds) {
+  if (s.closing) return;
+  ipc::Envelope env{ipc::kProtocolVersion, request_id, 0, std::move(body)};
+  std::vector<uint8_t> bytes = ipc::Encode(env);
+  if (s.outbound.empty()) {
+    bool would_block = false;
+    Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);
+    if (st.ok()) return;
+    if (!would_block) {
+      CloseSession(s, st.message().c_str());
+      return;
+    }
+  }
+  if (s.outbound.size() >= options_.max_outbound_frames) {
+    ++counters_.clients_kicked;
+    CloseSession(s, "client does not read its replies (outbound queue full)");
+    return;
+  }
+  // Queued: the frame needs its own fds, since the originals may close first.
+  OutFrame out{std::move(bytes), {}};
+  for (int fd : fds) {
+    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+      CloseSession(s, "cannot duplicate an fd for a queued reply");
+      return;
+    }
+    out.fds.emplace_back(copy);
+  }
+  s.outbound.push_back(std::move(out));
+  if (!s.polling_writable) {
+    s.polling_writable = true;
+    uv_poll_start(&s.poll, UV_READABLE | UV_WRITABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
+  }
+}
+
+void Broker::SendError(Session& s, uint64_t request_id, const Status& st) {
+  ++counters_.errors_sent;
+  if (options_.verbose)
+    MB_LOG("client %llu request %llu: %s", static_cast<unsigned long long>(s.id),
+           static_cast<unsigned long long>(request_id), st.ToString().c_str());
+  Send(s, request_id, ipc::ErrorReply{st.code(), st.message()});
+}
+
+void Broker::Flush(Session& s) {
+  while (!s.outbound.empty()) {
+    OutFrame& out = s.outbound.front();
+    std::vector<int> raw;
+    for (auto& f : out.fds) raw.push_back(f.get());
+    bool would_block = false;
+    Status st = ipc::SendFrame(s.fd.get(), out.bytes, raw, &would_block);
+    if (would_block) return;
+    if (!st.ok()) {
+      CloseSession(s, st.message().c_str());
+      return;
+    }
+    s.outbound.pop_front();
+  }
+  if (s.close_after_flush) {
+    CloseSession(s, "closed after final reply");
+    return;
+  }
+  s.polling_writable = false;
+  uv_poll_start(&s.poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
+}
+
+void Broker::ReleaseHolding(uint64_t allocation_id) { table_.DropHolder(allocation_id); }
+
+void Broker::CloseSession(Session& s, const char* why) {
+  if (s.closing) return;
+  s.closing = true;
+  std::vector<uint64_t> held = s.ledger.TakeAll();
+  if (!s.said_goodbye) ++counters_.clients_crashed;
+  counters_.released_on_disconnect += held.size();
+  for (uint64_t id : held) ReleaseHolding(id);
+  if (options_.verbose || (!s.said_goodbye && !held.empty()))
+    MB_LOG("client %llu (pid %d, '%s') disconnected: %s; released %zu holdings",
+           static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), s.name.c_str(),
+           why, held.size());
+  s.outbound.clear();
+  sessions_.erase(s.id);
+  // Work still running for this session finds it gone and releases its result.
+  uv_close(reinterpret_cast<uv_handle_t*>(&s.poll),
+           [](uv_handle_t* h) { delete static_cast<Session*>(h->data); });
+}
+
+}  // namespace membroker::broker

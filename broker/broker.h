@@ -1,0 +1,116 @@
+// Broker: the daemon's libuv loop, its listening sockets, the sessions and the
+// request handlers. One thread runs the loop; slow work (creating and
+// reserving large allocations) runs on libuv's worker pool so the loop keeps
+// serving everyone else.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "allocation_table.h"
+#include "membroker/ipc/protocol.h"
+#include "membroker/status.h"
+#include "session.h"
+
+namespace membroker::broker {
+
+struct Options {
+  std::string socket_path;
+  std::string admin_socket_path;
+  int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
+  uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
+  size_t max_clients = 1024;
+  size_t max_outbound_frames = 1024;    // a client that does not read is dropped
+  size_t max_inflight_per_client = 64;  // concurrent slow requests per client
+  uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
+  bool verbose = false;
+};
+
+struct BrokerCounters {
+  uint64_t clients_total = 0;
+  uint64_t clients_crashed = 0;  // disconnected without a Goodbye
+  uint64_t clients_kicked = 0;   // disconnected by the broker (protocol error, slow reader)
+  uint64_t released_on_disconnect = 0;
+  uint64_t requests = 0;
+  uint64_t errors_sent = 0;
+  uint64_t protocol_errors = 0;
+  uint64_t bytes_pending = 0;    // reserved for allocations being created
+};
+
+class Broker {
+ public:
+  static Result<std::unique_ptr<Broker>> Create(Options options);
+  ~Broker();
+  Broker(const Broker&) = delete;
+  Broker& operator=(const Broker&) = delete;
+
+  // Runs until SIGTERM/SIGINT, then releases everything and unlinks sockets.
+  Status Run();
+
+  // Admin commands ("stats", "list clients", ... with optional --json).
+  std::string AdminCommand(const std::string& line);
+
+ private:
+  explicit Broker(Options options);
+  Status Listen();
+  void Stop();
+
+  // Connection handling (broker.cc).
+  static void OnListenReadable(uv_poll_t* h, int status, int events);
+  static void OnSessionEvent(uv_poll_t* h, int status, int events);
+  void Accept();
+  void ReadFrames(Session& s);
+  void Flush(Session& s);
+  void CloseSession(Session& s, const char* why);
+  // Sends a reply; fds are borrowed (duplicated only if the reply must queue).
+  void Send(Session& s, uint64_t request_id, ipc::Message body, std::span<const int> fds = {});
+  void CloseAfterReply(Session& s);
+  void SendError(Session& s, uint64_t request_id, const Status& st);
+  Session* FindSession(uint64_t id);
+
+  // Requests (requests.cc). Each returns the Status to report on failure.
+  void HandleFrame(Session& s, ipc::Frame frame);
+  Status HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m);
+  Status HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& m);
+  Status HandleFree(Session& s, const ipc::FreeRequest& m);
+  Status HandleExport(Session& s, uint64_t rid, const ipc::ExportRequest& m);
+  Status HandleSetPid(Session& s, uint64_t rid, const ipc::SetPidRequest& m);
+  Status HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m);
+  void FinishMalloc(uint64_t session_id, uint64_t rid, ipc::PagePolicy policy, uint64_t reserved,
+                    Result<ipc::PhysicalMemory> mem);
+  void ReleaseHolding(uint64_t allocation_id);
+
+  // Admin socket (admin.cc).
+  Status ListenAdmin();
+  static void OnAdminConnection(uv_stream_t* server, int status);
+
+  friend struct MallocWork;
+  friend struct AdminConnection;
+
+  Options options_;
+  uv_loop_t loop_{};
+  uv_poll_t listen_poll_{};
+  ipc::UniqueFd listen_fd_;
+  uv_pipe_t admin_pipe_{};
+  uv_signal_t sigterm_{};
+  uv_signal_t sigint_{};
+  bool stopping_ = false;
+  uint64_t next_session_id_ = 1;
+  std::unordered_map<uint64_t, Session*> sessions_;
+  AllocationTable table_;
+  BrokerCounters counters_;
+};
+
+// Closes every admin connection on loop except the listener (at shutdown).
+void CloseAdminConnections(uv_loop_t* loop, uv_handle_t* listener);
+
+// Prepares a Unix socket path for bind: a stale socket file (nobody accepting)
+// is removed; a live broker or a non-socket file there is an error.
+Status PrepareSocketPath(const std::string& path);
+
+}  // namespace membroker::broker

@@ -1,0 +1,41 @@
+// Session: one connected client - its socket, identity, ledger and the replies
+// waiting to be sent. Owned by the Broker; freed in the uv_close callback.
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "ledger.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/unique_fd.h"
+
+namespace membroker::broker {
+
+struct OutFrame {
+  std::vector<uint8_t> bytes;
+  std::vector<ipc::UniqueFd> fds;  // sent with the frame, then closed here
+};
+
+struct Session {
+  uint64_t id = 0;
+  ipc::UniqueFd fd;
+  uv_poll_t poll{};
+  ipc::PeerCred cred;
+  std::string name;
+  std::chrono::system_clock::time_point connected_since;
+  bool hello_done = false;
+  bool said_goodbye = false;    // a clean exit; anything else is counted as a crash
+  bool closing = false;         // uv_close has been called
+  bool close_after_flush = false;
+  bool polling_writable = false;
+  uint32_t inflight = 0;        // requests handed to worker threads
+  Ledger ledger;
+  std::deque<OutFrame> outbound;
+};
+
+}  // namespace membroker::broker

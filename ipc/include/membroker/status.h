@@ -1,0 +1,100 @@
+// Status and Result<T>: the one error model of membroker, in the broker and in
+// the client library. Codes are the wire codes (schemas/membroker.fbs), so an
+// error travels from the broker to the user unchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace membroker {
+
+enum class ErrorCode : int32_t {
+  kOk = 0,
+  kParamInvalid = 1,
+  kInvalidHandle = 2,
+  kNotFound = 3,
+  kPermissionDenied = 4,
+  kResourceExhausted = 5,
+  kProtocolError = 6,
+  kVersionMismatch = 7,
+  kAlreadyExists = 8,
+  kTimeout = 9,
+  kNotConnected = 10,
+  kAlreadyConnected = 11,
+  kUnsupported = 12,
+  kInternal = 13,
+  kBusy = 14,
+  kNotMapped = 15,
+  kOverlap = 16,
+  kOutOfRange = 17,
+};
+
+// "PARAM_INVALID" etc.; "UNKNOWN" for codes this build does not know.
+std::string_view ErrorCodeName(ErrorCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return {}; }
+
+  bool ok() const { return code_ == ErrorCode::kOk; }
+  ErrorCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "PARAM_INVALID: size must be a multiple of 4096"
+  std::string ToString() const;
+
+ private:
+  ErrorCode code_ = ErrorCode::kOk;
+  std::string message_;
+};
+
+// Either a value or a non-OK Status. Accessing value() of an error is a bug
+// (checked with an assert in debug builds).
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT
+  Result(Status status) : v_(std::in_place_index<1>, std::move(status)) {}  // NOLINT
+  Result(ErrorCode code, std::string message)
+      : v_(std::in_place_index<1>, Status(code, std::move(message))) {}
+
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+
+  T& value() & { return std::get<0>(v_); }
+  const T& value() const& { return std::get<0>(v_); }
+  T&& value() && { return std::get<0>(std::move(v_)); }
+  T& operator*() & { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+  Status status() const { return ok() ? Status::Ok() : std::get<1>(v_); }
+  ErrorCode code() const { return ok() ? ErrorCode::kOk : std::get<1>(v_).code(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace membroker
+
+// Propagate a non-OK Status from an expression that yields a Status.
+#define MB_RETURN_IF_ERROR(expr)            \
+  do {                                      \
+    ::membroker::Status mb_status_ = (expr); \
+    if (!mb_status_.ok()) return mb_status_; \
+  } while (0)
+
+#define MB_CONCAT_INNER(a, b) a##b
+#define MB_CONCAT(a, b) MB_CONCAT_INNER(a, b)
+// MB_ASSIGN_OR_RETURN(auto x, MakeX()); returns the error Status on failure.
+#define MB_ASSIGN_OR_RETURN(lhs, expr) \
+  MB_ASSIGN_OR_RETURN_IMPL(MB_CONCAT(mb_result_, __LINE__), lhs, expr)
+#define MB_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                             \
+  if (!tmp.ok()) return tmp.status();            \
+  lhs = std::move(tmp).value()

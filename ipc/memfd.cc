@@ -1,0 +1,121 @@
+#include "membroker/ipc/memfd.h"
+
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include <array>
+#include <cstdio>
+
+#include "membroker/ipc/syscall.h"
+
+namespace membroker::ipc {
+
+Granularity GranularityFor(PagePolicy policy) {
+  switch (policy) {
+    case PagePolicy::kNormalOnly:
+      return {policy, kNormalPageSize, kHuge2MPageSize};
+    case PagePolicy::kHugeFirst:
+      return {policy, kNormalPageSize, kHuge2MPageSize};
+    case PagePolicy::kHugeOnly:
+      return {policy, kHuge2MPageSize, kHuge2MPageSize};
+    case PagePolicy::kHuge1GOnly:
+      return {policy, kHuge1GPageSize, kHuge1GPageSize};
+  }
+  return {policy, kNormalPageSize, kHuge2MPageSize};
+}
+
+uint64_t RoundUp(uint64_t size, uint64_t align) {
+  uint64_t r = (size + align - 1) & ~(align - 1);
+  return r < size ? 0 : r;
+}
+
+namespace {
+
+unsigned HugeFlags(uint64_t page_size) {
+  if (page_size == kHuge2MPageSize) return MFD_HUGETLB | MFD_HUGE_2MB;
+  if (page_size == kHuge1GPageSize) return MFD_HUGETLB | MFD_HUGE_1GB;
+  return 0;
+}
+
+Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size,
+                                          uint64_t page_size) {
+  uint64_t rounded = RoundUp(size, page_size);
+  if (rounded == 0 || rounded > kMaxAllocationBytes)
+    return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) + " is too large");
+  std::string args = "size=" + std::to_string(rounded) + ", page_size=" + std::to_string(page_size);
+  const char* call = page_size == kNormalPageSize ? "memfd_create" : "memfd_create(huge)";
+  int raw = -1;
+  MB_RETURN_IF_ERROR(CheckedCall(call, args, &raw, [&] {
+    return ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | HugeFlags(page_size));
+  }));
+  UniqueFd fd(raw);
+  MB_RETURN_IF_ERROR(CheckedCall<int>("ftruncate", args, nullptr, [&] {
+    return ::ftruncate(fd.get(), static_cast<off_t>(rounded));
+  }));
+  const char* fcall = page_size == kNormalPageSize ? "fallocate" : "fallocate(huge)";
+  MB_RETURN_IF_ERROR(CheckedCall<int>(fcall, args, nullptr, [&] {
+    return ::fallocate(fd.get(), 0, 0, static_cast<off_t>(rounded));
+  }));
+  MB_RETURN_IF_ERROR(CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] {
+    return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  }));
+  return PhysicalMemory{std::move(fd), rounded, page_size, false};
+}
+
+}  // namespace
+
+Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size,
+                                            PagePolicy policy) {
+  if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
+  if (size > kMaxAllocationBytes)
+    return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) +
+                                                " exceeds the per-allocation limit of " +
+                                                std::to_string(kMaxAllocationBytes));
+  switch (policy) {
+    case PagePolicy::kNormalOnly:
+      return CreateWithPageSize(name, size, kNormalPageSize);
+    case PagePolicy::kHugeOnly:
+      return CreateWithPageSize(name, size, kHuge2MPageSize);
+    case PagePolicy::kHuge1GOnly:
+      return CreateWithPageSize(name, size, kHuge1GPageSize);
+    case PagePolicy::kHugeFirst: {
+      if (size <= kHugeFirstThreshold) return CreateWithPageSize(name, size, kNormalPageSize);
+      auto huge = CreateWithPageSize(name, size, kHuge2MPageSize);
+      if (huge.ok()) return huge;
+      auto normal = CreateWithPageSize(name, size, kNormalPageSize);
+      if (normal.ok()) normal->fell_back = true;
+      return normal;
+    }
+  }
+  return Status(ErrorCode::kParamInvalid, "unknown page policy");
+}
+
+Result<UniqueFd> ReopenReadOnly(int fd) {
+  std::array<char, 64> path{};
+  std::snprintf(path.data(), path.size(), "/proc/self/fd/%d", fd);
+  int raw = -1;
+  MB_RETURN_IF_ERROR(CheckedCall("open", path.data(), &raw,
+                                 [&] { return ::open(path.data(), O_RDONLY | O_CLOEXEC); }));
+  return UniqueFd(raw);
+}
+
+std::string RandomToken() {
+  std::array<unsigned char, 16> bytes{};
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(32);
+  for (unsigned char b : bytes) {
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+}  // namespace membroker::ipc

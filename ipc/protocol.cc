@@ -1,0 +1,231 @@
+#include "membroker/ipc/protocol.h"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "membroker/ipc/framing.h"
+#include "membroker_generated.h"
+
+namespace membroker::ipc {
+
+namespace fb = flatbuffers;
+namespace w = membroker::wire;
+
+static_assert(static_cast<int>(w::ErrorCode_MAX) == static_cast<int>(ErrorCode::kOutOfRange),
+              "status.h and the schema's ErrorCode must list the same codes");
+static_assert(static_cast<int>(w::PagePolicy_MAX) == static_cast<int>(PagePolicy::kHuge1GOnly));
+
+namespace {
+
+struct Encoder {
+  fb::FlatBufferBuilder& b;
+
+  std::pair<w::Message, fb::Offset<void>> operator()(const HelloRequest& m) {
+    auto name = b.CreateString(m.client_name);
+    return {w::Message_HelloRequest,
+            w::CreateHelloRequest(b, name, m.protocol_version, m.features).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const HelloReply& m) {
+    std::vector<fb::Offset<w::Granularity>> gs;
+    for (const auto& g : m.granularities)
+      gs.push_back(w::CreateGranularity(b, static_cast<w::PagePolicy>(g.policy), g.minimum,
+                                        g.recommended));
+    auto vec = b.CreateVector(gs);
+    return {w::Message_HelloReply,
+            w::CreateHelloReply(b, m.client_id, m.protocol_version, m.features, vec).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const MallocRequest& m) {
+    return {w::Message_MallocRequest,
+            w::CreateMallocRequest(b, m.size, static_cast<w::PagePolicy>(m.policy), m.flags)
+                .Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const MallocReply& m) {
+    return {w::Message_MallocReply,
+            w::CreateMallocReply(b, m.handle, m.size, m.page_size).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const FreeRequest& m) {
+    return {w::Message_FreeRequest, w::CreateFreeRequest(b, m.handle).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ExportRequest& m) {
+    return {w::Message_ExportRequest, w::CreateExportRequest(b, m.handle, m.flags).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ExportReply& m) {
+    auto t = b.CreateString(m.token);
+    return {w::Message_ExportReply, w::CreateExportReply(b, t).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const SetPidRequest& m) {
+    auto t = b.CreateString(m.token);
+    auto p = b.CreateVector(m.pids);
+    return {w::Message_SetPidRequest, w::CreateSetPidRequest(b, t, p).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ImportRequest& m) {
+    auto t = b.CreateString(m.token);
+    return {w::Message_ImportRequest, w::CreateImportRequest(b, t).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ImportReply& m) {
+    return {w::Message_ImportReply,
+            w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const PingRequest&) {
+    return {w::Message_PingRequest, w::CreatePingRequest(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const GoodbyeRequest&) {
+    return {w::Message_GoodbyeRequest, w::CreateGoodbyeRequest(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const OkReply&) {
+    return {w::Message_OkReply, w::CreateOkReply(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ErrorReply& m) {
+    std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
+    auto s = b.CreateString(msg);
+    return {w::Message_ErrorReply,
+            w::CreateErrorReply(b, static_cast<w::ErrorCode>(m.code), s).Union()};
+  }
+};
+
+Status Malformed(const std::string& why) {
+  return Status(ErrorCode::kProtocolError, "malformed message: " + why);
+}
+
+// Copies a capped, optional string field.
+Status ReadString(const fb::String* s, size_t cap, const char* field, std::string* out) {
+  if (s == nullptr) {
+    out->clear();
+    return Status::Ok();
+  }
+  if (s->size() > cap)
+    return Malformed(std::string(field) + " longer than " + std::to_string(cap) + " bytes");
+  out->assign(s->c_str(), s->size());
+  return Status::Ok();
+}
+
+bool ValidPolicy(w::PagePolicy p) {
+  return p >= w::PagePolicy_MIN && p <= w::PagePolicy_MAX;
+}
+
+Result<Message> DecodeBody(const w::Envelope* env) {
+  switch (env->body_type()) {
+    case w::Message_HelloRequest: {
+      auto m = env->body_as_HelloRequest();
+      HelloRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->client_name(), kMaxClientNameBytes, "client_name",
+                                    &r.client_name));
+      r.protocol_version = m->protocol_version();
+      r.features = m->features();
+      return Message(std::move(r));
+    }
+    case w::Message_HelloReply: {
+      auto m = env->body_as_HelloReply();
+      HelloReply r{m->client_id(), m->protocol_version(), m->features(), {}};
+      if (auto gs = m->granularities()) {
+        if (gs->size() > 16) return Malformed("too many granularities");
+        for (const auto* g : *gs) {
+          if (!ValidPolicy(g->policy())) return Malformed("unknown page policy");
+          r.granularities.push_back(
+              {static_cast<PagePolicy>(g->policy()), g->minimum(), g->recommended()});
+        }
+      }
+      return Message(std::move(r));
+    }
+    case w::Message_MallocRequest: {
+      auto m = env->body_as_MallocRequest();
+      if (!ValidPolicy(m->policy())) return Malformed("unknown page policy");
+      return Message(
+          MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags()});
+    }
+    case w::Message_MallocReply: {
+      auto m = env->body_as_MallocReply();
+      return Message(MallocReply{m->handle(), m->size(), m->page_size()});
+    }
+    case w::Message_FreeRequest:
+      return Message(FreeRequest{env->body_as_FreeRequest()->handle()});
+    case w::Message_ExportRequest: {
+      auto m = env->body_as_ExportRequest();
+      return Message(ExportRequest{m->handle(), m->flags()});
+    }
+    case w::Message_ExportReply: {
+      ExportReply r;
+      MB_RETURN_IF_ERROR(
+          ReadString(env->body_as_ExportReply()->token(), kMaxTokenBytes, "token", &r.token));
+      return Message(std::move(r));
+    }
+    case w::Message_SetPidRequest: {
+      auto m = env->body_as_SetPidRequest();
+      SetPidRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->token(), kMaxTokenBytes, "token", &r.token));
+      if (auto p = m->pids()) {
+        if (p->size() > kMaxPidsPerRequest)
+          return Malformed("more than " + std::to_string(kMaxPidsPerRequest) + " pids");
+        r.pids.assign(p->begin(), p->end());
+      }
+      return Message(std::move(r));
+    }
+    case w::Message_ImportRequest: {
+      ImportRequest r;
+      MB_RETURN_IF_ERROR(
+          ReadString(env->body_as_ImportRequest()->token(), kMaxTokenBytes, "token", &r.token));
+      return Message(std::move(r));
+    }
+    case w::Message_ImportReply: {
+      auto m = env->body_as_ImportReply();
+      return Message(ImportReply{m->handle(), m->size(), m->page_size(), m->read_only()});
+    }
+    case w::Message_PingRequest:
+      return Message(PingRequest{});
+    case w::Message_GoodbyeRequest:
+      return Message(GoodbyeRequest{});
+    case w::Message_OkReply:
+      return Message(OkReply{});
+    case w::Message_ErrorReply: {
+      auto m = env->body_as_ErrorReply();
+      ErrorReply r;
+      auto code = static_cast<int>(m->code());
+      r.code = (code >= 0 && code <= static_cast<int>(w::ErrorCode_MAX))
+                   ? static_cast<ErrorCode>(code)
+                   : ErrorCode::kInternal;
+      MB_RETURN_IF_ERROR(
+          ReadString(m->message(), kMaxErrorMessageBytes, "message", &r.message));
+      return Message(std::move(r));
+    }
+    case w::Message_NONE:
+      return Malformed("envelope has no body");
+  }
+  return Malformed("unknown message type " + std::to_string(env->body_type()));
+}
+
+}  // namespace
+
+std::vector<uint8_t> Encode(const Envelope& env) {
+  fb::FlatBufferBuilder b(256);
+  auto [type, body] = std::visit(Encoder{b}, env.body);
+  auto root = w::CreateEnvelope(b, env.protocol_version, env.request_id, env.flags, type, body);
+  b.Finish(root);
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+Result<Envelope> Decode(std::span<const uint8_t> bytes) {
+  if (bytes.size() > kMaxFrameBytes) return Malformed("frame too large");
+  if (bytes.size() < sizeof(fb::uoffset_t)) return Malformed("frame too short");
+  // Depth and table caps keep the verifier's own work bounded.
+  fb::Verifier verifier(bytes.data(), bytes.size(), /*max_depth=*/16, /*max_tables=*/4096);
+  if (!w::VerifyEnvelopeBuffer(verifier)) return Malformed("flatbuffers verification failed");
+  const w::Envelope* env = w::GetEnvelope(bytes.data());
+  MB_ASSIGN_OR_RETURN(Message body, DecodeBody(env));
+  return Envelope{env->protocol_version(), env->request_id(), env->flags(), std::move(body)};
+}
+
+const char* MessageName(const Message& body) {
+  static constexpr const char* kNames[] = {
+      "HelloRequest",  "HelloReply",  "MallocRequest", "MallocReply", "FreeRequest",
+      "ExportRequest", "ExportReply", "SetPidRequest", "ImportRequest", "ImportReply",
+      "PingRequest",   "GoodbyeRequest", "OkReply",    "ErrorReply"};
+  static_assert(std::size(kNames) == std::variant_size_v<Message>);
+  return kNames[body.index()];
+}
+
+size_t ExpectedFds(const Message& body) {
+  return (std::holds_alternative<MallocReply>(body) || std::holds_alternative<ImportReply>(body))
+             ? 1
+             : 0;
+}
+
+}  // namespace membroker::ipc

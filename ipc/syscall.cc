@@ -1,0 +1,56 @@
+#include "membroker/ipc/syscall.h"
+
+#include <cstring>
+
+namespace membroker::ipc {
+
+ErrorCode ErrnoToCode(int err) {
+  switch (err) {
+    case ENOMEM:
+    case ENOSPC:
+    case EMFILE:
+    case ENFILE:
+    case EAGAIN:
+      return ErrorCode::kResourceExhausted;
+    case EACCES:
+    case EPERM:
+      return ErrorCode::kPermissionDenied;
+    case EINVAL:
+    case EFBIG:
+      return ErrorCode::kParamInvalid;
+    case ENOENT:
+    case ECONNREFUSED:
+    case EPIPE:
+    case ECONNRESET:
+    case ENOTCONN:
+      return ErrorCode::kNotConnected;
+    case ETIMEDOUT:
+      return ErrorCode::kTimeout;
+    case EEXIST:
+      return ErrorCode::kAlreadyExists;
+    case EBUSY:
+      return ErrorCode::kBusy;
+    default:
+      return ErrorCode::kInternal;
+  }
+}
+
+static std::string_view Hint(std::string_view call, int err) {
+  if (err == EMFILE) return " (hint: raise the open-file limit, ulimit -n)";
+  if (err == ENOMEM && call == "mmap") return " (hint: vm.max_map_count may be too low)";
+  if (err == ENOMEM && call.find("huge") != std::string_view::npos)
+    return " (hint: reserve huge pages in /proc/sys/vm/nr_hugepages)";
+  return "";
+}
+
+Status ErrnoStatus(std::string_view call, std::string_view args, int err) {
+  std::string msg(call);
+  msg += "(";
+  msg += args;
+  msg += "): ";
+  msg += std::strerror(err);
+  msg += Hint(call, err);
+  return Status(ErrnoToCode(err), std::move(msg));
+}
+
+}  // namespace membroker::ipc

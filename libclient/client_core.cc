@@ -1,0 +1,227 @@
+#include "client_core.h"
+
+#include <sys/mman.h>
+
+#include "membroker/ipc/memfd.h"
+#include "membroker/ipc/syscall.h"
+
+namespace membroker::detail {
+
+namespace {
+constexpr uintptr_t kPage = 4096;
+
+std::string Hex(uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%lx", static_cast<unsigned long>(v));
+  return buf;
+}
+
+// Puts [va, va+size) back to an inaccessible, reserved state.
+Status ReserveFixed(uintptr_t va, size_t size) {
+  void* out = nullptr;
+  return ipc::CheckedCall("mmap", "reserve " + Hex(va) + "+" + std::to_string(size), &out, [&] {
+    return ::mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  });
+}
+}  // namespace
+
+ClientCore::~ClientCore() {
+  // Unmap before the connection closes: the broker releases our references
+  // when it sees the socket close.
+  for (auto& [base, r] : reservations_) ::munmap(reinterpret_cast<void*>(base), r.size);
+  (void)conn_.Notify(ipc::GoodbyeRequest{});
+}
+
+Result<size_t> ClientCore::Granularity(PagePolicy policy, GranularityOption option) const {
+  for (const auto& g : granularities_)
+    if (static_cast<uint8_t>(g.policy) == static_cast<uint8_t>(policy))
+      return static_cast<size_t>(option == GranularityOption::kMinimum ? g.minimum
+                                                                         : g.recommended);
+  return Status(ErrorCode::kParamInvalid, "unknown page policy");
+}
+
+void ClientCore::AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
+                           bool read_only) {
+  std::lock_guard<std::mutex> lk(mu_);
+  HeldAllocation& h = handles_[id];
+  h.fd = std::move(fd);
+  h.size = size;
+  h.page_size = page_size;
+  h.read_only = read_only;
+}
+
+bool ClientCore::HoldsUnfreed(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = handles_.find(id);
+  return it != handles_.end() && !it->second.user_released;
+}
+
+Status ClientCore::FreeHandle(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = handles_.find(id);
+  if (it == handles_.end() || it->second.user_released)
+    return Status(ErrorCode::kInvalidHandle,
+                  "handle " + std::to_string(id) + " is not held (already freed?)");
+  it->second.user_released = true;
+  if (it->second.mappings > 0) return Status::Ok();  // released with the last mapping
+  handles_.erase(it);
+  return conn_.Notify(ipc::FreeRequest{id});
+}
+
+void ClientCore::DropMappingRef(uint64_t handle) {
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return;
+  if (--it->second.mappings == 0 && it->second.user_released) {
+    handles_.erase(it);
+    (void)conn_.Notify(ipc::FreeRequest{handle});
+  }
+}
+
+Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected) {
+  if (size == 0 || size % kPage != 0)
+    return Status(ErrorCode::kParamInvalid,
+                  "reservation size " + std::to_string(size) + " must be a non-zero multiple of 4096");
+  if (alignment == 0) alignment = kPage;
+  if ((alignment & (alignment - 1)) != 0 || alignment < kPage)
+    return Status(ErrorCode::kParamInvalid,
+                  "alignment " + std::to_string(alignment) + " must be a power of two >= 4096");
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  uintptr_t base = 0;
+  if (expected != nullptr && reinterpret_cast<uintptr_t>(expected) % alignment == 0) {
+    void* p = ::mmap(expected, size, PROT_NONE, flags | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == expected) base = reinterpret_cast<uintptr_t>(p);
+    else if (p != MAP_FAILED) ::munmap(p, size);  // old kernels treat it as a hint
+  }
+  if (base == 0) {
+    // Over-reserve, then trim both ends to the alignment.
+    size_t span = size + (alignment > kPage ? alignment : 0);
+    if (span < size) return Status(ErrorCode::kParamInvalid, "reservation size overflows");
+    void* p = nullptr;
+    MB_RETURN_IF_ERROR(ipc::CheckedCall("mmap", "reserve size=" + std::to_string(span), &p,
+                                        [&] { return ::mmap(nullptr, span, PROT_NONE, flags, -1, 0); }));
+    uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+    base = (raw + alignment - 1) & ~(alignment - 1);
+    if (base > raw) ::munmap(p, base - raw);
+    if (raw + span > base + size) ::munmap(reinterpret_cast<void*>(base + size), raw + span - base - size);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  reservations_[base] = ReservationState{size, {}};
+  return reinterpret_cast<void*>(base);
+}
+
+Status ClientCore::Release(void* base_ptr, bool force) {
+  uintptr_t base = reinterpret_cast<uintptr_t>(base_ptr);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = reservations_.find(base);
+  if (it == reservations_.end())
+    return Status(ErrorCode::kNotFound, "no reservation starts at " + Hex(base));
+  if (!it->second.mappings.empty() && !force)
+    return Status(ErrorCode::kBusy, std::to_string(it->second.mappings.size()) +
+                                        " mapping(s) still inside the reservation at " + Hex(base) +
+                                        "; unmap them first");
+  std::vector<uint64_t> handles;
+  for (auto& [va, m] : it->second.mappings) handles.push_back(m.handle);
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("munmap", Hex(base), nullptr, [&] {
+    return ::munmap(base_ptr, it->second.size);
+  }));
+  reservations_.erase(it);
+  for (uint64_t h : handles) DropMappingRef(h);
+  return Status::Ok();
+}
+
+ReservationState* ClientCore::FindReservation(uintptr_t va, size_t size) {
+  auto it = reservations_.upper_bound(va);
+  if (it == reservations_.begin()) return nullptr;
+  --it;
+  uintptr_t base = it->first;
+  if (va < base || va + size < va || va + size > base + it->second.size) return nullptr;
+  return &it->second;
+}
+
+Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint64_t handle) {
+  uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto h = handles_.find(handle);
+  if (h == handles_.end() || h->second.user_released)
+    return Status(ErrorCode::kInvalidHandle,
+                  "handle " + std::to_string(handle) + " is not held (freed or never held)");
+  const uint64_t page = h->second.page_size;
+  if (size == 0 || size % page != 0 || offset % page != 0 || va % page != 0)
+    return Status(ErrorCode::kParamInvalid,
+                  "address " + Hex(va) + ", size " + std::to_string(size) + " and offset " +
+                      std::to_string(offset) + " must be multiples of the page size " +
+                      std::to_string(page) + " (size non-zero)");
+  if (offset > h->second.size || size > h->second.size - offset)
+    return Status(ErrorCode::kOutOfRange, "offset " + std::to_string(offset) + " + size " +
+                                              std::to_string(size) + " passes the allocation's " +
+                                              std::to_string(h->second.size) + " bytes");
+  ReservationState* r = FindReservation(va, size);
+  if (r == nullptr)
+    return Status(ErrorCode::kOutOfRange,
+                  "range " + Hex(va) + "+" + std::to_string(size) + " is not inside one reservation");
+  auto next = r->mappings.lower_bound(va);
+  if (next != r->mappings.end() && next->first < va + size)
+    return Status(ErrorCode::kOverlap, "range overlaps the mapping at " + Hex(next->first));
+  if (next != r->mappings.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.size > va)
+      return Status(ErrorCode::kOverlap, "range overlaps the mapping at " + Hex(prev->first));
+  }
+  int prot = PROT_READ | (h->second.read_only ? 0 : PROT_WRITE);
+  void* out = nullptr;
+  MB_RETURN_IF_ERROR(ipc::CheckedCall(
+      "mmap", "map " + Hex(va) + "+" + std::to_string(size) + " offset=" + std::to_string(offset), &out,
+      [&] {
+        return ::mmap(va_ptr, size, prot, MAP_SHARED | MAP_FIXED, h->second.fd.get(),
+                      static_cast<off_t>(offset));
+      }));
+  uint64_t map_id = next_map_id_++;
+  r->mappings[va] = MappingState{size, handle, map_id};
+  ++h->second.mappings;
+  return map_id;
+}
+
+Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
+  uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
+  std::lock_guard<std::mutex> lk(mu_);
+  ReservationState* r = FindReservation(va, 1);
+  auto m = r ? r->mappings.find(va) : decltype(r->mappings.end()){};
+  if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
+    return Status(ErrorCode::kNotMapped, "nothing is mapped at " + Hex(va));
+  MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
+  uint64_t handle = m->second.handle;
+  r->mappings.erase(m);
+  DropMappingRef(handle);
+  return Status::Ok();
+}
+
+Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
+  uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
+  if (size == 0 || size % kPage != 0 || va % kPage != 0)
+    return Status(ErrorCode::kParamInvalid, "address and size must be page-aligned (size non-zero)");
+  std::lock_guard<std::mutex> lk(mu_);
+  ReservationState* r = FindReservation(va, size);
+  if (r == nullptr)
+    return Status(ErrorCode::kNotMapped, "range is not inside one reservation");
+  // Every byte of the range must be mapped; read-write needs writable handles.
+  uintptr_t cursor = va;
+  auto it = r->mappings.upper_bound(va);
+  if (it != r->mappings.begin()) --it;
+  for (; it != r->mappings.end() && cursor < va + size; ++it) {
+    if (it->first > cursor) break;
+    if (it->first + it->second.size <= cursor) continue;
+    if (access == Access::kReadWrite && handles_[it->second.handle].read_only)
+      return Status(ErrorCode::kPermissionDenied,
+                    "the mapping at " + Hex(it->first) + " is of a read-only import");
+    cursor = it->first + it->second.size;
+  }
+  if (cursor < va + size) return Status(ErrorCode::kNotMapped, Hex(cursor) + " is not mapped");
+  int prot = access == Access::kNone ? PROT_NONE
+             : access == Access::kRead ? PROT_READ
+                                       : PROT_READ | PROT_WRITE;
+  return ipc::CheckedCall<int>("mprotect", Hex(va) + "+" + std::to_string(size), nullptr,
+                               [&] { return ::mprotect(va_ptr, size, prot); });
+}
+
+}  // namespace membroker::detail

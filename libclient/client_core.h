@@ -1,0 +1,79 @@
+// ClientCore: the state behind a Client and every handle, reservation and
+// mapping made through it - the broker connection, the fds of held
+// allocations, and this process's reservations and mappings. One mutex guards
+// the local state; map, unmap and set-access are system calls here, never
+// round trips.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "connection.h"
+#include "membroker/client.h"
+#include "membroker/ipc/protocol.h"
+
+namespace membroker::detail {
+
+struct HeldAllocation {
+  ipc::UniqueFd fd;
+  uint64_t size = 0;
+  uint64_t page_size = 0;
+  bool read_only = false;
+  bool user_released = false;  // the PhysicalHandle was freed
+  uint32_t mappings = 0;       // live mappings keep the broker reference
+};
+
+struct MappingState {
+  uint64_t size = 0;
+  uint64_t handle = 0;
+  uint64_t map_id = 0;
+};
+
+struct ReservationState {
+  uint64_t size = 0;
+  std::map<uintptr_t, MappingState> mappings;  // by start address
+};
+
+class ClientCore {
+ public:
+  explicit ClientCore(ipc::UniqueFd sock) : conn_(std::move(sock)) {}
+  ~ClientCore();
+
+  // The first request on a connection: learns the client id and granularities.
+  Status Handshake(const std::string& client_name);
+
+  Connection& conn() { return conn_; }
+  uint64_t client_id() const { return client_id_; }
+  Result<size_t> Granularity(PagePolicy policy, GranularityOption option) const;
+
+  // Records a handle the broker just gave this client.
+  void AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only);
+  Status FreeHandle(uint64_t id);
+  bool HoldsUnfreed(uint64_t id);
+
+  Result<void*> Reserve(size_t size, size_t alignment, void* expected);
+  // force: unmap what is still mapped instead of failing with BUSY.
+  Status Release(void* base, bool force);
+  Result<uint64_t> Map(void* va, size_t size, size_t offset, uint64_t handle);
+  // map_id 0 matches any mapping that starts at va.
+  Status Unmap(void* va, uint64_t map_id);
+  Status SetAccess(void* va, size_t size, Access access);
+
+ private:
+  // Both called with mu_ held.
+  ReservationState* FindReservation(uintptr_t va, size_t size);
+  void DropMappingRef(uint64_t handle);
+
+  Connection conn_;
+  uint64_t client_id_ = 0;  // set once by Handshake
+  std::vector<ipc::Granularity> granularities_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, HeldAllocation> handles_;
+  std::map<uintptr_t, ReservationState> reservations_;  // by base address
+  uint64_t next_map_id_ = 1;
+};
+
+}  // namespace membroker::detail

@@ -1,0 +1,190 @@
+// membroker client library: connect to membrokerd, allocate broker-owned
+// physical memory, map it into address ranges this process reserved, and share
+// it with other processes by token. Names follow the CANN runtime's virtual
+// memory API (aclrtMallocPhysical, aclrtReserveMemAddress, aclrtMapMem, ...).
+//
+// No function throws; fallible calls return Status or Result<T>. All types are
+// thread-safe to use from several threads (one Client may be shared).
+//
+// Lifetime rules:
+//  1. A PhysicalHandle holds one broker reference to an allocation. Destroying
+//     it, or FreePhysical(), releases that reference without waiting for the
+//     broker. While a Mapping of the handle exists the release is deferred to
+//     the moment the last such Mapping goes.
+//  2. An allocation lives while any process holds a reference: the creator may
+//     free its handle while importers keep using the memory.
+//  3. A Mapping unmaps when destroyed (the range goes back to PROT_NONE and stays
+//     reserved). A Reservation releases its range when destroyed, unmapping
+//     whatever is still mapped in it; Mapping objects that outlive it become
+//     empty.
+//  4. When this process exits or dies, the broker releases everything it held.
+//     The broker cannot revoke a mapping: pages mapped here stay valid until
+//     this process unmaps them or exits.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "membroker/status.h"
+
+namespace membroker {
+
+namespace detail {
+class ClientCore;
+}
+
+enum class PagePolicy : uint8_t {
+  kNormalOnly = 0,  // 4 KiB pages
+  kHugeFirst = 1,   // <= 1 MiB: normal pages; larger: 2 MiB pages, falling back to normal
+  kHugeOnly = 2,    // 2 MiB pages or RESOURCE_EXHAUSTED
+  kHuge1GOnly = 3,  // 1 GiB pages or RESOURCE_EXHAUSTED
+};
+
+enum class GranularityOption { kMinimum, kRecommended };
+
+enum class Access { kNone, kRead, kReadWrite };
+
+struct AllocationProp {
+  PagePolicy page_policy = PagePolicy::kNormalOnly;
+};
+
+// ExportToShareableHandle flags.
+inline constexpr uint32_t kExportNoPidCheck = 1u << 0;  // any same-uid process may import
+inline constexpr uint32_t kExportReadOnly = 1u << 1;    // importers get a read-only fd
+
+struct ConnectOptions {
+  std::string socket_path;
+  std::string client_name;  // shown by `membrokerctl list clients`
+};
+
+class PhysicalHandle {
+ public:
+  PhysicalHandle() = default;
+  ~PhysicalHandle();
+  PhysicalHandle(PhysicalHandle&& other) noexcept;
+  PhysicalHandle& operator=(PhysicalHandle&& other) noexcept;
+  PhysicalHandle(const PhysicalHandle&) = delete;
+  PhysicalHandle& operator=(const PhysicalHandle&) = delete;
+
+  bool valid() const { return core_ != nullptr; }
+  uint64_t id() const { return id_; }            // the broker's allocation id
+  size_t size() const { return size_; }          // rounded to the page size
+  size_t page_size() const { return page_size_; }
+  bool read_only() const { return read_only_; }
+
+ private:
+  friend class Client;
+  std::shared_ptr<detail::ClientCore> core_;
+  uint64_t id_ = 0;
+  size_t size_ = 0;
+  size_t page_size_ = 0;
+  bool read_only_ = false;
+};
+
+class Reservation {
+ public:
+  Reservation() = default;
+  ~Reservation();
+  Reservation(Reservation&& other) noexcept;
+  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+
+  bool valid() const { return core_ != nullptr; }
+  void* base() const { return base_; }
+  size_t size() const { return size_; }
+  // base() + offset, for MapMem.
+  void* at(size_t offset) const { return static_cast<char*>(base_) + offset; }
+
+ private:
+  friend class Client;
+  std::shared_ptr<detail::ClientCore> core_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+class Mapping {
+ public:
+  Mapping() = default;
+  ~Mapping();
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  bool valid() const { return core_ != nullptr; }
+  void* data() const { return va_; }
+  size_t size() const { return size_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(va_); }
+
+ private:
+  friend class Client;
+  std::shared_ptr<detail::ClientCore> core_;
+  void* va_ = nullptr;
+  size_t size_ = 0;
+  uint64_t map_id_ = 0;
+};
+
+class Client {
+ public:
+  // Connects and completes the handshake: one round trip.
+  static Result<Client> Connect(const ConnectOptions& options);
+
+  Client() = default;
+  bool connected() const { return core_ != nullptr; }
+  uint64_t client_id() const;
+
+  // Local: the granularities came with the handshake.
+  Result<size_t> GetAllocationGranularity(const AllocationProp& prop,
+                                          GranularityOption option) const;
+
+  // One round trip. The size is rounded up to the policy's page size; the
+  // pages are reserved in the broker before this returns.
+  Result<PhysicalHandle> MallocPhysical(size_t size, const AllocationProp& prop = {});
+  // Releases the handle's reference (no round trip). INVALID_HANDLE if the
+  // handle is empty or was already freed.
+  Status FreePhysical(PhysicalHandle& handle);
+
+  // Local: reserves an address range with no access. alignment: 0 or a power
+  // of two (at least the page size); expected_addr is a hint.
+  Result<Reservation> ReserveMemAddress(size_t size, size_t alignment = 0,
+                                        void* expected_addr = nullptr);
+  // BUSY while anything is still mapped in it.
+  Status ReleaseMemAddress(Reservation& reservation);
+
+  // Local: maps [offset, offset+size) of the handle at va, which must lie in a
+  // reservation of this client and not overlap another mapping. va, size and
+  // offset must be multiples of the handle's page size. Access starts as
+  // read-write (read for read-only imports).
+  Result<Mapping> MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle);
+  // Local: the range goes back to PROT_NONE and stays reserved.
+  Status UnmapMem(Mapping& mapping);
+  // Local: [va, va+size) must be covered by mappings of this client.
+  Status MemSetAccess(void* va, size_t size, Access access);
+
+  // One round trip: a printable token with 128 random bits.
+  Result<std::string> ExportToShareableHandle(const PhysicalHandle& handle, uint32_t flags = 0);
+  // One round trip: only these processes may import (checked against the
+  // kernel's peer credentials). Not needed with kExportNoPidCheck.
+  Status SetPidToShareableHandle(const std::string& token, std::span<const pid_t> pids);
+  // One round trip: a handle to the exported allocation, usable with MapMem.
+  Result<PhysicalHandle> ImportFromShareableHandle(const std::string& token);
+
+  // One round trip with no effect: a liveness check.
+  Status Ping();
+  // Releases sent without waiting that the broker refused (see last_async_error).
+  uint64_t async_errors() const;
+  Status last_async_error() const;
+
+ private:
+  explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<detail::ClientCore> core_;
+};
+
+}  // namespace membroker
