@@ -1,0 +1,217 @@
+#include "broker_process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace membroker::testing {
+
+namespace {
+
+std::string ReadAllFromFd(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out_fd) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (out_fd >= 0) {
+      ::dup2(out_fd, 2);
+    }
+    std::vector<std::string> full{BinaryPath("membrokerd")};
+    full.insert(full.end(), args.begin(), args.end());
+    if (ready_write >= 0) {
+      if (ready_write == 3)
+        ::fcntl(3, F_SETFD, 0);  // dup2 onto itself would keep close-on-exec
+      else
+        ::dup2(ready_write, 3);
+      full.push_back("--ready-fd");
+      full.push_back("3");
+    }
+    std::vector<char*> argv;
+    for (auto& a : full) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::string BinaryPath(const char* name) {
+  std::string dir = MEMBROKER_BIN_DIR;
+  if (!std::strcmp(name, "membrokerd")) return dir + "/broker/membrokerd";
+  if (!std::strcmp(name, "membrokerctl")) return dir + "/tools/membrokerctl";
+  return dir + "/examples/" + name;
+}
+
+BrokerProcess::BrokerProcess(std::vector<std::string> extra_args) {
+  char tmpl[] = "/tmp/membroker-test.XXXXXX";
+  char* d = ::mkdtemp(tmpl);
+  if (d == nullptr) std::abort();
+  dir_ = d;
+  socket_ = dir_ + "/broker.sock";
+  admin_ = dir_ + "/admin.sock";
+  std::vector<std::string> args{"--socket", socket_, "--admin-socket", admin_};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) std::abort();
+  pid_ = SpawnBroker(args, ready[1], -1);
+  ::close(ready[1]);
+  std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it
+  ::close(ready[0]);
+  if (line.rfind("READY ", 0) != 0) {
+    ADD_FAILURE() << "membrokerd did not become ready (got '" << line << "')";
+    std::abort();
+  }
+}
+
+BrokerProcess::~BrokerProcess() {
+  if (pid_ > 0) Stop();
+  std::string cmd = "rm -rf '" + dir_ + "'";
+  (void)!std::system(cmd.c_str());
+}
+
+int BrokerProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int code = WaitChild(pid_);
+  pid_ = -1;
+  return code;
+}
+
+std::string BrokerProcess::Admin(const std::string& command) const {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, admin_.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  std::string line = command + "\n";
+  (void)!::write(fd, line.data(), line.size());
+  std::string reply = ReadAllFromFd(fd);
+  ::close(fd);
+  return reply;
+}
+
+uint64_t BrokerProcess::Stat(const std::string& key) const {
+  std::string json = Admin("stats --json");
+  std::string needle = "\"" + key + "\": ";
+  size_t at = json.find(needle);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no stat '" << key << "' in " << json;
+    return UINT64_MAX;
+  }
+  return std::strtoull(json.c_str() + at + needle.size(), nullptr, 10);
+}
+
+uint64_t BrokerProcess::WaitForStat(const std::string& key, uint64_t value) const {
+  // The broker learns of a peer's death from its event loop; an admin request
+  // may be served first. Poll with a deadline instead of sleeping blindly.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint64_t v = Stat(key);
+  while (v != value && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    v = Stat(key);
+  }
+  return v;
+}
+
+size_t BrokerProcess::FdCount() const {
+  std::string path = "/proc/" + std::to_string(pid_) + "/fd";
+  size_t n = 0;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+RunResult RunBrokerExpectingExit(const std::vector<std::string>& args) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) std::abort();
+  pid_t pid = SpawnBroker(args, -1, out[1]);
+  ::close(out[1]);
+  RunResult r;
+  r.output = ReadAllFromFd(out[0]);
+  ::close(out[0]);
+  r.exit_code = WaitChild(pid);
+  return r;
+}
+
+pid_t ForkChild(const std::function<int()>& fn) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) _exit(fn());
+  return pid;
+}
+
+int WaitChild(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+Channel::Channel() {
+  if (::pipe2(to_child_, O_CLOEXEC) != 0 || ::pipe2(to_parent_, O_CLOEXEC) != 0) std::abort();
+}
+Channel::~Channel() {
+  for (int fd : {to_child_[0], to_child_[1], to_parent_[0], to_parent_[1]})
+    if (fd >= 0) ::close(fd);
+}
+void Channel::AsChild() {
+  child_ = true;
+  ::close(to_child_[1]);
+  ::close(to_parent_[0]);
+  to_child_[1] = to_parent_[0] = -1;
+}
+void Channel::AsParent() {
+  ::close(to_child_[0]);
+  ::close(to_parent_[1]);
+  to_child_[0] = to_parent_[1] = -1;
+}
+void Channel::Send(const std::string& line) {
+  std::string l = line + "\n";
+  (void)!::write(child_ ? to_parent_[1] : to_child_[1], l.data(), l.size());
+}
+std::string Channel::Receive() {
+  int fd = child_ ? to_child_[0] : to_parent_[0];
+  std::string out;
+  char c;
+  for (;;) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace membroker::testing

@@ -1,0 +1,76 @@
+// Test support: start the real membrokerd binary in a private temp directory,
+// wait for its readiness line (never a sleep), query its admin socket, count its
+// fds, and run client code in real child processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace membroker::testing {
+
+class BrokerProcess {
+ public:
+  // Starts membrokerd with extra flags; aborts the test on failure.
+  explicit BrokerProcess(std::vector<std::string> extra_args = {});
+  ~BrokerProcess();
+
+  const std::string& socket() const { return socket_; }
+  const std::string& admin_socket() const { return admin_; }
+  const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+
+  // Raw reply of one admin command.
+  std::string Admin(const std::string& command) const;
+  // One numeric field of `stats --json`.
+  uint64_t Stat(const std::string& key) const;
+  // Waits (bounded, 10 s) until Stat(key) == value; returns the last value.
+  uint64_t WaitForStat(const std::string& key, uint64_t value) const;
+  // Entries in /proc/<broker>/fd.
+  size_t FdCount() const;
+
+  // SIGTERM and wait; returns the exit status (-1 if it did not exit normally).
+  int Stop();
+
+ private:
+  std::string dir_, socket_, admin_;
+  pid_t pid_ = -1;
+};
+
+// Starts a membrokerd and returns its exit code and stderr, for failure tests.
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+RunResult RunBrokerExpectingExit(const std::vector<std::string>& args);
+
+// Runs fn in a forked child that exits with fn's return value.
+pid_t ForkChild(const std::function<int()>& fn);
+// Waits for a child; returns its exit code, or 128+signal.
+int WaitChild(pid_t pid);
+
+// A pipe for a parent and one child to exchange short lines.
+class Channel {
+ public:
+  Channel();
+  ~Channel();
+  // Call in the child after fork: use the child's ends only.
+  void AsChild();
+  void AsParent();
+  void Send(const std::string& line);
+  // Empty string on EOF.
+  std::string Receive();
+
+ private:
+  int to_child_[2];
+  int to_parent_[2];
+  bool child_ = false;
+};
+
+// Path of a binary built in this tree (set by CMake).
+std::string BinaryPath(const char* name);
+
+}  // namespace membroker::testing

@@ -1,0 +1,112 @@
+// Protocol round trips for every message, and rejection of malformed frames.
+#include <gtest/gtest.h>
+
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
+
+namespace membroker::ipc {
+namespace {
+
+Envelope RoundTrip(const Envelope& in) {
+  auto bytes = Encode(in);
+  EXPECT_LE(bytes.size(), kMaxFrameBytes);
+  auto out = Decode(bytes);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  return out.ok() ? *out : Envelope{};
+}
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  std::vector<Message> all = {
+      HelloRequest{"tokenizer-0", kProtocolVersion, 0x5},
+      HelloReply{42, kProtocolVersion, 0x1,
+                 {{PagePolicy::kNormalOnly, 4096, 2 << 20}, {PagePolicy::kHuge1GOnly, 1 << 30, 1 << 30}}},
+      MallocRequest{1 << 20, PagePolicy::kHugeFirst, 0},
+      MallocReply{7, 2 << 20, 2 << 20},
+      FreeRequest{7},
+      ExportRequest{7, kExportNoPidCheck | kExportReadOnly},
+      ExportReply{"0123456789abcdef0123456789abcdef"},
+      SetPidRequest{"tok", {1, 2, 300000}},
+      ImportRequest{"tok"},
+      ImportReply{7, 4096, 4096, true},
+      PingRequest{},
+      GoodbyeRequest{},
+      OkReply{},
+      ErrorReply{ErrorCode::kOverlap, "range overlaps"},
+  };
+  ASSERT_EQ(all.size(), std::variant_size_v<Message>) << "a message type has no round-trip case";
+  uint64_t rid = 1;
+  for (const Message& m : all) {
+    Envelope in{kProtocolVersion, rid++, kFlagNoReplyOnSuccess, m};
+    EXPECT_EQ(RoundTrip(in), in) << MessageName(m);
+  }
+}
+
+TEST(Protocol, ExpectedFdsOnlyForRepliesCarryingMemory) {
+  EXPECT_EQ(ExpectedFds(MallocReply{}), 1u);
+  EXPECT_EQ(ExpectedFds(ImportReply{}), 1u);
+  EXPECT_EQ(ExpectedFds(MallocRequest{}), 0u);
+  EXPECT_EQ(ExpectedFds(ErrorReply{}), 0u);
+}
+
+TEST(Protocol, GarbageIsAProtocolError) {
+  std::vector<uint8_t> empty;
+  EXPECT_EQ(Decode(empty).code(), ErrorCode::kProtocolError);
+  std::vector<uint8_t> junk(100, 0xff);
+  EXPECT_EQ(Decode(junk).code(), ErrorCode::kProtocolError);
+  std::vector<uint8_t> zeros(64, 0);
+  EXPECT_EQ(Decode(zeros).code(), ErrorCode::kProtocolError);
+}
+
+TEST(Protocol, EveryTruncationIsRejectedOrHarmless) {
+  auto bytes = Encode({kProtocolVersion, 9, 0, SetPidRequest{"abc", {1, 2, 3}}});
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + n);
+    auto r = Decode(cut);
+    EXPECT_FALSE(r.ok()) << "truncated to " << n << " bytes still decoded";
+  }
+}
+
+TEST(Protocol, OverlongStringsAreRejected) {
+  auto bytes = Encode({kProtocolVersion, 1, 0, HelloRequest{std::string(kMaxClientNameBytes + 1, 'x')}});
+  auto r = Decode(bytes);
+  EXPECT_EQ(r.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(r.status().message().find("client_name"), std::string::npos);
+  auto tok = Encode({kProtocolVersion, 1, 0, ImportRequest{std::string(kMaxTokenBytes + 1, 'a')}});
+  EXPECT_EQ(Decode(tok).code(), ErrorCode::kProtocolError);
+}
+
+TEST(Protocol, TooManyPidsAreRejected) {
+  SetPidRequest m{"t", std::vector<int32_t>(kMaxPidsPerRequest + 1, 5)};
+  EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, m})).code(), ErrorCode::kProtocolError);
+}
+
+TEST(Protocol, UnknownPagePolicyIsRejected) {
+  MallocRequest m{4096, static_cast<PagePolicy>(9), 0};
+  EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, m})).code(), ErrorCode::kProtocolError);
+}
+
+TEST(Protocol, UnknownUnionTypeIsRejected) {
+  auto bytes = Encode({kProtocolVersion, 1, 0, PingRequest{}});
+  // Find the union type byte (PingRequest = 11) and make it unknown.
+  bool patched = false;
+  for (auto& b : bytes) {
+    if (b == 11) {
+      b = 200;
+      patched = true;
+      auto r = Decode(bytes);
+      EXPECT_FALSE(r.ok() && std::holds_alternative<PingRequest>(r->body));
+      b = 11;
+    }
+  }
+  EXPECT_TRUE(patched);
+}
+
+TEST(Protocol, ErrorCodeNamesAreStable) {
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kParamInvalid), "PARAM_INVALID");
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kOutOfRange), "OUT_OF_RANGE");
+  EXPECT_EQ(static_cast<int>(ErrorCode::kResourceExhausted), 5);
+  EXPECT_EQ(Status(ErrorCode::kBusy, "x").ToString(), "BUSY: x");
+}
+
+}  // namespace
+}  // namespace membroker::ipc
