@@ -1,1 +1,157 @@
+// The daemon's life: readiness, stale and live sockets, clean stop.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <atomic>
+#include <thread>
+#include <signal.h>
+
 #include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+
+namespace membroker::testing {
+namespace {
+
+bool Exists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+mode_t Mode(const std::string& p) {
+  struct stat st {};
+  ::lstat(p.c_str(), &st);
+  return st.st_mode & 0777;
+}
+
+TEST(Lifecycle, ReadyMeansServingAndSocketsHaveTheirModes) {
+  BrokerProcess b;
+  EXPECT_EQ(Mode(b.socket()), 0660u);
+  EXPECT_EQ(Mode(b.admin_socket()), 0600u);
+  auto c = Client::Connect({b.socket(), "t"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_GT(c->client_id(), 0u);
+  EXPECT_TRUE(c->Ping().ok());
+}
+
+TEST(Lifecycle, SigtermStopsCleanlyAndUnlinksSockets) {
+  BrokerProcess b;
+  {
+    auto c = Client::Connect({b.socket(), "t"});
+    ASSERT_TRUE(c.ok());
+    auto h = c->MallocPhysical(1 << 20);
+    ASSERT_TRUE(h.ok());
+    std::string sock = b.socket(), admin = b.admin_socket();
+    EXPECT_EQ(b.Stop(), 0);
+    EXPECT_FALSE(Exists(sock));
+    EXPECT_FALSE(Exists(admin));
+    // The client notices the broker is gone with a clear error.
+    EXPECT_EQ(c->Ping().code(), ErrorCode::kNotConnected);
+  }
+}
+
+TEST(Lifecycle, StaleSocketFromADeadBrokerIsReplaced) {
+  char tmpl[] = "/tmp/membroker-stale.XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string path = dir + "/broker.sock";
+  {  // a socket file with nobody accepting, as a SIGKILLed broker leaves behind
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, path.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+  }
+  ASSERT_TRUE(Exists(path));
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t pid = ForkChild([&] {
+    ::dup2(ready[1], 3);
+    std::string bin = BinaryPath("membrokerd");
+    ::execl(bin.c_str(), bin.c_str(), "--socket", path.c_str(), "--ready-fd", "3", nullptr);
+    return 127;
+  });
+  ::close(ready[1]);
+  char buf[64] = {};
+  ASSERT_GT(::read(ready[0], buf, sizeof(buf) - 1), 0);
+  ::close(ready[0]);
+  EXPECT_EQ(std::string(buf).rfind("READY", 0), 0u);
+  auto c = Client::Connect({path, "t"});
+  EXPECT_TRUE(c.ok());
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(WaitChild(pid), 0);
+  ::rmdir(dir.c_str());
+}
+
+TEST(Lifecycle, LiveBrokerOnTheSamePathIsRefused) {
+  BrokerProcess b;
+  auto r = RunBrokerExpectingExit({"--socket", b.socket(), "--admin-socket", b.dir() + "/other.admin"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("another broker is serving"), std::string::npos) << r.output;
+  // The first broker is untouched.
+  auto c = Client::Connect({b.socket(), "t"});
+  EXPECT_TRUE(c.ok());
+}
+
+TEST(Lifecycle, NonSocketFileAtThePathIsNotTouched) {
+  BrokerProcess b;
+  std::string path = b.dir() + "/precious.txt";
+  std::ofstream(path) << "keep me";
+  auto r = RunBrokerExpectingExit({"--socket", path, "--admin-socket", b.dir() + "/x.admin"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("not a socket"), std::string::npos) << r.output;
+  std::ifstream in(path);
+  std::string content;
+  std::getline(in, content);
+  EXPECT_EQ(content, "keep me");
+}
+
+TEST(Lifecycle, BadFlagsGiveUsage) {
+  auto r = RunBrokerExpectingExit({"--bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("usage"), std::string::npos);
+  r = RunBrokerExpectingExit({});
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST(Lifecycle, ConnectToMissingBrokerIsAClearError) {
+  auto c = Client::Connect({"/tmp/definitely-not-a-membroker.sock", "t"});
+  EXPECT_EQ(c.code(), ErrorCode::kNotConnected);
+  EXPECT_NE(c.status().message().find("cannot reach membrokerd"), std::string::npos);
+}
+
+TEST(Lifecycle, LargeAllocationDoesNotStallTheLoop) {
+  BrokerProcess b;
+  auto big = Client::Connect({b.socket(), "big"});
+  auto small = Client::Connect({b.socket(), "small"});
+  ASSERT_TRUE(big.ok() && small.ok());
+  // 2 GiB is reserved page by page on a worker thread. While it is in flight
+  // (bytes_pending > 0 seen through the admin socket, which the loop serves)
+  // another client's requests complete.
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    auto h = big->MallocPhysical(size_t{2} << 30);
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    done = true;
+  });
+  int small_requests_while_pending = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (small_requests_while_pending == 0 && !done && std::chrono::steady_clock::now() < deadline) {
+    if (b.Stat("bytes_pending") == 0) continue;  // not started yet
+    auto h = small->MallocPhysical(4096);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(small->Ping().ok());
+    if (b.Stat("bytes_pending") > 0) ++small_requests_while_pending;
+  }
+  t.join();
+  EXPECT_GT(small_requests_while_pending, 0)
+      << "no small request completed while the 2 GiB allocation was in flight";
+}
+
+}  // namespace
+}  // namespace membroker::testing
