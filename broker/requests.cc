@@ -74,9 +74,10 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   Status st;
   bool replied = false;  // handlers that send their own success reply set this
   if (auto* m = std::get_if<ipc::HelloRequest>(&env.body)) {
+    const bool first = !s.hello_done;
     st = HandleHello(s, rid, *m);
     replied = st.ok();
-    if (!st.ok()) {
+    if (!st.ok() && first) {  // a failed handshake ends the connection
       SendError(s, rid, st);
       CloseAfterReply(s);
       return;

@@ -1,1 +1,216 @@
+// Raw-socket clients that break the protocol: each gets a defined error or a
+// disconnect of its own connection; the broker keeps serving everyone else and
+// leaks no fds.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
 #include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
+
+namespace membroker::testing {
+namespace {
+
+using namespace membroker::ipc;
+
+class RawClient {
+ public:
+  explicit RawClient(const std::string& path) {
+    auto s = ConnectSeqpacket(path);
+    EXPECT_TRUE(s.ok());
+    if (s.ok()) sock_ = std::move(*s);
+  }
+  int fd() const { return sock_.get(); }
+  Status SendMsg(Message m, uint32_t flags = 0, uint16_t version = kProtocolVersion,
+                 std::span<const int> fds = {}) {
+    auto bytes = Encode({version, next_rid_++, flags, std::move(m)});
+    return SendFrame(sock_.get(), bytes, fds);
+  }
+  Status SendRaw(const std::vector<uint8_t>& bytes) { return SendFrame(sock_.get(), bytes, {}); }
+  // The next reply, or an error Status when the broker closed the connection.
+  Result<Envelope> Next(Frame* frame_out = nullptr) {
+    Frame f;
+    MB_RETURN_IF_ERROR(RecvFrame(sock_.get(), &f));
+    auto env = Decode(f.bytes);
+    if (frame_out) *frame_out = std::move(f);
+    return env;
+  }
+  void Hello() {
+    ASSERT_TRUE(SendMsg(HelloRequest{"raw", kProtocolVersion, 0}).ok());
+    auto r = Next();
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(std::holds_alternative<HelloReply>(r->body));
+  }
+  uint64_t last_rid() const { return next_rid_ - 1; }
+
+ private:
+  UniqueFd sock_;
+  uint64_t next_rid_ = 1;
+};
+
+ErrorCode ErrorOf(const Result<Envelope>& r) {
+  if (!r.ok()) return ErrorCode::kOk;
+  auto* e = std::get_if<ErrorReply>(&r->body);
+  return e ? e->code : ErrorCode::kOk;
+}
+
+class Abuse : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = Client::Connect({broker.socket(), "bystander"});
+    ASSERT_TRUE(c.ok());
+    bystander = std::move(*c);
+    auto h = bystander.MallocPhysical(4096);
+    ASSERT_TRUE(h.ok());
+    held = std::move(*h);
+    ASSERT_TRUE(bystander.Ping().ok());
+    fds_before = broker.FdCount();
+  }
+  void TearDown() override {
+    // Whatever happened, the bystander is still served and nothing leaked.
+    EXPECT_TRUE(bystander.Ping().ok());
+    EXPECT_EQ(broker.WaitForStat("clients_connected", 1), 1u);
+    EXPECT_EQ(broker.Stat("allocations_live"), 1u);
+    EXPECT_EQ(broker.FdCount(), fds_before);
+  }
+  BrokerProcess broker;
+  Client bystander;
+  PhysicalHandle held;
+  size_t fds_before = 0;
+};
+
+TEST_F(Abuse, GarbageFrameDisconnectsOnlyThatClient) {
+  {
+    RawClient raw(broker.socket());
+    raw.Hello();
+    ASSERT_TRUE(raw.SendRaw(std::vector<uint8_t>(200, 0xee)).ok());
+    EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+  }
+  EXPECT_EQ(broker.Stat("protocol_errors"), 1u);
+}
+
+TEST_F(Abuse, RequestBeforeHandshakeIsRefused) {
+  RawClient raw(broker.socket());
+  ASSERT_TRUE(raw.SendMsg(MallocRequest{4096}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kProtocolError);
+  EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+}
+
+TEST_F(Abuse, WrongProtocolVersionIsRefused) {
+  RawClient raw(broker.socket());
+  ASSERT_TRUE(raw.SendMsg(HelloRequest{"old", 99, 0}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kVersionMismatch);
+  RawClient raw2(broker.socket());
+  ASSERT_TRUE(raw2.SendMsg(HelloRequest{"x", kProtocolVersion, 0}, 0, /*envelope version=*/7).ok());
+  EXPECT_EQ(ErrorOf(raw2.Next()), ErrorCode::kVersionMismatch);
+}
+
+TEST_F(Abuse, FdsAttachedToARequestAreClosedAndTheClientDropped) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int fds[] = {devnull, devnull, devnull};
+  ASSERT_TRUE(raw.SendMsg(PingRequest{}, 0, kProtocolVersion, fds).ok());
+  ::close(devnull);
+  EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+}
+
+TEST_F(Abuse, UnknownForeignAndFreedHandles) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  // The bystander's allocation id is not this client's to free or export.
+  ASSERT_TRUE(raw.SendMsg(FreeRequest{held.id()}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+  ASSERT_TRUE(raw.SendMsg(ExportRequest{held.id(), 0}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+  ASSERT_TRUE(raw.SendMsg(FreeRequest{999999}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+  // Own handle: free once fine, twice an error.
+  ASSERT_TRUE(raw.SendMsg(MallocRequest{4096}).ok());
+  Frame f;
+  auto m = raw.Next(&f);
+  ASSERT_TRUE(m.ok());
+  uint64_t id = std::get<MallocReply>(m->body).handle;
+  ASSERT_TRUE(raw.SendMsg(FreeRequest{id}).ok());
+  EXPECT_TRUE(std::holds_alternative<OkReply>(raw.Next()->body));
+  ASSERT_TRUE(raw.SendMsg(FreeRequest{id}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+  ASSERT_TRUE(raw.SendMsg(ExportRequest{id, 0}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+}
+
+TEST_F(Abuse, OneWayRequestsAnswerOnlyFailures) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  ASSERT_TRUE(raw.SendMsg(FreeRequest{424242}, kFlagNoReplyOnSuccess).ok());
+  uint64_t failed_rid = raw.last_rid();
+  ASSERT_TRUE(raw.SendMsg(PingRequest{}, kFlagNoReplyOnSuccess).ok());  // succeeds: silent
+  ASSERT_TRUE(raw.SendMsg(PingRequest{}).ok());
+  uint64_t ping_rid = raw.last_rid();
+  auto first = raw.Next();
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->request_id, failed_rid);
+  EXPECT_EQ(ErrorOf(first), ErrorCode::kInvalidHandle);
+  auto second = raw.Next();
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->request_id, ping_rid);
+  EXPECT_TRUE(std::holds_alternative<OkReply>(second->body));
+}
+
+TEST_F(Abuse, RepliesSentAsRequestsAreRefused) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  ASSERT_TRUE(raw.SendMsg(OkReply{}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kProtocolError);
+  ASSERT_TRUE(raw.SendMsg(HelloRequest{"again"}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kProtocolError);
+  ASSERT_TRUE(raw.SendMsg(PingRequest{}).ok());  // still connected
+  EXPECT_TRUE(std::holds_alternative<OkReply>(raw.Next()->body));
+}
+
+TEST_F(Abuse, BadSizesAndFlags) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  ASSERT_TRUE(raw.SendMsg(MallocRequest{0}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  ASSERT_TRUE(raw.SendMsg(MallocRequest{UINT64_MAX}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  MallocRequest bad_flags{4096, ipc::PagePolicy::kNormalOnly, 0x80};
+  ASSERT_TRUE(raw.SendMsg(bad_flags).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  SetPidRequest bad_pid{"x", {-5}};
+  ASSERT_TRUE(raw.SendMsg(bad_pid).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kNotFound);
+}
+
+TEST_F(Abuse, ClientThatNeverReadsIsDisconnectedNotBuffered) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  Status st;
+  int sent = 0;
+  for (; sent < 200000; ++sent) {
+    st = raw.SendMsg(PingRequest{});
+    if (!st.ok()) break;
+  }
+  EXPECT_FALSE(st.ok()) << "broker kept buffering replies for a client that never reads";
+  EXPECT_EQ(broker.WaitForStat("clients_kicked", 1), 1u);
+}
+
+TEST_F(Abuse, EmptyAndTinyFrames) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  ASSERT_TRUE(raw.SendRaw(std::vector<uint8_t>{}).ok());
+  EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+  RawClient raw2(broker.socket());
+  ASSERT_TRUE(raw2.SendRaw(std::vector<uint8_t>{1, 2, 3}).ok());
+  EXPECT_EQ(raw2.Next().code(), ErrorCode::kNotConnected);
+}
+
+}  // namespace
+}  // namespace membroker::testing
