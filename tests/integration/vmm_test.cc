@@ -249,13 +249,18 @@ TEST_F(Vmm, AccessNoneFaultsAndReadOnlyRejectsWrites) {
   ASSERT_TRUE(client.MemSetAccess(m->data(), kPage, Access::kRead).ok());
   // A write must fault: check in a child so the fault does not end the test.
   void* p = m->data();
+  // Sanitizers install their own SIGSEGV handler; the child wants the plain fault.
   pid_t pid = ForkChild([p] {
+    std::signal(SIGSEGV, SIG_DFL);
     static_cast<volatile char*>(p)[0] = 1;
     return 0;
   });
   EXPECT_EQ(WaitChild(pid), 128 + SIGSEGV);
   ASSERT_TRUE(client.MemSetAccess(m->data(), kPage, Access::kNone).ok());
-  pid = ForkChild([p] { return static_cast<volatile char*>(p)[0]; });
+  pid = ForkChild([p] {
+    std::signal(SIGSEGV, SIG_DFL);
+    return static_cast<int>(static_cast<volatile char*>(p)[0]);
+  });
   EXPECT_EQ(WaitChild(pid), 128 + SIGSEGV);
 }
 
