@@ -52,6 +52,11 @@ class Broker {
   // Runs until SIGTERM/SIGINT, then releases everything and unlinks sockets.
   Status Run();
 
+  // One non-blocking turn of the loop, for embedding and for the fuzzer.
+  void RunOnce() { uv_run(&loop_, UV_RUN_NOWAIT); }
+  size_t live_allocations() const { return table_.all().size(); }
+  size_t live_sessions() const { return sessions_.size(); }
+
   // Admin commands ("stats", "list clients", ... with optional --json).
   std::string AdminCommand(const std::string& line);
 

@@ -103,6 +103,9 @@ bool ValidPolicy(w::PagePolicy p) {
 }
 
 Result<Message> DecodeBody(const w::Envelope* env) {
+  // The verifier accepts a union type whose table is absent; we do not.
+  if (env->body_type() != w::Message_NONE && env->body() == nullptr)
+    return Malformed("union type set but body missing");
   switch (env->body_type()) {
     case w::Message_HelloRequest: {
       auto m = env->body_as_HelloRequest();

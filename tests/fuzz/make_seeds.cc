@@ -1,0 +1,51 @@
+// Writes the seed corpus for the fuzz targets: one file per valid message, and
+// dispatch inputs that walk through a session (see fuzz_dispatch.cc for the
+// record format). Run: make_seeds DIR_DECODE DIR_DISPATCH
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "membroker/ipc/protocol.h"
+
+using namespace membroker::ipc;
+
+static void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return;
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+}
+
+static void AddRecord(std::vector<uint8_t>* out, const std::vector<uint8_t>& frame, uint8_t nfds = 0) {
+  out->push_back(nfds);
+  out->push_back(static_cast<uint8_t>(frame.size() & 0xff));
+  out->push_back(static_cast<uint8_t>(frame.size() >> 8));
+  out->insert(out->end(), frame.begin(), frame.end());
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  std::vector<Message> msgs = {
+      HelloRequest{"seed", kProtocolVersion, 0}, MallocRequest{4096, PagePolicy::kNormalOnly, 0},
+      MallocRequest{3 << 20, PagePolicy::kHugeFirst, 0}, FreeRequest{1}, ExportRequest{1, 1},
+      SetPidRequest{"0123456789abcdef0123456789abcdef", {1, 2}}, ImportRequest{"abc"},
+      PingRequest{}, GoodbyeRequest{}, OkReply{}, ErrorReply{membroker::ErrorCode::kBusy, "x"},
+      MallocReply{1, 4096, 4096}, ImportReply{1, 4096, 4096, true}, ExportReply{"t"},
+      HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}}};
+  int i = 0;
+  for (const auto& m : msgs) {
+    auto bytes = Encode({kProtocolVersion, 7, 0, m});
+    Write(std::string(argv[1]) + "/" + MessageName(m), bytes);
+    std::vector<uint8_t> in{1};
+    AddRecord(&in, bytes);
+    Write(std::string(argv[2]) + "/single-" + std::to_string(i++) + "-" + MessageName(m), in);
+  }
+  // A whole session: malloc, export, set pids, import, free, with one fd abuse.
+  std::vector<uint8_t> session{1};
+  AddRecord(&session, Encode({kProtocolVersion, 2, 0, MallocRequest{8192}}));
+  AddRecord(&session, Encode({kProtocolVersion, 3, 0, ExportRequest{1, kExportNoPidCheck}}));
+  AddRecord(&session, Encode({kProtocolVersion, 4, kFlagNoReplyOnSuccess, FreeRequest{1}}));
+  AddRecord(&session, Encode({kProtocolVersion, 5, 0, PingRequest{}}), 2);
+  Write(std::string(argv[2]) + "/session", session);
+  return 0;
+}
