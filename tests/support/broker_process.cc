@@ -88,7 +88,9 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args) {
 
 BrokerProcess::~BrokerProcess() {
   // A clean exit code also means no sanitizer or leak report from the broker.
-  if (pid_ > 0) EXPECT_EQ(Stop(), 0) << "membrokerd did not stop cleanly; see its stderr above";
+  if (pid_ > 0) {
+    EXPECT_EQ(Stop(), 0) << "membrokerd did not stop cleanly; see its stderr above";
+  }
   std::string cmd = "rm -rf '" + dir_ + "'";
   (void)!std::system(cmd.c_str());
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs this build into a temp prefix, builds tests/consumer against it with
+# find_package and with pkg-config, and runs both against a live broker.
+set -euo pipefail
+build=$1
+src=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+broker=
+trap 'kill "$broker" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+cmake -S "$src" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake --build "$tmp/cmake-build" >/dev/null
+export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig:$tmp/prefix/lib/x86_64-linux-gnu/pkgconfig"
+g++ "$src/main.cc" -o "$tmp/consumer_via_pkgconfig" $(pkg-config --cflags --libs membroker)
+
+mkfifo "$tmp/ready"
+"$tmp/prefix/bin/membrokerd" --socket "$tmp/b.sock" --ready-fd 3 3>"$tmp/ready" &
+broker=$!
+read -r _ <"$tmp/ready"
+lib=$(dirname "$(find "$tmp/prefix" -name 'libmembroker.so' | head -1)")
+LD_LIBRARY_PATH="$lib" "$tmp/cmake-build/consumer_via_cmake" "$tmp/b.sock"
+LD_LIBRARY_PATH="$lib" "$tmp/consumer_via_pkgconfig" "$tmp/b.sock"
+"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 2'
+kill -TERM "$broker"
+wait "$broker"
+echo "installed package consumed via find_package and pkg-config"
