@@ -62,8 +62,10 @@ Broker::Broker(Options options) : options_(std::move(options)) {
 }
 
 Broker::~Broker() {
-  // Run() closes every handle; this only covers a Broker that never ran.
+  // Run() closes every handle and unlinks the sockets; this only covers a
+  // Broker that never ran (Create failed half way, or an embedder).
   if (loop_.data == this) {
+    if (socket_bound_) ::unlink(options_.socket_path.c_str());
     uv_walk(&loop_, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); },
             nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
@@ -97,6 +99,7 @@ Status Broker::Listen() {
   int err = errno;
   ::umask(old);
   if (rc != 0) return ipc::ErrnoStatus("bind", options_.socket_path, err);
+  socket_bound_ = true;
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("listen", options_.socket_path, nullptr, [&] {
     return ::listen(listen_fd_.get(), kListenBacklog);
   }));

@@ -101,6 +101,7 @@ class Broker {
   uv_loop_t loop_{};
   uv_poll_t listen_poll_{};
   ipc::UniqueFd listen_fd_;
+  bool socket_bound_ = false;  // our socket file exists and is ours to unlink
   uv_pipe_t admin_pipe_{};
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};

@@ -177,6 +177,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
       [](uv_work_t* r, int) {
         std::unique_ptr<MallocWork> w(static_cast<MallocWork*>(r->data));
         if (Session* s = w->broker->FindSession(w->session_id)) --s->inflight;
+        if (!w->result) w->result = Status(ErrorCode::kInternal, "allocation was cancelled");
         w->broker->FinishMalloc(w->session_id, w->request_id, w->policy, w->reserved,
                                 std::move(*w->result));
       });

@@ -98,6 +98,15 @@ TEST(Lifecycle, LiveBrokerOnTheSamePathIsRefused) {
   EXPECT_TRUE(c.ok());
 }
 
+TEST(Lifecycle, FailedStartLeavesNoSocketFileBehind) {
+  BrokerProcess b;
+  std::string mine = b.dir() + "/second.sock";
+  auto r = RunBrokerExpectingExit({"--socket", mine, "--admin-socket", b.admin_socket()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("another broker is serving"), std::string::npos) << r.output;
+  EXPECT_FALSE(Exists(mine));
+}
+
 TEST(Lifecycle, NonSocketFileAtThePathIsNotTouched) {
   BrokerProcess b;
   std::string path = b.dir() + "/precious.txt";
