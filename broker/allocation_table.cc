@@ -5,7 +5,7 @@
 namespace membroker::broker {
 
 Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
-                                    uint64_t creator) {
+                                    uint64_t creator, uid_t creator_uid) {
   uint64_t id = next_id_++;
   Allocation& a = allocations_[id];
   a.id = id;
@@ -14,7 +14,12 @@ Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy pol
   a.page_size = mem.page_size;
   a.policy = policy;
   a.creator = creator;
+  a.creator_uid = creator_uid;
+  a.fell_back = mem.fell_back;
+  a.pinned = mem.lock.locked();
+  a.lock = std::move(mem.lock);
   a.holders = 1;
+  if (a.fell_back) ++counters_.huge_fallbacks;
   a.created = std::chrono::steady_clock::now();
   ++counters_.allocations_created;
   counters_.bytes_live += a.size;
@@ -30,15 +35,16 @@ void AllocationTable::AddHolder(uint64_t id) {
   if (Allocation* a = Find(id)) ++a->holders;
 }
 
-bool AllocationTable::DropHolder(uint64_t id) {
+std::optional<Allocation> AllocationTable::DropHolder(uint64_t id) {
   auto it = allocations_.find(id);
-  if (it == allocations_.end() || it->second.holders == 0) return false;
-  if (--it->second.holders > 0) return false;
+  if (it == allocations_.end() || it->second.holders == 0) return std::nullopt;
+  if (--it->second.holders > 0) return std::nullopt;
   for (const std::string& t : it->second.tokens) exports_.erase(t);
   counters_.bytes_live -= it->second.size;
   ++counters_.allocations_freed;
+  Allocation gone = std::move(it->second);
   allocations_.erase(it);
-  return true;
+  return gone;
 }
 
 Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_t exporter_uid,

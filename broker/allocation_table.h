@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "accounting.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
@@ -31,7 +33,14 @@ struct Allocation {
   uint64_t page_size = 0;
   ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
   uint64_t creator = 0;  // client id
+  uid_t creator_uid = 0;
   uint32_t holders = 0;
+  bool fell_back = false;      // HUGE_FIRST that got normal pages
+  bool pinned = false;
+  int pool = -1;               // index of the pool it came from, or -1
+  uint64_t fixed_address = 0;  // same-address allocations
+  Usage charge;                // what it costs its creator (and the creator's uid)
+  ipc::LockedMapping lock;     // pinned memory stays locked while this lives
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;
 };
@@ -53,6 +62,7 @@ struct Importer {
 
 struct TableCounters {
   uint64_t allocations_created = 0;
+  uint64_t huge_fallbacks = 0;
   uint64_t allocations_freed = 0;
   uint64_t bytes_live = 0;
   uint64_t exports_created = 0;
@@ -62,7 +72,8 @@ struct TableCounters {
 class AllocationTable {
  public:
   // Takes ownership of mem; the creator becomes the only holder.
-  Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator);
+  Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+                     uid_t creator_uid);
 
   Allocation* Find(uint64_t id);
   const std::map<uint64_t, Allocation>& all() const { return allocations_; }
@@ -70,8 +81,9 @@ class AllocationTable {
   size_t export_count() const { return exports_.size(); }
 
   void AddHolder(uint64_t id);
-  // Returns true when this was the last holder and the allocation was freed.
-  bool DropHolder(uint64_t id);
+  // When this was the last holder, removes the allocation and returns it (its
+  // memory is released when the caller lets it go).
+  std::optional<Allocation> DropHolder(uint64_t id);
 
   // Creates an export token for allocation id.
   Result<std::string> Export(uint64_t id, uint64_t exporter, uid_t exporter_uid, uint32_t flags);

@@ -20,10 +20,10 @@ constexpr int kListenBacklog = 512;
 // Frames read from one client per wakeup, so one busy client cannot starve others.
 constexpr int kFramesPerWakeup = 64;
 
-uint64_t DefaultMaxBytes() {
+uint64_t RamBytes() {
   struct sysinfo si {};
-  if (::sysinfo(&si) != 0) return 1ull << 32;
-  return static_cast<uint64_t>(si.totalram) * si.mem_unit / 2;
+  if (::sysinfo(&si) != 0) return 8ull << 30;
+  return static_cast<uint64_t>(si.totalram) * si.mem_unit;
 }
 }  // namespace
 
@@ -57,8 +57,16 @@ Status PrepareSocketPath(const std::string& path) {
   return Status::Ok();
 }
 
-Broker::Broker(Options options) : options_(std::move(options)) {
-  if (options_.max_bytes == 0) options_.max_bytes = DefaultMaxBytes();
+Broker::Broker(Options options)
+    : options_(std::move(options)), window_(options_.va_window_base, options_.va_window_size) {
+  if (options_.max_bytes == 0) options_.max_bytes = RamBytes() / 2;
+  if (options_.max_pinned_bytes == 0) options_.max_pinned_bytes = RamBytes() / 8;
+  accounting_.max_bytes = options_.max_bytes;
+  accounting_.max_pinned_bytes = options_.max_pinned_bytes;
+  accounting_.client_limits = options_.quota_client;
+  accounting_.uid_default = options_.quota_uid_default;
+  for (const auto& [uid, limits] : options_.quota_uid) accounting_.uid_limits[uid] = limits;
+  for (const PoolSpec& spec : options_.pools) pools_.emplace_back().spec = spec;
 }
 
 Broker::~Broker() {
@@ -80,6 +88,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   b->loop_.data = b.get();
   MB_RETURN_IF_ERROR(b->Listen());
   MB_RETURN_IF_ERROR(b->ListenAdmin());
+  b->FillPools();  // before READY: a ready broker serves pooled sizes at once
   return b;
 }
 
@@ -291,15 +300,15 @@ void Broker::Flush(Session& s) {
   uv_poll_start(&s.poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
 }
 
-void Broker::ReleaseHolding(uint64_t allocation_id) { table_.DropHolder(allocation_id); }
-
 void Broker::CloseSession(Session& s, const char* why) {
   if (s.closing) return;
   s.closing = true;
   std::vector<uint64_t> held = s.ledger.TakeAll();
   if (!s.said_goodbye) ++counters_.clients_crashed;
   counters_.released_on_disconnect += held.size();
-  for (uint64_t id : held) ReleaseHolding(id);
+  for (uint64_t id : held) ReleaseHolding(s, id);
+  for (const auto& [addr, size] : s.host_regs) Uncharge(&s, s.cred.uid, Usage{0, size, 0, 0});
+  s.host_regs.clear();
   if (options_.verbose || (!s.said_goodbye && !held.empty()))
     MB_LOG("client %llu (pid %d, '%s') disconnected: %s; released %zu holdings",
            static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), s.name.c_str(),

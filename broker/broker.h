@@ -7,29 +7,23 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include "accounting.h"
+#include "address_window.h"
 #include "allocation_table.h"
+#include "options.h"
+#include "pool.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
 #include "session.h"
 
 namespace membroker::broker {
-
-struct Options {
-  std::string socket_path;
-  std::string admin_socket_path;
-  int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
-  uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
-  size_t max_clients = 1024;
-  size_t max_outbound_frames = 1024;    // a client that does not read is dropped
-  size_t max_inflight_per_client = 64;  // concurrent slow requests per client
-  uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
-  bool verbose = false;
-};
 
 struct BrokerCounters {
   uint64_t clients_total = 0;
@@ -40,6 +34,7 @@ struct BrokerCounters {
   uint64_t errors_sent = 0;
   uint64_t protocol_errors = 0;
   uint64_t bytes_pending = 0;    // reserved for allocations being created
+  uint64_t quota_rejections = 0;
 };
 
 class Broker {
@@ -86,15 +81,33 @@ class Broker {
   Status HandleExport(Session& s, uint64_t rid, const ipc::ExportRequest& m);
   Status HandleSetPid(Session& s, uint64_t rid, const ipc::SetPidRequest& m);
   Status HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m);
-  void FinishMalloc(uint64_t session_id, uint64_t rid, ipc::PagePolicy policy, uint64_t reserved,
-                    Result<ipc::PhysicalMemory> mem);
-  void ReleaseHolding(uint64_t allocation_id);
+  Status HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m);
+  Status HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest& m);
+  // Completes a MallocRequest whose memory was created (or failed): charges
+  // were made up front with `charged`; they are settled here.
+  struct PendingMalloc {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    uid_t uid = 0;
+    ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+    uint32_t flags = 0;
+    Usage charged;
+    int pool = -1;
+  };
+  void FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem);
+  // Drops session s's reference to an allocation and settles its charges.
+  void ReleaseHolding(Session& s, uint64_t allocation_id);
+  Status Charge(Session& s, const Usage& delta);
+  void Uncharge(Session* s, uid_t uid, const Usage& delta);
+  void FillPools();
+  void RefillPool(size_t index);
 
   // Admin socket (admin.cc).
   Status ListenAdmin();
   static void OnAdminConnection(uv_stream_t* server, int status);
 
   friend struct MallocWork;
+  friend struct RefillWork;
   friend struct AdminConnection;
 
   Options options_;
@@ -109,6 +122,9 @@ class Broker {
   uint64_t next_session_id_ = 1;
   std::unordered_map<uint64_t, Session*> sessions_;
   AllocationTable table_;
+  Accounting accounting_;
+  AddressWindow window_;
+  std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
   BrokerCounters counters_;
 };
 

@@ -12,23 +12,37 @@ namespace membroker::broker {
 
 namespace {
 constexpr uint64_t kMaxHoldingsPerClient = 1u << 20;
+constexpr uint64_t kHostRegisterAlign = 4096;
 
 Status NotHeld(uint64_t handle) {
   return Status(ErrorCode::kInvalidHandle,
                 "handle " + std::to_string(handle) +
                     " is not held by this client (unknown, foreign or already freed)");
 }
+
+// Creates the memory for a MallocRequest: on the loop for small sizes, on a
+// worker thread for large ones.
+Result<ipc::PhysicalMemory> MakeMemory(const std::string& name, uint64_t size,
+                                       ipc::PagePolicy policy, uint32_t flags) {
+  MB_ASSIGN_OR_RETURN(ipc::PhysicalMemory mem, ipc::CreatePhysicalMemory(name, size, policy));
+  if (flags & ipc::kMallocPinned) MB_RETURN_IF_ERROR(ipc::Pin(&mem));
+  return mem;
+}
 }  // namespace
 
 struct MallocWork {
   uv_work_t req{};
   Broker* broker = nullptr;
-  uint64_t session_id = 0;
-  uint64_t request_id = 0;
+  Broker::PendingMalloc pending;
   uint64_t size = 0;
-  uint64_t reserved = 0;
-  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
   std::string name;
+  std::optional<Result<ipc::PhysicalMemory>> result;
+};
+
+struct RefillWork {
+  uv_work_t req{};
+  Broker* broker = nullptr;
+  size_t pool = 0;
   std::optional<Result<ipc::PhysicalMemory>> result;
 };
 
@@ -95,6 +109,10 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   } else if (auto* m = std::get_if<ipc::ImportRequest>(&env.body)) {
     st = HandleImport(s, rid, *m);
     replied = true;
+  } else if (auto* m = std::get_if<ipc::RegisterHostRequest>(&env.body)) {
+    st = HandleRegisterHost(s, *m);
+  } else if (auto* m = std::get_if<ipc::UnregisterHostRequest>(&env.body)) {
+    st = HandleUnregisterHost(s, *m);
   } else if (std::holds_alternative<ipc::PingRequest>(env.body)) {
     st = Status::Ok();
   } else if (std::holds_alternative<ipc::GoodbyeRequest>(env.body)) {
@@ -106,6 +124,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
                 std::string(ipc::MessageName(env.body)) + " is not a request");
   }
   if (!st.ok()) {
+    if (st.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
     SendError(s, rid, st);
   } else if (!replied && reply_on_success) {
     Send(s, rid, ipc::OkReply{});
@@ -128,80 +147,140 @@ Status Broker::HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m)
   return Status::Ok();
 }
 
+Status Broker::Charge(Session& s, const Usage& delta) {
+  MB_RETURN_IF_ERROR(accounting_.Check(s.usage, s.cred.uid, delta));
+  s.usage += delta;
+  accounting_.ChargeUid(s.cred.uid, delta);
+  return Status::Ok();
+}
+
+void Broker::Uncharge(Session* s, uid_t uid, const Usage& delta) {
+  if (s != nullptr) s->usage -= delta;
+  accounting_.ReleaseUid(uid, delta);
+}
+
 Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
   if (m.size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   if (m.size > ipc::kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid,
                   "size " + std::to_string(m.size) + " exceeds the per-allocation limit");
-  if (m.flags != 0)
+  if (m.flags & ~ipc::kMallocKnownFlags)
     return Status(ErrorCode::kParamInvalid, "unknown malloc flags " + std::to_string(m.flags));
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
-  // Budget the largest page size the policy may use.
+  // Charge the largest size the policy may produce; settled in FinishMalloc.
   uint64_t page = m.policy == ipc::PagePolicy::kHugeFirst && m.size > ipc::kHugeFirstThreshold
                       ? ipc::kHuge2MPageSize
                       : ipc::GranularityFor(m.policy).minimum;
   uint64_t reserve = ipc::RoundUp(m.size, page);
-  uint64_t in_use = table_.counters().bytes_live + counters_.bytes_pending;
-  if (reserve == 0 || reserve > options_.max_bytes - std::min(in_use, options_.max_bytes))
-    return Status(ErrorCode::kResourceExhausted,
-                  "allocating " + std::to_string(m.size) + " bytes would pass the broker's budget (" +
-                      std::to_string(in_use) + " of " + std::to_string(options_.max_bytes) +
-                      " bytes in use; see --max-bytes)");
+  if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
+  const bool pinned = m.flags & ipc::kMallocPinned;
+  PendingMalloc p{s.id, rid, s.cred.uid, m.policy, m.flags, Usage{reserve, pinned ? reserve : 0, 1, 0}, -1};
+  MB_RETURN_IF_ERROR(Charge(s, p.charged));
+
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    Pool& pool = pools_[i];
+    if (!pool.Matches(m.size, m.policy, m.flags & ~ipc::kMallocSameAddress)) continue;
+    if (pool.ready.empty()) {
+      ++pool.misses;
+      break;
+    }
+    ++pool.hits;
+    ipc::PhysicalMemory mem = std::move(pool.ready.front());
+    pool.ready.pop_front();
+    p.pool = static_cast<int>(i);
+    FinishMalloc(p, std::move(mem));
+    RefillPool(i);
+    return Status::Ok();
+  }
+
   counters_.bytes_pending += reserve;
   std::string name = "membroker:client" + std::to_string(s.id);
-  if (m.size <= options_.inline_alloc_bytes) {
-    FinishMalloc(s.id, rid, m.policy, reserve, ipc::CreatePhysicalMemory(name, m.size, m.policy));
+  if (reserve <= options_.inline_alloc_bytes) {
+    FinishMalloc(p, MakeMemory(name, m.size, m.policy, m.flags));
     return Status::Ok();
   }
   if (s.inflight >= options_.max_inflight_per_client) {
     counters_.bytes_pending -= reserve;
+    Uncharge(&s, s.cred.uid, p.charged);
     return Status(ErrorCode::kResourceExhausted, "too many allocations in flight for this client");
   }
   auto* w = new MallocWork();
   w->req.data = w;
   w->broker = this;
-  w->session_id = s.id;
-  w->request_id = rid;
+  w->pending = p;
   w->size = m.size;
-  w->reserved = reserve;
-  w->policy = m.policy;
   w->name = std::move(name);
   ++s.inflight;
   uv_queue_work(
       &loop_, &w->req,
       [](uv_work_t* r) {
         auto* w = static_cast<MallocWork*>(r->data);
-        w->result = ipc::CreatePhysicalMemory(w->name, w->size, w->policy);
+        w->result = MakeMemory(w->name, w->size, w->pending.policy, w->pending.flags);
       },
       [](uv_work_t* r, int) {
         std::unique_ptr<MallocWork> w(static_cast<MallocWork*>(r->data));
-        if (Session* s = w->broker->FindSession(w->session_id)) --s->inflight;
+        if (Session* s = w->broker->FindSession(w->pending.session_id)) --s->inflight;
         if (!w->result) w->result = Status(ErrorCode::kInternal, "allocation was cancelled");
-        w->broker->FinishMalloc(w->session_id, w->request_id, w->policy, w->reserved,
-                                std::move(*w->result));
+        w->broker->FinishMalloc(w->pending, std::move(*w->result));
       });
   return Status::Ok();
 }
 
-void Broker::FinishMalloc(uint64_t session_id, uint64_t rid, ipc::PagePolicy policy,
-                          uint64_t reserved, Result<ipc::PhysicalMemory> mem) {
-  counters_.bytes_pending -= reserved;
-  Session* s = FindSession(session_id);
-  if (s == nullptr) return;  // the client left meanwhile: the memory closes here
-  if (!mem.ok()) {
-    SendError(*s, rid, mem.status());
-    return;
+void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem) {
+  if (p.pool < 0) counters_.bytes_pending -= p.charged.bytes;
+  Session* s = FindSession(p.session_id);
+  uint64_t fixed = 0;
+  if (s != nullptr && mem.ok() && (p.flags & ipc::kMallocSameAddress)) {
+    // Aligned to the page size, and to 2 MiB at least, so huge pages line up.
+    fixed = window_.Allocate(mem->size, std::max(mem->page_size, ipc::kHuge2MPageSize));
+    if (fixed == 0)
+      mem = Status(ErrorCode::kResourceExhausted,
+                   "the same-address window is full (see --va-window)");
   }
-  Allocation& a = table_.Insert(std::move(*mem), policy, s->id);
+  if (s == nullptr || !mem.ok()) {
+    // The client left meanwhile, or creation failed: undo the charges.
+    Uncharge(s, p.uid, p.charged);
+    if (s != nullptr) SendError(*s, p.request_id, mem.status());
+    return;  // any memory created closes here
+  }
+  // Settle the charge to what was actually created (HUGE_FIRST may fall back).
+  Usage actual{mem->size, (p.flags & ipc::kMallocPinned) ? mem->size : 0, 1, 0};
+  Uncharge(s, p.uid, p.charged);
+  s->usage += actual;
+  accounting_.ChargeUid(p.uid, actual);
+
+  Allocation& a = table_.Insert(std::move(*mem), p.policy, s->id, p.uid);
+  a.charge = actual;
+  a.fixed_address = fixed;
+  a.pool = p.pool;
+  if (p.pool >= 0) ++pools_[p.pool].in_use;
   s->ledger.Add(a.id);
   int fd = a.fd.get();
-  Send(*s, rid, ipc::MallocReply{a.id, a.size, a.page_size}, std::span<const int>(&fd, 1));
+  Send(*s, p.request_id,
+       ipc::MallocReply{a.id, a.size, a.page_size, a.fell_back, a.pinned, a.fixed_address,
+                        p.pool >= 0},
+       std::span<const int>(&fd, 1));
+}
+
+void Broker::ReleaseHolding(Session& s, uint64_t id) {
+  Allocation* a = table_.Find(id);
+  if (a == nullptr) return;
+  if (a->creator == s.id)
+    s.usage -= a->charge;  // the uid stays charged while the allocation lives
+  else
+    Uncharge(&s, s.cred.uid, Usage{0, 0, 0, 1});  // an import
+  std::optional<Allocation> gone = table_.DropHolder(id);
+  if (!gone) return;
+  accounting_.ReleaseUid(gone->creator_uid, gone->charge);
+  if (gone->fixed_address) window_.Free(gone->fixed_address);
+  if (gone->pool >= 0) --pools_[gone->pool].in_use;
+  // Its memory goes back to the kernel here; never to another tenant (pool.h).
 }
 
 Status Broker::HandleFree(Session& s, const ipc::FreeRequest& m) {
   if (!s.ledger.Remove(m.handle)) return NotHeld(m.handle);
-  table_.DropHolder(m.handle);
+  ReleaseHolding(s, m.handle);
   return Status::Ok();
 }
 
@@ -225,15 +304,88 @@ Status Broker::HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& 
                                                  " (import it once and share the handle)");
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
+  MB_RETURN_IF_ERROR(Charge(s, Usage{0, 0, 0, 1}));
   const Allocation* a = table_.Find(e->allocation);
   s.ledger.Add(a->id);
   table_.AddHolder(a->id);
   table_.CountImport();
   bool read_only = e->read_only_fd.valid();
   int fd = read_only ? e->read_only_fd.get() : a->fd.get();
-  Send(s, rid, ipc::ImportReply{a->id, a->size, a->page_size, read_only},
+  Send(s, rid,
+       ipc::ImportReply{a->id, a->size, a->page_size, read_only, a->pinned, a->fixed_address},
        std::span<const int>(&fd, 1));
   return Status::Ok();
+}
+
+Status Broker::HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m) {
+  if (m.address == 0 || m.size == 0 || m.address % kHostRegisterAlign || m.size % kHostRegisterAlign)
+    return Status(ErrorCode::kParamInvalid,
+                  "host register needs a non-zero address and size, both multiples of 4096");
+  if (m.address + m.size < m.address) return Status(ErrorCode::kParamInvalid, "range overflows");
+  if (m.flags != 0)
+    return Status(ErrorCode::kParamInvalid, "unknown host register flags " + std::to_string(m.flags));
+  auto next = s.host_regs.lower_bound(m.address);
+  if ((next != s.host_regs.end() && next->first < m.address + m.size) ||
+      (next != s.host_regs.begin() && std::prev(next)->first + std::prev(next)->second > m.address))
+    return Status(ErrorCode::kOverlap, "range overlaps memory this client already registered");
+  MB_RETURN_IF_ERROR(Charge(s, Usage{0, m.size, 0, 0}));
+  s.host_regs[m.address] = m.size;
+  return Status::Ok();
+}
+
+Status Broker::HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest& m) {
+  auto it = s.host_regs.find(m.address);
+  if (it == s.host_regs.end())
+    return Status(ErrorCode::kNotFound, "no host registration starts at this address");
+  Uncharge(&s, s.cred.uid, Usage{0, it->second, 0, 0});
+  s.host_regs.erase(it);
+  return Status::Ok();
+}
+
+void Broker::FillPools() {
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    Pool& pool = pools_[i];
+    while (pool.ready.size() < pool.spec.count) {
+      auto mem = ipc::CreatePhysicalMemory("membroker:pool", pool.spec.size, pool.spec.policy);
+      if (!mem.ok()) {
+        ++pool.refill_failures;
+        MB_LOG("pool %zu (%llu bytes): filled %zu of %u: %s", i,
+               static_cast<unsigned long long>(pool.spec.size), pool.ready.size(), pool.spec.count,
+               mem.status().ToString().c_str());
+        break;
+      }
+      pool.ready.push_back(std::move(*mem));
+    }
+  }
+}
+
+void Broker::RefillPool(size_t index) {
+  Pool& pool = pools_[index];
+  while (!stopping_ && pool.NeedsRefill()) {
+    auto* w = new RefillWork();
+    w->req.data = w;
+    w->broker = this;
+    w->pool = index;
+    ++pool.refilling;
+    uv_queue_work(
+        &loop_, &w->req,
+        [](uv_work_t* r) {
+          auto* w = static_cast<RefillWork*>(r->data);
+          const PoolSpec& spec = w->broker->pools_[w->pool].spec;
+          w->result = ipc::CreatePhysicalMemory("membroker:pool", spec.size, spec.policy);
+        },
+        [](uv_work_t* r, int) {
+          std::unique_ptr<RefillWork> w(static_cast<RefillWork*>(r->data));
+          Pool& pool = w->broker->pools_[w->pool];
+          --pool.refilling;
+          if (w->result && w->result->ok() && !w->broker->stopping_) {
+            pool.ready.push_back(std::move(**w->result));
+            ++pool.refills;
+          } else {
+            ++pool.refill_failures;  // retried on the next take
+          }
+        });
+  }
 }
 
 }  // namespace membroker::broker

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "accounting.h"
 #include "ledger.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/unique_fd.h"
@@ -35,6 +37,8 @@ struct Session {
   bool polling_writable = false;
   uint32_t inflight = 0;        // requests handed to worker threads
   Ledger ledger;
+  Usage usage;                            // charged to this client (see accounting.h)
+  std::map<uint64_t, uint64_t> host_regs;  // HostRegister: address -> size
   std::deque<OutFrame> outbound;
 };
 

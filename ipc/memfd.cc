@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include <array>
+#include <utility>
 #include <cstdio>
 
 #include "membroker/ipc/syscall.h"
@@ -90,6 +91,48 @@ Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t si
     }
   }
   return Status(ErrorCode::kParamInvalid, "unknown page policy");
+}
+
+LockedMapping& LockedMapping::operator=(LockedMapping&& o) noexcept {
+  if (this != &o) {
+    if (addr_) ::munmap(addr_, size_);
+    addr_ = std::exchange(o.addr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+LockedMapping::~LockedMapping() {
+  if (addr_) ::munmap(addr_, size_);  // munmap also unlocks
+}
+
+Status Pin(PhysicalMemory* mem) {
+  std::string args = "size=" + std::to_string(mem->size);
+  void* p = nullptr;
+  MB_RETURN_IF_ERROR(CheckedCall("mmap", args, &p, [&] {
+    return ::mmap(nullptr, mem->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                  mem->fd.get(), 0);
+  }));
+  LockedMapping lock(p, mem->size);
+  Status st = CheckedCall<int>("mlock", args, nullptr, [&] { return ::mlock(p, mem->size); });
+  if (!st.ok()) {
+    return Status(st.code() == ErrorCode::kPermissionDenied ? ErrorCode::kResourceExhausted
+                                                            : st.code(),
+                  st.message() + " (hint: raise membrokerd's RLIMIT_MEMLOCK or give it CAP_IPC_LOCK)");
+  }
+  mem->lock = std::move(lock);
+  return Status::Ok();
+}
+
+uint64_t FreeHugePages(uint64_t page_size) {
+  std::string path = "/sys/kernel/mm/hugepages/hugepages-" + std::to_string(page_size >> 10) +
+                     "kB/free_hugepages";
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return 0;
+  unsigned long long n = 0;
+  if (std::fscanf(f, "%llu", &n) != 1) n = 0;
+  std::fclose(f);
+  return n;
 }
 
 Result<UniqueFd> ReopenReadOnly(int fd) {

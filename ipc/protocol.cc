@@ -10,7 +10,7 @@ namespace membroker::ipc {
 namespace fb = flatbuffers;
 namespace w = membroker::wire;
 
-static_assert(static_cast<int>(w::ErrorCode_MAX) == static_cast<int>(ErrorCode::kOutOfRange),
+static_assert(static_cast<int>(w::ErrorCode_MAX) == static_cast<int>(ErrorCode::kAddressInUse),
               "status.h and the schema's ErrorCode must list the same codes");
 static_assert(static_cast<int>(w::PagePolicy_MAX) == static_cast<int>(PagePolicy::kHuge1GOnly));
 
@@ -40,7 +40,9 @@ struct Encoder {
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const MallocReply& m) {
     return {w::Message_MallocReply,
-            w::CreateMallocReply(b, m.handle, m.size, m.page_size).Union()};
+            w::CreateMallocReply(b, m.handle, m.size, m.page_size, m.fell_back, m.pinned,
+                                 m.fixed_address, m.from_pool)
+                .Union()};
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const FreeRequest& m) {
     return {w::Message_FreeRequest, w::CreateFreeRequest(b, m.handle).Union()};
@@ -63,7 +65,9 @@ struct Encoder {
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const ImportReply& m) {
     return {w::Message_ImportReply,
-            w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only).Union()};
+            w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only, m.pinned,
+                                 m.fixed_address)
+                .Union()};
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const PingRequest&) {
     return {w::Message_PingRequest, w::CreatePingRequest(b).Union()};
@@ -73,6 +77,14 @@ struct Encoder {
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const OkReply&) {
     return {w::Message_OkReply, w::CreateOkReply(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const RegisterHostRequest& m) {
+    return {w::Message_RegisterHostRequest,
+            w::CreateRegisterHostRequest(b, m.address, m.size, m.flags).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const UnregisterHostRequest& m) {
+    return {w::Message_UnregisterHostRequest,
+            w::CreateUnregisterHostRequest(b, m.address).Union()};
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
@@ -137,7 +149,8 @@ Result<Message> DecodeBody(const w::Envelope* env) {
     }
     case w::Message_MallocReply: {
       auto m = env->body_as_MallocReply();
-      return Message(MallocReply{m->handle(), m->size(), m->page_size()});
+      return Message(MallocReply{m->handle(), m->size(), m->page_size(), m->fell_back(),
+                                 m->pinned(), m->fixed_address(), m->from_pool()});
     }
     case w::Message_FreeRequest:
       return Message(FreeRequest{env->body_as_FreeRequest()->handle()});
@@ -170,7 +183,15 @@ Result<Message> DecodeBody(const w::Envelope* env) {
     }
     case w::Message_ImportReply: {
       auto m = env->body_as_ImportReply();
-      return Message(ImportReply{m->handle(), m->size(), m->page_size(), m->read_only()});
+      return Message(ImportReply{m->handle(), m->size(), m->page_size(), m->read_only(),
+                                 m->pinned(), m->fixed_address()});
+    }
+    case w::Message_RegisterHostRequest: {
+      auto m = env->body_as_RegisterHostRequest();
+      return Message(RegisterHostRequest{m->address(), m->size(), m->flags()});
+    }
+    case w::Message_UnregisterHostRequest: {
+      return Message(UnregisterHostRequest{env->body_as_UnregisterHostRequest()->address()});
     }
     case w::Message_PingRequest:
       return Message(PingRequest{});
@@ -220,7 +241,8 @@ const char* MessageName(const Message& body) {
   static constexpr const char* kNames[] = {
       "HelloRequest",  "HelloReply",  "MallocRequest", "MallocReply", "FreeRequest",
       "ExportRequest", "ExportReply", "SetPidRequest", "ImportRequest", "ImportReply",
-      "PingRequest",   "GoodbyeRequest", "OkReply",    "ErrorReply"};
+      "PingRequest",   "GoodbyeRequest", "OkReply",    "ErrorReply", "RegisterHostRequest",
+      "UnregisterHostRequest"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[body.index()];
 }

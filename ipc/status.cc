@@ -22,6 +22,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kNotMapped: return "NOT_MAPPED";
     case ErrorCode::kOverlap: return "OVERLAP";
     case ErrorCode::kOutOfRange: return "OUT_OF_RANGE";
+    case ErrorCode::kQuotaExceeded: return "QUOTA_EXCEEDED";
+    case ErrorCode::kAddressInUse: return "ADDRESS_IN_USE";
   }
   return "UNKNOWN";
 }

@@ -15,21 +15,23 @@ ipc::PhysicalMemory Mem(uint64_t size = 4096) {
 
 TEST(AllocationTable, LivesWhileAnyHolderRemains) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(8192), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(8192), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   EXPECT_EQ(t.counters().bytes_live, 8192u);
   t.AddHolder(id);
-  EXPECT_FALSE(t.DropHolder(id));  // creator left, importer still holds
+  EXPECT_FALSE(t.DropHolder(id).has_value());  // creator left, importer still holds
   ASSERT_NE(t.Find(id), nullptr);
-  EXPECT_TRUE(t.DropHolder(id));
+  auto gone = t.DropHolder(id);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->size, 8192u);
   EXPECT_EQ(t.Find(id), nullptr);
   EXPECT_EQ(t.counters().bytes_live, 0u);
   EXPECT_EQ(t.counters().allocations_freed, 1u);
-  EXPECT_FALSE(t.DropHolder(id));  // double drop is harmless
+  EXPECT_FALSE(t.DropHolder(id).has_value());  // double drop is harmless
 }
 
 TEST(AllocationTable, TokensDieWithTheirAllocation) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, ipc::kExportNoPidCheck);
   ASSERT_TRUE(tok.ok());
   EXPECT_TRUE(t.CheckImport(*tok, {2, 50, 1000}).ok());
@@ -40,7 +42,7 @@ TEST(AllocationTable, TokensDieWithTheirAllocation) {
 
 TEST(AllocationTable, PidAllowListIsEnforced) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, 0);
   ASSERT_TRUE(tok.ok());
   EXPECT_EQ(t.CheckImport(*tok, {2, 50, 1000}).code(), ErrorCode::kNotFound);  // no pids yet
@@ -54,7 +56,7 @@ TEST(AllocationTable, PidAllowListIsEnforced) {
 
 TEST(AllocationTable, NoPidCheckStillRequiresTheSameUid) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, ipc::kExportNoPidCheck);
   ASSERT_TRUE(tok.ok());
   EXPECT_TRUE(t.CheckImport(*tok, {2, 77, 1000}).ok());
@@ -63,7 +65,7 @@ TEST(AllocationTable, NoPidCheckStillRequiresTheSameUid) {
 
 TEST(AllocationTable, WrongTokenLooksExactlyLikeAMissingOne) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, 0);
   ASSERT_TRUE(tok.ok());
   Status denied = t.CheckImport(*tok, {2, 50, 1000}).status();
@@ -74,14 +76,14 @@ TEST(AllocationTable, WrongTokenLooksExactlyLikeAMissingOne) {
 
 TEST(AllocationTable, ExportRejectsUnknownFlagsAndHandles) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   EXPECT_EQ(t.Export(id, 1, 0, 1u << 9).code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(t.Export(id + 100, 1, 0, 0).code(), ErrorCode::kInvalidHandle);
 }
 
 TEST(AllocationTable, ReadOnlyExportCarriesAReadOnlyFd) {
   AllocationTable t;
-  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1).id;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, ipc::kExportReadOnly | ipc::kExportNoPidCheck);
   ASSERT_TRUE(tok.ok());
   auto e = t.CheckImport(*tok, {2, 1, 1000});

@@ -21,13 +21,15 @@ TEST(Protocol, EveryMessageRoundTrips) {
       HelloReply{42, kProtocolVersion, 0x1,
                  {{PagePolicy::kNormalOnly, 4096, 2 << 20}, {PagePolicy::kHuge1GOnly, 1 << 30, 1 << 30}}},
       MallocRequest{1 << 20, PagePolicy::kHugeFirst, 0},
-      MallocReply{7, 2 << 20, 2 << 20},
+      MallocReply{7, 2 << 20, 2 << 20, true, true, 0x400000000000, true},
       FreeRequest{7},
       ExportRequest{7, kExportNoPidCheck | kExportReadOnly},
       ExportReply{"0123456789abcdef0123456789abcdef"},
       SetPidRequest{"tok", {1, 2, 300000}},
       ImportRequest{"tok"},
-      ImportReply{7, 4096, 4096, true},
+      ImportReply{7, 4096, 4096, true, true, 0x400000200000},
+      RegisterHostRequest{0x7f0000001000, 8192, 1},
+      UnregisterHostRequest{0x7f0000001000},
       PingRequest{},
       GoodbyeRequest{},
       OkReply{},
@@ -104,6 +106,8 @@ TEST(Protocol, UnknownUnionTypeIsRejected) {
 TEST(Protocol, ErrorCodeNamesAreStable) {
   EXPECT_EQ(ErrorCodeName(ErrorCode::kParamInvalid), "PARAM_INVALID");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kOutOfRange), "OUT_OF_RANGE");
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kQuotaExceeded), "QUOTA_EXCEEDED");
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kAddressInUse), "ADDRESS_IN_USE");
   EXPECT_EQ(static_cast<int>(ErrorCode::kResourceExhausted), 5);
   EXPECT_EQ(Status(ErrorCode::kBusy, "x").ToString(), "BUSY: x");
 }

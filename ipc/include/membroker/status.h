@@ -30,6 +30,8 @@ enum class ErrorCode : int32_t {
   kNotMapped = 15,
   kOverlap = 16,
   kOutOfRange = 17,
+  kQuotaExceeded = 18,
+  kAddressInUse = 19,
 };
 
 // "PARAM_INVALID" etc.; "UNKNOWN" for codes this build does not know.

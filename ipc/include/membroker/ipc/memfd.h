@@ -26,11 +26,27 @@ Granularity GranularityFor(PagePolicy policy);
 // Rounds size up to a multiple of align (a power of two); 0 on overflow.
 uint64_t RoundUp(uint64_t size, uint64_t align);
 
+// A mapping of memory locked in RAM (mlock) for as long as it lives.
+class LockedMapping {
+ public:
+  LockedMapping() = default;
+  LockedMapping(void* addr, uint64_t size) : addr_(addr), size_(size) {}
+  LockedMapping(LockedMapping&& o) noexcept { *this = std::move(o); }
+  LockedMapping& operator=(LockedMapping&& o) noexcept;
+  ~LockedMapping();
+  bool locked() const { return addr_ != nullptr; }
+
+ private:
+  void* addr_ = nullptr;
+  uint64_t size_ = 0;
+};
+
 struct PhysicalMemory {
   UniqueFd fd;
   uint64_t size = 0;       // rounded to page_size
   uint64_t page_size = 0;  // the page size actually used
   bool fell_back = false;  // HUGE_FIRST that got normal pages
+  LockedMapping lock;      // set for pinned memory
 };
 
 // Creates a sealed memfd of at least `size` bytes with its pages reserved
@@ -38,6 +54,13 @@ struct PhysicalMemory {
 // Sealed against shrink and grow so no holder can truncate it under the others.
 Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size,
                                             PagePolicy policy);
+
+// Populates and locks mem's pages in this process (pinned memory): they stay
+// resident, never swapped, until mem is destroyed.
+Status Pin(PhysicalMemory* mem);
+
+// Free huge pages of a size (2 MiB or 1 GiB) on this host, from sysfs; 0 if unknown.
+uint64_t FreeHugePages(uint64_t page_size);
 
 // A read-only fd for the same memory: mmap(PROT_WRITE, MAP_SHARED) on it fails.
 Result<UniqueFd> ReopenReadOnly(int fd);

@@ -25,6 +25,11 @@ inline constexpr size_t kMaxErrorMessageBytes = 1024;
 // Envelope flag: the sender does not wait; the broker answers only on failure.
 inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
 
+// Malloc flags.
+inline constexpr uint32_t kMallocPinned = 1u << 0;
+inline constexpr uint32_t kMallocSameAddress = 1u << 1;
+inline constexpr uint32_t kMallocKnownFlags = kMallocPinned | kMallocSameAddress;
+
 // Export flags.
 inline constexpr uint32_t kExportNoPidCheck = 1u << 0;
 inline constexpr uint32_t kExportReadOnly = 1u << 1;
@@ -62,6 +67,10 @@ struct MallocReply {  // + the allocation's fd
   uint64_t handle = 0;
   uint64_t size = 0;
   uint64_t page_size = 0;
+  bool fell_back = false;
+  bool pinned = false;
+  uint64_t fixed_address = 0;
+  bool from_pool = false;
   bool operator==(const MallocReply&) const = default;
 };
 struct FreeRequest {
@@ -91,7 +100,19 @@ struct ImportReply {  // + the allocation's fd
   uint64_t size = 0;
   uint64_t page_size = 0;
   bool read_only = false;
+  bool pinned = false;
+  uint64_t fixed_address = 0;
   bool operator==(const ImportReply&) const = default;
+};
+struct RegisterHostRequest {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint32_t flags = 0;
+  bool operator==(const RegisterHostRequest&) const = default;
+};
+struct UnregisterHostRequest {
+  uint64_t address = 0;
+  bool operator==(const UnregisterHostRequest&) const = default;
 };
 struct PingRequest {
   bool operator==(const PingRequest&) const = default;
@@ -111,7 +132,8 @@ struct ErrorReply {
 using Message =
     std::variant<HelloRequest, HelloReply, MallocRequest, MallocReply, FreeRequest,
                  ExportRequest, ExportReply, SetPidRequest, ImportRequest, ImportReply,
-                 PingRequest, GoodbyeRequest, OkReply, ErrorReply>;
+                 PingRequest, GoodbyeRequest, OkReply, ErrorReply, RegisterHostRequest,
+                 UnregisterHostRequest>;
 
 struct Envelope {
   uint16_t protocol_version = kProtocolVersion;

@@ -1,0 +1,165 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+
+#include "membroker/ipc/memfd.h"
+
+namespace membroker::broker {
+
+const char kUsage[] =
+    "usage: membrokerd --socket PATH [options]\n"
+    "  --socket PATH            client socket (SOCK_SEQPACKET, mode 0660)\n"
+    "  --admin-socket PATH      admin socket (mode 0600); default: PATH.admin\n"
+    "  --config FILE            settings file: 'key = value' lines with the flags' names\n"
+    "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
+    "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
+    "  --max-pinned-bytes SIZE  budget for pinned memory; default: an eighth of RAM\n"
+    "  --max-clients N          clients connected at once (default 1024)\n"
+    "  --quota-client SPEC      per-client quota, e.g. bytes=1G,pinned=64M,allocations=1000,imports=100\n"
+    "  --quota-uid UID:SPEC     per-uid quota for UID, or 'default:SPEC' for every other uid\n"
+    "  --pool SIZE:POLICY:COUNT keep COUNT allocations of SIZE ready (POLICY: normal, huge-first,\n"
+    "                           huge, huge1g); repeatable\n"
+    "  --va-window BASE:SIZE    address window for same-address allocations (hex BASE)\n"
+    "  --verbose                log every connection and error reply\n";
+
+namespace {
+
+bool ParseSize(const std::string& s, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 0);
+  if (errno != 0 || end == s.c_str()) return false;
+  uint64_t mult = 1;
+  switch (*end) {
+    case 'K': case 'k': mult = 1ull << 10; ++end; break;
+    case 'M': case 'm': mult = 1ull << 20; ++end; break;
+    case 'G': case 'g': mult = 1ull << 30; ++end; break;
+    case 'T': case 't': mult = 1ull << 40; ++end; break;
+  }
+  if (*end != '\0') return false;
+  *out = v * mult;
+  return true;
+}
+
+Status Bad(const std::string& key, const std::string& value, const std::string& want) {
+  return Status(ErrorCode::kParamInvalid, "bad value '" + value + "' for " + key + " (" + want + ")");
+}
+
+bool ParsePolicy(const std::string& s, ipc::PagePolicy* out) {
+  if (s == "normal") *out = ipc::PagePolicy::kNormalOnly;
+  else if (s == "huge-first") *out = ipc::PagePolicy::kHugeFirst;
+  else if (s == "huge") *out = ipc::PagePolicy::kHugeOnly;
+  else if (s == "huge1g") *out = ipc::PagePolicy::kHuge1GOnly;
+  else return false;
+  return true;
+}
+
+std::string Trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t\r");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+}  // namespace
+
+Status ApplySetting(const std::string& key, const std::string& value, Options* o) {
+  uint64_t n = 0;
+  if (key == "socket") {
+    o->socket_path = value;
+  } else if (key == "admin-socket") {
+    o->admin_socket_path = value;
+  } else if (key == "ready-fd") {
+    if (!ParseSize(value, &n) || n > 1 << 20) return Bad(key, value, "an fd number");
+    o->ready_fd = static_cast<int>(n);
+  } else if (key == "max-bytes") {
+    if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 8G");
+    o->max_bytes = n;
+  } else if (key == "max-pinned-bytes") {
+    if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 1G");
+    o->max_pinned_bytes = n;
+  } else if (key == "max-clients") {
+    if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a positive count");
+    o->max_clients = n;
+  } else if (key == "quota-client") {
+    return o->quota_client.Parse(value);
+  } else if (key == "quota-uid") {
+    size_t colon = value.find(':');
+    if (colon == std::string::npos) return Bad(key, value, "UID:SPEC or default:SPEC");
+    std::string who = value.substr(0, colon);
+    QuotaLimits limits;
+    MB_RETURN_IF_ERROR(limits.Parse(value.substr(colon + 1)));
+    if (who == "default") {
+      o->quota_uid_default = limits;
+    } else {
+      if (!ParseSize(who, &n)) return Bad(key, value, "UID:SPEC or default:SPEC");
+      o->quota_uid.emplace_back(static_cast<uid_t>(n), limits);
+    }
+  } else if (key == "pool") {
+    size_t a = value.find(':'), b = value.rfind(':');
+    PoolSpec p;
+    uint64_t count = 0;
+    if (a == std::string::npos || a == b || !ParseSize(value.substr(0, a), &p.size) ||
+        !ParsePolicy(value.substr(a + 1, b - a - 1), &p.policy) ||
+        !ParseSize(value.substr(b + 1), &count) || p.size == 0 || count == 0 || count > 65536)
+      return Bad(key, value, "SIZE:POLICY:COUNT, e.g. 2M:normal:16");
+    if (p.policy == ipc::PagePolicy::kHugeFirst) return Bad(key, value, "pools take normal, huge or huge1g");
+    p.size = ipc::RoundUp(p.size, ipc::GranularityFor(p.policy).minimum);
+    p.count = static_cast<uint32_t>(count);
+    o->pools.push_back(p);
+  } else if (key == "va-window") {
+    size_t colon = value.find(':');
+    uint64_t base = 0, size = 0;
+    if (colon == std::string::npos || !ParseSize(value.substr(0, colon), &base) ||
+        !ParseSize(value.substr(colon + 1), &size) || base % (1ull << 30) || size % (1ull << 30) ||
+        size == 0)
+      return Bad(key, value, "BASE:SIZE, both multiples of 1 GiB, e.g. 0x400000000000:4T");
+    o->va_window_base = base;
+    o->va_window_size = size;
+  } else if (key == "verbose") {
+    o->verbose = value.empty() || value == "true" || value == "1";
+  } else {
+    return Status(ErrorCode::kParamInvalid, "unknown setting '" + key + "'");
+  }
+  return Status::Ok();
+}
+
+Status LoadConfig(const std::string& path, Options* out) {
+  std::ifstream in(path);
+  if (!in) return Status(ErrorCode::kNotFound, "cannot read config file " + path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    line = Trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    std::string key = Trim(line.substr(0, eq));
+    std::string value = eq == std::string::npos ? "" : Trim(line.substr(eq + 1));
+    Status st = ApplySetting(key, value, out);
+    if (!st.ok()) return Status(st.code(), path + ":" + std::to_string(n) + ": " + st.message());
+  }
+  return Status::Ok();
+}
+
+Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
+  *help = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      *help = true;
+      return Status::Ok();
+    }
+    if (a == "--verbose") {
+      out->verbose = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0 || i + 1 >= argc)
+      return Status(ErrorCode::kParamInvalid, "bad argument '" + a + "'");
+    std::string key = a.substr(2), value = argv[++i];
+    MB_RETURN_IF_ERROR(key == "config" ? LoadConfig(value, out) : ApplySetting(key, value, out));
+  }
+  if (out->socket_path.empty()) return Status(ErrorCode::kParamInvalid, "--socket is required");
+  if (out->admin_socket_path.empty()) out->admin_socket_path = out->socket_path + ".admin";
+  return Status::Ok();
+}
+
+}  // namespace membroker::broker

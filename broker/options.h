@@ -1,0 +1,51 @@
+// membrokerd's settings: command-line flags and the config file (same keys).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "accounting.h"
+#include "membroker/ipc/protocol.h"
+#include "membroker/status.h"
+
+namespace membroker::broker {
+
+struct PoolSpec {
+  uint64_t size = 0;  // size class, rounded to the policy's page size
+  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+  uint32_t count = 0;  // allocations kept ready
+};
+
+struct Options {
+  std::string socket_path;
+  std::string admin_socket_path;
+  int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
+  uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
+  uint64_t max_pinned_bytes = 0;        // broker-wide pinned budget; 0 = an eighth of RAM
+  size_t max_clients = 1024;
+  size_t max_outbound_frames = 1024;    // a client that does not read is dropped
+  size_t max_inflight_per_client = 64;  // concurrent slow requests per client
+  uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
+  QuotaLimits quota_client;
+  QuotaLimits quota_uid_default;
+  std::vector<std::pair<uid_t, QuotaLimits>> quota_uid;
+  std::vector<PoolSpec> pools;
+  uint64_t va_window_base = 0x400000000000ull;  // same-address allocations live here
+  uint64_t va_window_size = 1ull << 42;         // 4 TiB
+  bool verbose = false;
+};
+
+// Parses flags (and any --config FILE they name) into *out. On a usage error
+// the Status message says what was wrong; --help sets *help.
+Status ParseArgs(int argc, char** argv, Options* out, bool* help);
+
+// Applies one "key = value" setting (the config file's and the flags' keys).
+Status ApplySetting(const std::string& key, const std::string& value, Options* out);
+
+// Reads a config file: "key = value" lines, '#' comments.
+Status LoadConfig(const std::string& path, Options* out);
+
+extern const char kUsage[];
+
+}  // namespace membroker::broker
