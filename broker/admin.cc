@@ -116,26 +116,80 @@ std::string Broker::AdminCommand(const std::string& line) {
   if (cmd == "stats") {
     Record r;
     const TableCounters& t = table_.counters();
+    uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
+    for (const auto& [id, a] : table_.all())
+      ++by_page[a.page_size == ipc::kHuge1GPageSize ? 2 : a.page_size == ipc::kHuge2MPageSize ? 1 : 0];
+    uint64_t host_registered = 0;
+    for (const auto& [id, s] : sessions_)
+      for (const auto& [addr, size] : s->host_regs) host_registered += size;
     r.Num("pid", static_cast<uint64_t>(::getpid()))
         .Num("clients_connected", sessions_.size())
         .Num("clients_total", counters_.clients_total)
         .Num("clients_crashed", counters_.clients_crashed)
         .Num("clients_kicked", counters_.clients_kicked)
         .Num("allocations_live", table_.all().size())
+        .Num("allocations_4k", by_page[0])
+        .Num("allocations_2m", by_page[1])
+        .Num("allocations_1g", by_page[2])
+        .Num("huge_fallbacks", t.huge_fallbacks)
+        .Num("free_hugepages_2m", ipc::FreeHugePages(ipc::kHuge2MPageSize))
+        .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
         .Num("bytes_allocated", t.bytes_live)
         .Num("bytes_pending", counters_.bytes_pending)
         .Num("bytes_budget", options_.max_bytes)
+        .Num("pinned_bytes", accounting_.total().pinned_bytes)
+        .Num("pinned_budget", options_.max_pinned_bytes)
+        .Num("host_registered_bytes", host_registered)
+        .Num("same_address_bytes", window_.used())
         .Num("allocations_created", t.allocations_created)
         .Num("allocations_freed", t.allocations_freed)
         .Num("exports_live", table_.export_count())
         .Num("exports_created", t.exports_created)
         .Num("imports", t.imports)
         .Num("released_on_disconnect", counters_.released_on_disconnect)
+        .Num("quota_rejections", counters_.quota_rejections)
         .Num("requests", counters_.requests)
         .Num("errors_sent", counters_.errors_sent)
         .Num("protocol_errors", counters_.protocol_errors)
         .Num("open_fds", OpenFdCount());
     return json ? r.Json() + "\n" : r.Lines();
+  }
+  if (cmd == "list pools") {
+    std::vector<Record> rows;
+    for (size_t i = 0; i < pools_.size(); ++i) {
+      const Pool& p = pools_[i];
+      Record r;
+      r.Num("pool", i)
+          .Num("size", p.spec.size)
+          .Num("page_size", ipc::GranularityFor(p.spec.policy).minimum)
+          .Num("capacity", p.spec.count)
+          .Num("ready", p.ready.size())
+          .Num("in_use", p.in_use)
+          .Num("hits", p.hits)
+          .Num("misses", p.misses)
+          .Num("refills", p.refills)
+          .Num("refill_failures", p.refill_failures);
+      rows.push_back(std::move(r));
+    }
+    return RenderList(rows, json, "no pools (see --pool)");
+  }
+  if (cmd == "list quotas") {
+    std::vector<Record> rows;
+    auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
+      Record r;
+      r.Str("who", who)
+          .Num("bytes", u.bytes)
+          .Num("pinned_bytes", u.pinned_bytes)
+          .Num("allocations", u.allocations)
+          .Num("imports", u.imports)
+          .Str("limits", l.ToString());
+      rows.push_back(std::move(r));
+    };
+    for (const auto& [uid, u] : accounting_.by_uid())
+      row("uid " + std::to_string(uid), u, accounting_.LimitsFor(uid));
+    for (const auto& [id, s] : sessions_)
+      row("client " + std::to_string(id), s->usage, accounting_.client_limits);
+    return RenderList(rows, json, "nothing charged");
   }
   if (cmd == "list clients") {
     std::vector<Record> rows;
@@ -155,7 +209,11 @@ std::string Broker::AdminCommand(const std::string& line) {
                                   now_wall - s->connected_since)
                                   .count())
           .Num("holdings", s->ledger.size())
-          .Num("bytes_held", bytes);
+          .Num("bytes_held", bytes)
+          .Num("bytes_created", s->usage.bytes)
+          .Num("pinned_bytes", s->usage.pinned_bytes)
+          .Num("imports", s->usage.imports)
+          .Num("host_registrations", s->host_regs.size());
       rows.push_back(std::move(r));
     }
     return RenderList(rows, json, "no clients");
@@ -169,6 +227,10 @@ std::string Broker::AdminCommand(const std::string& line) {
           .Num("page_size", a.page_size)
           .Num("owner", a.creator)
           .Num("holders", a.holders)
+          .Bool("pinned", a.pinned)
+          .Bool("fell_back", a.fell_back)
+          .Bool("from_pool", a.pool >= 0)
+          .Num("fixed_address", a.fixed_address)
           .Bool("exported", !a.tokens.empty())
           .Num("age_ms",
                std::chrono::duration_cast<std::chrono::milliseconds>(now - a.created).count());
@@ -177,7 +239,7 @@ std::string Broker::AdminCommand(const std::string& line) {
     return RenderList(rows, json, "no allocations");
   }
   std::string msg = "unknown command '" + cmd +
-                    "' (try: stats, list clients, list allocations; add --json for JSON)";
+                    "' (try: stats, list clients, list allocations, list pools, list quotas; add --json for JSON)";
   return json ? "{\"error\": " + JsonString(msg) + "}\n" : "error: " + msg + "\n";
 }
 

@@ -2,6 +2,9 @@
 
 #include "client_core.h"
 #include "membroker/ipc/framing.h"
+#include "membroker/ipc/syscall.h"
+
+#include <sys/mman.h>
 
 namespace membroker {
 
@@ -48,9 +51,11 @@ Result<size_t> Client::GetAllocationGranularity(const AllocationProp& prop,
 Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp& prop) {
   if (!core_) return NotConnectedClient();
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
+  uint32_t flags = (prop.pinned ? ipc::kMallocPinned : 0) |
+                   (prop.same_address ? ipc::kMallocSameAddress : 0);
   MB_ASSIGN_OR_RETURN(detail::Reply r,
                       core_->conn().Call(ipc::MallocRequest{
-                          size, static_cast<ipc::PagePolicy>(prop.page_policy), 0}));
+                          size, static_cast<ipc::PagePolicy>(prop.page_policy), flags}));
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h;
@@ -58,7 +63,11 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   h.id_ = m->handle;
   h.size_ = m->size;
   h.page_size_ = m->page_size;
-  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, false);
+  h.pinned_ = m->pinned;
+  h.fell_back_ = m->fell_back;
+  h.from_pool_ = m->from_pool;
+  h.fixed_address_ = m->fixed_address;
+  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, false, m->fixed_address);
   return h;
 }
 
@@ -68,9 +77,10 @@ Status Client::FreePhysical(PhysicalHandle& handle) {
   return core->FreeHandle(handle.id_);
 }
 
-Result<Reservation> Client::ReserveMemAddress(size_t size, size_t alignment, void* expected_addr) {
+Result<Reservation> Client::ReserveMemAddress(size_t size, size_t alignment, void* expected_addr,
+                                              uint32_t flags) {
   if (!core_) return NotConnectedClient();
-  MB_ASSIGN_OR_RETURN(void* base, core_->Reserve(size, alignment, expected_addr));
+  MB_ASSIGN_OR_RETURN(void* base, core_->Reserve(size, alignment, expected_addr, flags));
   Reservation r;
   r.core_ = core_;
   r.base_ = base;
@@ -85,12 +95,13 @@ Status Client::ReleaseMemAddress(Reservation& reservation) {
   return Status::Ok();
 }
 
-Result<Mapping> Client::MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle) {
+Result<Mapping> Client::MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle,
+                               uint32_t flags) {
   if (!core_) return NotConnectedClient();
   if (!handle.core_) return Empty("PhysicalHandle");
   if (handle.core_ != core_)
     return Status(ErrorCode::kInvalidHandle, "handle belongs to another Client");
-  MB_ASSIGN_OR_RETURN(uint64_t map_id, core_->Map(va, size, offset, handle.id_));
+  MB_ASSIGN_OR_RETURN(uint64_t map_id, core_->Map(va, size, offset, handle.id_, flags));
   Mapping m;
   m.core_ = core_;
   m.va_ = va;
@@ -143,8 +154,58 @@ Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& toke
   h.size_ = m->size;
   h.page_size_ = m->page_size;
   h.read_only_ = m->read_only;
-  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only);
+  h.pinned_ = m->pinned;
+  h.fixed_address_ = m->fixed_address;
+  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
+                   m->fixed_address);
   return h;
+}
+
+Result<void*> Client::MallocHost(size_t size) {
+  AllocationProp prop;
+  prop.pinned = true;
+  MB_ASSIGN_OR_RETURN(PhysicalHandle h, MallocPhysical(size, prop));
+  MB_ASSIGN_OR_RETURN(void* base, core_->Reserve(h.size(), 0, nullptr, 0));
+  auto mapped = core_->Map(base, h.size(), 0, h.id_, kMapPopulate);
+  if (!mapped.ok()) {
+    (void)core_->Release(base, /*force=*/true);
+    return mapped.status();
+  }
+  // The core owns it from here: FreeHost unmaps and releases it.
+  core_->AddHostAlloc(base, h.id_);
+  h.core_.reset();
+  return base;
+}
+
+Status Client::FreeHost(void* ptr) {
+  if (!core_) return NotConnectedClient();
+  return core_->FreeHostAlloc(ptr);
+}
+
+Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
+  if (!core_) return NotConnectedClient();
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (ptr == nullptr || size == 0 || addr % 4096 != 0 || size % 4096 != 0)
+    return Status(ErrorCode::kParamInvalid,
+                  "HostRegister needs a non-null pointer and a non-zero size, both multiples of 4096");
+  MB_ASSIGN_OR_RETURN(detail::Reply r,
+                      core_->conn().Call(ipc::RegisterHostRequest{addr, size, flags}));
+  if (::mlock(ptr, size) != 0) {
+    int err = errno;
+    (void)core_->conn().Notify(ipc::UnregisterHostRequest{addr});
+    Status st = ipc::ErrnoStatus("mlock", std::to_string(size) + " bytes", err);
+    return Status(err == ENOMEM ? ErrorCode::kParamInvalid : st.code(),
+                  st.message() + (err == ENOMEM ? " (is the whole range mapped? is RLIMIT_MEMLOCK large enough?)"
+                                                : ""));
+  }
+  return core_->AddHostRegistration(ptr, size);
+}
+
+Status Client::HostUnregister(void* ptr) {
+  if (!core_) return NotConnectedClient();
+  MB_ASSIGN_OR_RETURN(size_t size, core_->TakeHostRegistration(ptr));
+  ::munlock(ptr, size);
+  return core_->conn().Notify(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
 }
 
 Status Client::Ping() {

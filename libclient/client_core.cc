@@ -42,13 +42,14 @@ Result<size_t> ClientCore::Granularity(PagePolicy policy, GranularityOption opti
 }
 
 void ClientCore::AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                           bool read_only) {
+                           bool read_only, uint64_t fixed_address) {
   std::lock_guard<std::mutex> lk(mu_);
   HeldAllocation& h = handles_[id];
   h.fd = std::move(fd);
   h.size = size;
   h.page_size = page_size;
   h.read_only = read_only;
+  h.fixed_address = fixed_address;
 }
 
 bool ClientCore::HoldsUnfreed(uint64_t id) {
@@ -78,28 +79,42 @@ void ClientCore::DropMappingRef(uint64_t handle) {
   }
 }
 
-Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected) {
+Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected, uint32_t flags) {
   if (size == 0 || size % kPage != 0)
     return Status(ErrorCode::kParamInvalid,
                   "reservation size " + std::to_string(size) + " must be a non-zero multiple of 4096");
-  if (alignment == 0) alignment = kPage;
+  if (flags & ~kReserveFixed)
+    return Status(ErrorCode::kParamInvalid, "unknown reserve flags " + std::to_string(flags));
+  if ((flags & kReserveFixed) && expected == nullptr)
+    return Status(ErrorCode::kParamInvalid, "kReserveFixed needs an expected address");
+  if (alignment == 0) {
+    // The largest page size that divides size, so huge pages can map at base.
+    alignment = size % ipc::kHuge1GPageSize == 0   ? ipc::kHuge1GPageSize
+                : size % ipc::kHuge2MPageSize == 0 ? ipc::kHuge2MPageSize
+                                                   : kPage;
+    if (expected != nullptr) alignment = kPage;  // the caller chose the address
+  }
   if ((alignment & (alignment - 1)) != 0 || alignment < kPage)
     return Status(ErrorCode::kParamInvalid,
                   "alignment " + std::to_string(alignment) + " must be a power of two >= 4096");
-  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  const int mflags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   uintptr_t base = 0;
   if (expected != nullptr && reinterpret_cast<uintptr_t>(expected) % alignment == 0) {
-    void* p = ::mmap(expected, size, PROT_NONE, flags | MAP_FIXED_NOREPLACE, -1, 0);
+    void* p = ::mmap(expected, size, PROT_NONE, mflags | MAP_FIXED_NOREPLACE, -1, 0);
     if (p == expected) base = reinterpret_cast<uintptr_t>(p);
     else if (p != MAP_FAILED) ::munmap(p, size);  // old kernels treat it as a hint
   }
+  if (base == 0 && (flags & kReserveFixed))
+    return Status(ErrorCode::kAddressInUse,
+                  "range " + Hex(reinterpret_cast<uintptr_t>(expected)) + "+" + std::to_string(size) +
+                      " is not free in this process (or not aligned to " + std::to_string(alignment) + ")");
   if (base == 0) {
     // Over-reserve, then trim both ends to the alignment.
     size_t span = size + (alignment > kPage ? alignment : 0);
     if (span < size) return Status(ErrorCode::kParamInvalid, "reservation size overflows");
     void* p = nullptr;
     MB_RETURN_IF_ERROR(ipc::CheckedCall("mmap", "reserve size=" + std::to_string(span), &p,
-                                        [&] { return ::mmap(nullptr, span, PROT_NONE, flags, -1, 0); }));
+                                        [&] { return ::mmap(nullptr, span, PROT_NONE, mflags, -1, 0); }));
     uintptr_t raw = reinterpret_cast<uintptr_t>(p);
     base = (raw + alignment - 1) & ~(alignment - 1);
     if (base > raw) ::munmap(p, base - raw);
@@ -139,7 +154,8 @@ ReservationState* ClientCore::FindReservation(uintptr_t va, size_t size) {
   return &it->second;
 }
 
-Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint64_t handle) {
+Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint64_t handle,
+                                 uint32_t flags) {
   uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
   std::lock_guard<std::mutex> lk(mu_);
   auto h = handles_.find(handle);
@@ -156,6 +172,12 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
     return Status(ErrorCode::kOutOfRange, "offset " + std::to_string(offset) + " + size " +
                                               std::to_string(size) + " passes the allocation's " +
                                               std::to_string(h->second.size) + " bytes");
+  if (flags & ~kMapPopulate)
+    return Status(ErrorCode::kParamInvalid, "unknown map flags " + std::to_string(flags));
+  if (h->second.fixed_address != 0 && va != h->second.fixed_address + offset)
+    return Status(ErrorCode::kParamInvalid,
+                  "a same-address allocation maps only at its fixed address " +
+                      Hex(h->second.fixed_address + offset));
   ReservationState* r = FindReservation(va, size);
   if (r == nullptr)
     return Status(ErrorCode::kOutOfRange,
@@ -173,8 +195,9 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
   MB_RETURN_IF_ERROR(ipc::CheckedCall(
       "mmap", "map " + Hex(va) + "+" + std::to_string(size) + " offset=" + std::to_string(offset), &out,
       [&] {
-        return ::mmap(va_ptr, size, prot, MAP_SHARED | MAP_FIXED, h->second.fd.get(),
-                      static_cast<off_t>(offset));
+        return ::mmap(va_ptr, size, prot,
+                      MAP_SHARED | MAP_FIXED | ((flags & kMapPopulate) ? MAP_POPULATE : 0),
+                      h->second.fd.get(), static_cast<off_t>(offset));
       }));
   uint64_t map_id = next_map_id_++;
   r->mappings[va] = MappingState{size, handle, map_id};
@@ -222,6 +245,44 @@ Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
                                        : PROT_READ | PROT_WRITE;
   return ipc::CheckedCall<int>("mprotect", Hex(va) + "+" + std::to_string(size), nullptr,
                                [&] { return ::mprotect(va_ptr, size, prot); });
+}
+
+void ClientCore::AddHostAlloc(void* ptr, uint64_t handle) {
+  std::lock_guard<std::mutex> lk(mu_);
+  host_allocs_[reinterpret_cast<uintptr_t>(ptr)] = handle;
+}
+
+Status ClientCore::FreeHostAlloc(void* ptr) {
+  uint64_t handle;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = host_allocs_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == host_allocs_.end())
+      return Status(ErrorCode::kInvalidHandle,
+                    "pointer " + Hex(reinterpret_cast<uintptr_t>(ptr)) +
+                        " did not come from MallocHost (or was freed already)");
+    handle = it->second;
+    host_allocs_.erase(it);
+  }
+  // Unmapping drops the last mapping; the handle then goes with FreeHandle.
+  MB_RETURN_IF_ERROR(Release(ptr, /*force=*/true));
+  return FreeHandle(handle);
+}
+
+Status ClientCore::AddHostRegistration(void* ptr, size_t size) {
+  std::lock_guard<std::mutex> lk(mu_);
+  host_regs_[reinterpret_cast<uintptr_t>(ptr)] = size;
+  return Status::Ok();
+}
+
+Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = host_regs_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == host_regs_.end())
+    return Status(ErrorCode::kNotFound, "no HostRegister starts at " + Hex(reinterpret_cast<uintptr_t>(ptr)));
+  size_t size = it->second;
+  host_regs_.erase(it);
+  return size;
 }
 
 }  // namespace membroker::detail

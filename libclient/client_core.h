@@ -22,6 +22,7 @@ struct HeldAllocation {
   uint64_t size = 0;
   uint64_t page_size = 0;
   bool read_only = false;
+  uint64_t fixed_address = 0;  // same-address allocations map only here
   bool user_released = false;  // the PhysicalHandle was freed
   uint32_t mappings = 0;       // live mappings keep the broker reference
 };
@@ -50,17 +51,25 @@ class ClientCore {
   Result<size_t> Granularity(PagePolicy policy, GranularityOption option) const;
 
   // Records a handle the broker just gave this client.
-  void AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only);
+  void AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
+                 uint64_t fixed_address);
   Status FreeHandle(uint64_t id);
   bool HoldsUnfreed(uint64_t id);
 
-  Result<void*> Reserve(size_t size, size_t alignment, void* expected);
+  Result<void*> Reserve(size_t size, size_t alignment, void* expected, uint32_t flags);
   // force: unmap what is still mapped instead of failing with BUSY.
   Status Release(void* base, bool force);
-  Result<uint64_t> Map(void* va, size_t size, size_t offset, uint64_t handle);
+  Result<uint64_t> Map(void* va, size_t size, size_t offset, uint64_t handle, uint32_t flags);
   // map_id 0 matches any mapping that starts at va.
   Status Unmap(void* va, uint64_t map_id);
   Status SetAccess(void* va, size_t size, Access access);
+
+  // MallocHost bookkeeping: host pointer -> handle id.
+  void AddHostAlloc(void* ptr, uint64_t handle);
+  Status FreeHostAlloc(void* ptr);
+  // HostRegister bookkeeping: address -> size, locked here.
+  Status AddHostRegistration(void* ptr, size_t size);
+  Result<size_t> TakeHostRegistration(void* ptr);
 
  private:
   // Both called with mu_ held.
@@ -73,6 +82,8 @@ class ClientCore {
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;
   std::map<uintptr_t, ReservationState> reservations_;  // by base address
+  std::map<uintptr_t, uint64_t> host_allocs_;           // MallocHost pointers
+  std::map<uintptr_t, size_t> host_regs_;               // HostRegister ranges
   uint64_t next_map_id_ = 1;
 };
 

@@ -15,7 +15,9 @@ const char kUsage[] =
     "commands:\n"
     "  stats              counters: clients, allocations, bytes, cleanups\n"
     "  list clients       connected clients (pid, uid, name, holdings, bytes held)\n"
-    "  list allocations   live allocations (size, page size, owner, holders)\n";
+    "  list allocations   live allocations (size, page size, owner, holders, pinned)\n"
+    "  list pools         pre-created pools: capacity, ready, hits, misses, refills\n"
+    "  list quotas        usage and limits per uid and per client\n";
 }
 
 int main(int argc, char** argv) {

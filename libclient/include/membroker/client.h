@@ -51,7 +51,20 @@ enum class Access { kNone, kRead, kReadWrite };
 
 struct AllocationProp {
   PagePolicy page_policy = PagePolicy::kNormalOnly;
+  // The broker populates and locks the pages: never swapped, never faulted in
+  // later. Charged to the broker's pinned budget (--max-pinned-bytes).
+  bool pinned = false;
+  // Every process maps the allocation at the same virtual address
+  // (handle.fixed_address()), so raw pointers stored inside it stay valid
+  // everywhere (CANN's VA-consistency attribute).
+  bool same_address = false;
 };
+
+// ReserveMemAddress flags.
+inline constexpr uint32_t kReserveFixed = 1u << 0;  // expected_addr or ADDRESS_IN_USE, never elsewhere
+
+// MapMem flags.
+inline constexpr uint32_t kMapPopulate = 1u << 0;  // pre-fault every page now (MAP_POPULATE)
 
 // ExportToShareableHandle flags.
 inline constexpr uint32_t kExportNoPidCheck = 1u << 0;  // any same-uid process may import
@@ -74,8 +87,13 @@ class PhysicalHandle {
   bool valid() const { return core_ != nullptr; }
   uint64_t id() const { return id_; }            // the broker's allocation id
   size_t size() const { return size_; }          // rounded to the page size
-  size_t page_size() const { return page_size_; }
+  size_t page_size() const { return page_size_; }  // the page size it actually got
   bool read_only() const { return read_only_; }
+  bool pinned() const { return pinned_; }
+  bool fell_back() const { return fell_back_; }  // HUGE_FIRST that got normal pages
+  bool from_pool() const { return from_pool_; }  // served from a broker pool
+  // Where every process must map a same-address allocation; nullptr otherwise.
+  void* fixed_address() const { return reinterpret_cast<void*>(fixed_address_); }
 
  private:
   friend class Client;
@@ -84,6 +102,10 @@ class PhysicalHandle {
   size_t size_ = 0;
   size_t page_size_ = 0;
   bool read_only_ = false;
+  bool pinned_ = false;
+  bool fell_back_ = false;
+  bool from_pool_ = false;
+  uint64_t fixed_address_ = 0;
 };
 
 class Reservation {
@@ -151,18 +173,22 @@ class Client {
   // handle is empty or was already freed.
   Status FreePhysical(PhysicalHandle& handle);
 
-  // Local: reserves an address range with no access. alignment: 0 or a power
-  // of two (at least the page size); expected_addr is a hint.
+  // Local: reserves an address range with no access. alignment: a power of
+  // two of at least 4096, or 0 for the largest page size (1 GiB, 2 MiB, 4 KiB)
+  // that divides size, so huge-page allocations can be mapped at base().
+  // expected_addr is a hint, or a must with kReserveFixed (ADDRESS_IN_USE).
   Result<Reservation> ReserveMemAddress(size_t size, size_t alignment = 0,
-                                        void* expected_addr = nullptr);
+                                        void* expected_addr = nullptr, uint32_t flags = 0);
   // BUSY while anything is still mapped in it.
   Status ReleaseMemAddress(Reservation& reservation);
 
   // Local: maps [offset, offset+size) of the handle at va, which must lie in a
   // reservation of this client and not overlap another mapping. va, size and
-  // offset must be multiples of the handle's page size. Access starts as
-  // read-write (read for read-only imports).
-  Result<Mapping> MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle);
+  // offset must be multiples of the handle's page size; a same-address
+  // allocation maps only at fixed_address() + offset. Access starts as
+  // read-write (read for read-only imports). kMapPopulate pre-faults the pages.
+  Result<Mapping> MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle,
+                         uint32_t flags = 0);
   // Local: the range goes back to PROT_NONE and stays reserved.
   Status UnmapMem(Mapping& mapping);
   // Local: [va, va+size) must be covered by mappings of this client.
@@ -175,6 +201,20 @@ class Client {
   Status SetPidToShareableHandle(const std::string& token, std::span<const pid_t> pids);
   // One round trip: a handle to the exported allocation, usable with MapMem.
   Result<PhysicalHandle> ImportFromShareableHandle(const std::string& token);
+
+  // Pinned host memory (aclrtMallocHost): a pinned broker allocation, mapped
+  // read-write and pre-faulted; one round trip. FreeHost(ptr) unmaps it and
+  // releases it (no wait). To share pinned memory, use MallocPhysical with
+  // prop.pinned and export the handle.
+  Result<void*> MallocHost(size_t size);
+  Status FreeHost(void* ptr);
+
+  // Pins this process's own memory (aclrtHostRegister): ptr and size must be
+  // multiples of 4096 and the range mapped. The broker records it (charged to
+  // the pinned budget and quotas) and the pages are locked here. One round trip.
+  Status HostRegister(void* ptr, size_t size, uint32_t flags = 0);
+  // Unlocks and forgets a registration made at exactly ptr (no wait).
+  Status HostUnregister(void* ptr);
 
   // One round trip with no effect: a liveness check.
   Status Ping();
