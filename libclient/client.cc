@@ -233,6 +233,10 @@ PhysicalHandle& PhysicalHandle::operator=(PhysicalHandle&& o) noexcept {
     size_ = o.size_;
     page_size_ = o.page_size_;
     read_only_ = o.read_only_;
+    pinned_ = o.pinned_;
+    fell_back_ = o.fell_back_;
+    from_pool_ = o.from_pool_;
+    fixed_address_ = o.fixed_address_;
   }
   return *this;
 }

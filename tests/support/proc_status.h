@@ -1,0 +1,50 @@
+// Reading what the kernel says about a process: locked memory, and the RSS and
+// page size of one mapping.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace membroker::testing {
+
+// VmLck of a process in bytes.
+inline uint64_t LockedBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+struct MappingInfo {
+  uint64_t rss = 0;
+  uint64_t kernel_page_size = 0;
+  bool found = false;
+};
+
+// The smaps entry of this process's mapping that starts at addr.
+inline MappingInfo SmapsOf(const void* addr) {
+  std::ifstream in("/proc/self/smaps");
+  char start_hex[32];
+  std::snprintf(start_hex, sizeof(start_hex), "%lx-", reinterpret_cast<unsigned long>(addr));
+  MappingInfo info;
+  bool in_entry = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find('-') != std::string::npos && line.find(':') > line.find('-') &&
+        std::isxdigit(static_cast<unsigned char>(line[0])) && line.find(' ') > line.find('-')) {
+      if (in_entry) break;
+      in_entry = line.rfind(start_hex, 0) == 0;
+      info.found |= in_entry;
+      continue;
+    }
+    if (!in_entry) continue;
+    if (line.rfind("Rss:", 0) == 0) info.rss = std::stoull(line.substr(4)) * 1024;
+    if (line.rfind("KernelPageSize:", 0) == 0) info.kernel_page_size = std::stoull(line.substr(15)) * 1024;
+  }
+  return info;
+}
+
+}  // namespace membroker::testing
