@@ -22,6 +22,7 @@ inline uint64_t LockedBytes(pid_t pid) {
 struct MappingInfo {
   uint64_t rss = 0;
   uint64_t kernel_page_size = 0;
+  uint64_t hugetlb = 0;  // huge pages are counted here, not in rss
   bool found = false;
 };
 
@@ -42,6 +43,8 @@ inline MappingInfo SmapsOf(const void* addr) {
     }
     if (!in_entry) continue;
     if (line.rfind("Rss:", 0) == 0) info.rss = std::stoull(line.substr(4)) * 1024;
+    if (line.rfind("Shared_Hugetlb:", 0) == 0 || line.rfind("Private_Hugetlb:", 0) == 0)
+      info.hugetlb += std::stoull(line.substr(line.find(':') + 1)) * 1024;
     if (line.rfind("KernelPageSize:", 0) == 0) info.kernel_page_size = std::stoull(line.substr(15)) * 1024;
   }
   return info;

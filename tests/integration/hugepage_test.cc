@@ -1,0 +1,178 @@
+// Page policies with real huge pages. Each test reserves the huge pages it
+// needs in the kernel's pools (as root), restores the old counts afterwards,
+// and skips with a clear message where the kernel refuses.
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "proc_status.h"
+
+namespace membroker::testing {
+namespace {
+
+constexpr size_t k2M = 2u << 20;
+constexpr size_t k1G = 1u << 30;
+
+// Sets the kernel's pool of huge pages of one size for the life of the object.
+class HugePageReservation {
+ public:
+  HugePageReservation(size_t page_size, uint64_t count)
+      : path_("/sys/kernel/mm/hugepages/hugepages-" + std::to_string(page_size >> 10) +
+              "kB/nr_hugepages") {
+    old_ = Read();
+    if (old_ == UINT64_MAX) {
+      why_ = "no " + path_ + " (kernel without this huge page size)";
+      return;
+    }
+    if (!Write(count)) {
+      why_ = "cannot write " + path_ + " (not root?)";
+      return;
+    }
+    granted_ = Read();
+    if (granted_ < count)
+      why_ = "the kernel granted " + std::to_string(granted_) + " of " + std::to_string(count) +
+             " huge pages of " + std::to_string(page_size >> 10) + " kB (memory too fragmented?)";
+  }
+  ~HugePageReservation() {
+    if (old_ != UINT64_MAX) Write(old_);
+  }
+  // Empty when the reservation holds; otherwise why the test must skip.
+  const std::string& why_not() const { return why_; }
+
+ private:
+  uint64_t Read() const {
+    std::ifstream in(path_);
+    uint64_t n = UINT64_MAX;
+    in >> n;
+    return in ? n : UINT64_MAX;
+  }
+  bool Write(uint64_t n) const {
+    std::ofstream out(path_);
+    out << n;
+    out.flush();
+    return static_cast<bool>(out);
+  }
+  std::string path_;
+  uint64_t old_ = UINT64_MAX;
+  uint64_t granted_ = 0;
+  std::string why_;
+};
+
+#define RESERVE_OR_SKIP(var, page, count)                          \
+  HugePageReservation var(page, count);                           \
+  if (!var.why_not().empty()) GTEST_SKIP() << var.why_not()
+
+Client ConnectOrDie(const BrokerProcess& b) {
+  auto c = Client::Connect({b.socket(), "hugepage-test"});
+  EXPECT_TRUE(c.ok());
+  return c.ok() ? std::move(*c) : Client();
+}
+
+TEST(HugePages, HugeOnlyIsGrantedAndImportersMapHugePages) {
+  RESERVE_OR_SKIP(pool, k2M, 4);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  AllocationProp prop{PagePolicy::kHugeOnly};
+  EXPECT_EQ(*c.GetAllocationGranularity(prop, GranularityOption::kMinimum), k2M);
+  auto h = c.MallocPhysical(3 << 20, prop);  // rounds up to two 2 MiB pages
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->size(), 4u << 20);
+  EXPECT_EQ(h->page_size(), k2M);
+  EXPECT_EQ(b.Stat("allocations_2m"), 1u);
+  EXPECT_EQ(b.Stat("free_hugepages_2m"), 2u);
+  auto token = c.ExportToShareableHandle(*h, kExportNoPidCheck);
+  ASSERT_TRUE(token.ok());
+  std::string s = b.socket(), t = *token;
+  pid_t pid = ForkChild([&] {
+    auto other = Client::Connect({s, "huge-importer"});
+    auto imported = other->ImportFromShareableHandle(t);
+    if (!imported.ok() || imported->page_size() != k2M) return 1;
+    auto r = other->ReserveMemAddress(imported->size());
+    auto m = other->MapMem(r->base(), imported->size(), 0, *imported, kMapPopulate);
+    if (!m.ok()) return 2;
+    MappingInfo info = SmapsOf(m->data());
+    return info.kernel_page_size == k2M && info.hugetlb == imported->size() ? 0 : 3;
+  });
+  EXPECT_EQ(WaitChild(pid), 0) << "the importer must get a 2 MiB-page mapping";
+  // A huge-page allocation maps only at 2 MiB-aligned addresses.
+  auto r = c.ReserveMemAddress(8 << 20);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(c.MapMem(r->at(4096), 4 << 20, 0, *h).code(), ErrorCode::kParamInvalid);
+  EXPECT_TRUE(c.MapMem(r->at(k2M), 4 << 20, 0, *h).ok());
+}
+
+TEST(HugePages, HugeOnlyFailsClearlyWhenThePoolIsEmpty) {
+  RESERVE_OR_SKIP(pool, k2M, 0);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto h = c.MallocPhysical(4 << 20, AllocationProp{PagePolicy::kHugeOnly});
+  EXPECT_EQ(h.code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(h.status().message().find("huge"), std::string::npos) << h.status().message();
+  EXPECT_TRUE(c.Ping().ok());
+  EXPECT_EQ(b.Stat("bytes_allocated"), 0u);
+}
+
+TEST(HugePages, HugeFirstFallsBackToNormalPagesWhenEmpty) {
+  RESERVE_OR_SKIP(pool, k2M, 0);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto h = c.MallocPhysical(3 << 20, AllocationProp{PagePolicy::kHugeFirst});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->page_size(), 4096u);
+  EXPECT_TRUE(h->fell_back());
+  EXPECT_EQ(h->size(), 3u << 20);
+  EXPECT_EQ(b.Stat("huge_fallbacks"), 1u);
+  EXPECT_NE(b.Admin("list allocations").find("fell_back=true"), std::string::npos);
+}
+
+TEST(HugePages, HugeFirstGivesNormalPagesUpToOneMiB) {
+  RESERVE_OR_SKIP(pool, k2M, 2);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  AllocationProp prop{PagePolicy::kHugeFirst};
+  auto small = c.MallocPhysical(1 << 20, prop);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->page_size(), 4096u);
+  EXPECT_FALSE(small->fell_back());
+  auto large = c.MallocPhysical((1 << 20) + 4096, prop);
+  ASSERT_TRUE(large.ok());
+  EXPECT_EQ(large->page_size(), k2M);
+  EXPECT_EQ(large->size(), k2M);
+  EXPECT_FALSE(large->fell_back());
+}
+
+TEST(HugePages, OneGigPagesRoundUp) {
+  RESERVE_OR_SKIP(pool, k1G, 2);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  AllocationProp prop{PagePolicy::kHuge1GOnly};
+  EXPECT_EQ(*c.GetAllocationGranularity(prop, GranularityOption::kMinimum), k1G);
+  size_t request = static_cast<size_t>(1.9 * k1G);
+  auto h = c.MallocPhysical(request, prop);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->size(), 2 * k1G);
+  EXPECT_EQ(h->page_size(), k1G);
+  EXPECT_EQ(b.Stat("allocations_1g"), 1u);
+  auto r = c.ReserveMemAddress(h->size());  // default alignment: 1 GiB
+  ASSERT_TRUE(r.ok());
+  auto m = c.MapMem(r->base(), h->size(), 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  m->as<char>()[h->size() - 1] = 1;
+  EXPECT_EQ(SmapsOf(m->data()).kernel_page_size, k1G);
+}
+
+TEST(HugePages, OneGigOnlyFailsClearlyWhenEmpty) {
+  RESERVE_OR_SKIP(pool, k1G, 0);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto h = c.MallocPhysical(k1G, AllocationProp{PagePolicy::kHuge1GOnly});
+  EXPECT_EQ(h.code(), ErrorCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace membroker::testing
