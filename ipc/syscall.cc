@@ -38,8 +38,9 @@ ErrorCode ErrnoToCode(int err) {
 static std::string_view Hint(std::string_view call, int err) {
   if (err == EMFILE) return " (hint: raise the open-file limit, ulimit -n)";
   if (err == ENOMEM && call == "mmap") return " (hint: vm.max_map_count may be too low)";
-  if (err == ENOMEM && call.find("huge") != std::string_view::npos)
-    return " (hint: reserve huge pages in /proc/sys/vm/nr_hugepages)";
+  if ((err == ENOMEM || err == ENOSPC) && call.find("huge") != std::string_view::npos)
+    return " (no free huge pages of this size; reserve some in /proc/sys/vm/nr_hugepages for "
+           "2 MiB, /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages for 1 GiB)";
   return "";
 }
 
