@@ -51,6 +51,14 @@ class Broker {
   void RunOnce() { uv_run(&loop_, UV_RUN_NOWAIT); }
   size_t live_allocations() const { return table_.all().size(); }
   size_t live_sessions() const { return sessions_.size(); }
+  // True when nothing is held or charged: no session, allocation, charge,
+  // same-address range or pending creation (the fuzzer checks it after each input).
+  bool Idle() const {
+    const Usage& u = accounting_.total();
+    return sessions_.empty() && table_.all().empty() && table_.export_count() == 0 &&
+           u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
+           window_.used() == 0 && counters_.bytes_pending == 0;
+  }
 
   // Admin commands ("stats", "list clients", ... with optional --json).
   std::string AdminCommand(const std::string& line);

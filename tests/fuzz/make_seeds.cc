@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
       SetPidRequest{"0123456789abcdef0123456789abcdef", {1, 2}}, ImportRequest{"abc"},
       PingRequest{}, GoodbyeRequest{}, OkReply{}, ErrorReply{membroker::ErrorCode::kBusy, "x"},
       MallocReply{1, 4096, 4096}, ImportReply{1, 4096, 4096, true}, ExportReply{"t"},
-      HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}}};
+      HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}},
+      MallocRequest{8192, PagePolicy::kNormalOnly, kMallocPinned | kMallocSameAddress},
+      RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000}};
   int i = 0;
   for (const auto& m : msgs) {
     auto bytes = Encode({kProtocolVersion, 7, 0, m});
