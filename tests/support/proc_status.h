@@ -11,6 +11,14 @@
 
 namespace membroker::testing {
 
+// AddressSanitizer turns mlock/munlock into no-ops, so locking cannot be
+// observed (or fail) in ASan builds.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kMlockObservable = false;
+#else
+inline constexpr bool kMlockObservable = true;
+#endif
+
 // VmLck of a process in bytes.
 inline uint64_t LockedBytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
