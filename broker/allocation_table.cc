@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "membroker/ipc/pidfd.h"
+
 namespace membroker::broker {
 
 Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
@@ -73,9 +75,17 @@ Status AllocationTable::SetPids(const std::string& token, uint64_t requester,
   auto it = exports_.find(token);
   if (it == exports_.end() || it->second.exporter != requester)
     return Status(ErrorCode::kNotFound, "no such token exported by this client");
-  for (pid_t p : pids)
+  std::vector<ipc::UniqueFd> fds;
+  for (pid_t p : pids) {
     if (p <= 0) return Status(ErrorCode::kParamInvalid, "pid " + std::to_string(p) + " is invalid");
+    auto fd = ipc::PidfdOpen(p);
+    if (!fd.ok())
+      return Status(ErrorCode::kParamInvalid,
+                    "pid " + std::to_string(p) + " does not name a running process");
+    fds.push_back(std::move(*fd));
+  }
   it->second.pids = std::move(pids);
+  it->second.pid_fds = std::move(fds);
   return Status::Ok();
 }
 
@@ -86,11 +96,15 @@ Result<const ExportEntry*> AllocationTable::CheckImport(const std::string& token
   auto it = exports_.find(token);
   if (it == exports_.end()) return kNoToken;
   const ExportEntry& e = it->second;
-  bool allowed;
-  if (e.flags & ipc::kExportNoPidCheck) {
+  bool allowed = false;
+  if (!who.alive) {
+    allowed = false;  // a connection handed on by a process that has exited
+  } else if (e.flags & ipc::kExportNoPidCheck) {
     allowed = who.uid == e.exporter_uid || who.uid == 0;
   } else {
-    allowed = std::find(e.pids.begin(), e.pids.end(), who.pid) != e.pids.end();
+    auto at = std::find(e.pids.begin(), e.pids.end(), who.pid);
+    // The named process must still be the one running under that pid.
+    allowed = at != e.pids.end() && ipc::PidfdAlive(e.pid_fds[at - e.pids.begin()].get());
   }
   if (!allowed) return kNoToken;
   return &e;

@@ -51,6 +51,7 @@ struct ExportEntry {
   uid_t exporter_uid = 0;
   uint32_t flags = 0;
   std::vector<pid_t> pids;  // who may import (unless kExportNoPidCheck)
+  std::vector<ipc::UniqueFd> pid_fds;  // the processes those pids named at SetPids time
   ipc::UniqueFd read_only_fd;  // set for kExportReadOnly
 };
 
@@ -58,6 +59,7 @@ struct Importer {
   uint64_t client = 0;
   pid_t pid = 0;
   uid_t uid = 0;
+  bool alive = true;  // the process that opened the connection still runs
 };
 
 struct TableCounters {
@@ -87,7 +89,9 @@ class AllocationTable {
 
   // Creates an export token for allocation id.
   Result<std::string> Export(uint64_t id, uint64_t exporter, uid_t exporter_uid, uint32_t flags);
-  // Only the client that created the token may restrict it.
+  // Only the client that created the token may restrict it. Each pid must name
+  // a running process; the entry stays tied to that process (a pidfd), so a
+  // recycled pid never inherits it.
   Status SetPids(const std::string& token, uint64_t requester, std::vector<pid_t> pids);
   // Checks the importer against the token's rules. Unknown, stale and
   // not-permitted tokens all give the same NOT_FOUND (no oracle).

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
@@ -11,7 +12,10 @@
 #include <cstring>
 
 #include "log.h"
+#include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/syscall.h"
+
+#include <algorithm>
 
 namespace membroker::broker {
 
@@ -26,6 +30,18 @@ uint64_t RamBytes() {
   return static_cast<uint64_t>(si.totalram) * si.mem_unit;
 }
 }  // namespace
+
+Result<gid_t> ResolveGroup(const std::string& name) {
+  char* end = nullptr;
+  unsigned long n = std::strtoul(name.c_str(), &end, 10);
+  if (!name.empty() && *end == '\0') return static_cast<gid_t>(n);
+  group grp{};
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+    return Status(ErrorCode::kParamInvalid, "unknown group '" + name + "' (--socket-group)");
+  return found->gr_gid;
+}
 
 Status PrepareSocketPath(const std::string& path) {
   sockaddr_un addr{};
@@ -53,12 +69,13 @@ Status PrepareSocketPath(const std::string& path) {
   }
   // Nobody accepting: a stale socket from a dead broker.
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ipc::ErrnoStatus("unlink", path, errno);
-  MB_LOG("removed stale socket %s", path.c_str());
+  MB_INFO("stale_socket_removed", "path=%s", path.c_str());
   return Status::Ok();
 }
 
 Broker::Broker(Options options)
     : options_(std::move(options)), window_(options_.va_window_base, options_.va_window_size) {
+  g_log_level = options_.log_level;
   if (options_.max_bytes == 0) options_.max_bytes = RamBytes() / 2;
   if (options_.max_pinned_bytes == 0) options_.max_pinned_bytes = RamBytes() / 8;
   accounting_.max_bytes = options_.max_bytes;
@@ -109,6 +126,12 @@ Status Broker::Listen() {
   ::umask(old);
   if (rc != 0) return ipc::ErrnoStatus("bind", options_.socket_path, err);
   socket_bound_ = true;
+  if (!options_.socket_group.empty()) {
+    MB_ASSIGN_OR_RETURN(gid_t gid, ResolveGroup(options_.socket_group));
+    MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("chown", options_.socket_path, nullptr, [&] {
+      return ::chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), gid);
+    }));
+  }
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("listen", options_.socket_path, nullptr, [&] {
     return ::listen(listen_fd_.get(), kListenBacklog);
   }));
@@ -123,14 +146,16 @@ Status Broker::Run() {
   uv_signal_init(&loop_, &sigint_);
   sigterm_.data = sigint_.data = this;
   auto on_signal = [](uv_signal_t* h, int signum) {
-    MB_LOG("signal %d: stopping", signum);
+    MB_INFO("stopping", "signal=%d", signum);
     static_cast<Broker*>(h->data)->Stop();
   };
   uv_signal_start(&sigterm_, on_signal, SIGTERM);
   uv_signal_start(&sigint_, on_signal, SIGINT);
 
-  MB_LOG("serving on %s (admin %s), byte budget %llu", options_.socket_path.c_str(),
-         options_.admin_socket_path.c_str(), static_cast<unsigned long long>(options_.max_bytes));
+  MB_INFO("serving", "socket=%s admin=%s max_bytes=%llu max_pinned_bytes=%llu pid=%d",
+          options_.socket_path.c_str(), options_.admin_socket_path.c_str(),
+          static_cast<unsigned long long>(options_.max_bytes),
+          static_cast<unsigned long long>(options_.max_pinned_bytes), static_cast<int>(::getpid()));
   if (options_.ready_fd >= 0) {
     char line[64];
     int n = std::snprintf(line, sizeof(line), "READY %d\n", static_cast<int>(::getpid()));
@@ -144,7 +169,7 @@ Status Broker::Run() {
   loop_.data = nullptr;
   ::unlink(options_.socket_path.c_str());
   ::unlink(options_.admin_socket_path.c_str());
-  MB_LOG("stopped: %zu allocations left to release", table_.all().size());
+  MB_INFO("stopped", "released_allocations=%zu", table_.all().size());
   if (rc != 0) return Status(ErrorCode::kInternal, "loop still had open handles at exit");
   return Status::Ok();
 }
@@ -160,7 +185,7 @@ void Broker::Stop() {
   for (auto& [id, s] : sessions_) all.push_back(s);
   for (Session* s : all) {
     s->said_goodbye = true;  // the broker is ending it; not a client crash
-    CloseSession(*s, "broker stopping");
+    CloseSession(*s, CloseReason::kBrokerStopping);
   }
   CloseAdminConnections(&loop_, reinterpret_cast<uv_handle_t*>(&admin_pipe_));
 }
@@ -176,20 +201,28 @@ void Broker::Accept() {
     if (fd < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        MB_LOG("accept4: %s", std::strerror(errno));
+        MB_ERROR("accept_failed", "error=\"%s\"", std::strerror(errno));
       return;
     }
     ipc::UniqueFd conn(fd);
     if (sessions_.size() >= options_.max_clients) {
-      MB_LOG("refusing a client: %zu clients connected (--max-clients)", sessions_.size());
+      MB_WARN("refused", "reason=max_clients connected=%zu", sessions_.size());
       continue;  // closing it tells the client
     }
     auto cred = ipc::GetPeerCred(conn.get());
     if (!cred.ok()) continue;
+    auto pidfd = ipc::PidfdOpen(cred->pid);
+    if (!pidfd.ok()) continue;  // it exited already
     auto* s = new Session();
     s->id = next_session_id_++;
     s->fd = std::move(conn);
     s->cred = *cred;
+    s->pidfd = std::move(*pidfd);
+    if (auto groups = ipc::GetPeerGroups(s->fd.get()); groups.ok()) s->groups = std::move(*groups);
+    s->admitted = Admits(*s);
+    MB_INFO("connect", "client=%llu pid=%d uid=%u gid=%u admitted=%s",
+            static_cast<unsigned long long>(s->id), static_cast<int>(s->cred.pid), s->cred.uid,
+            s->cred.gid, s->admitted ? "yes" : "no");
     s->connected_since = std::chrono::system_clock::now();
     uv_poll_init(&loop_, &s->poll, s->fd.get());
     s->poll.data = s;
@@ -197,6 +230,16 @@ void Broker::Accept() {
     sessions_[s->id] = s;
     ++counters_.clients_total;
   }
+}
+
+bool Broker::Admits(const Session& s) const {
+  const ipc::PeerCred& c = s.cred;
+  if (c.uid == 0 || c.uid == ::geteuid()) return true;
+  const auto& uids = options_.allow_uids;
+  if (std::find(uids.begin(), uids.end(), c.uid) != uids.end()) return true;
+  for (gid_t g : options_.allow_gids)
+    if (c.gid == g || std::find(s.groups.begin(), s.groups.end(), g) != s.groups.end()) return true;
+  return false;
 }
 
 Session* Broker::FindSession(uint64_t id) {
@@ -209,7 +252,7 @@ void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
   auto* s = static_cast<Session*>(h->data);
   if (s->closing) return;
   if (status < 0) {
-    self->CloseSession(*s, uv_strerror(status));
+    self->CloseSession(*s, CloseReason::kIoError, uv_strerror(status));
     return;
   }
   if (events & UV_WRITABLE) self->Flush(*s);
@@ -226,8 +269,12 @@ void Broker::ReadFrames(Session& s) {
       if (st.code() == ErrorCode::kProtocolError) {
         ++counters_.protocol_errors;
         ++counters_.clients_kicked;
+        CloseSession(s, CloseReason::kProtocolViolation, st.message());
+      } else {
+        CloseSession(s, st.code() == ErrorCode::kNotConnected ? CloseReason::kPeerClosed
+                                                              : CloseReason::kIoError,
+                     st.message());
       }
-      CloseSession(s, st.message().c_str());
       return;
     }
     HandleFrame(s, std::move(frame));
@@ -244,13 +291,13 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
     Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);
     if (st.ok()) return;
     if (!would_block) {
-      CloseSession(s, st.message().c_str());
+      CloseSession(s, CloseReason::kIoError, st.message());
       return;
     }
   }
   if (s.outbound.size() >= options_.max_outbound_frames) {
     ++counters_.clients_kicked;
-    CloseSession(s, "client does not read its replies (outbound queue full)");
+    CloseSession(s, CloseReason::kSlowReader, "outbound queue full");
     return;
   }
   // Queued: the frame needs its own fds, since the originals may close first.
@@ -258,7 +305,7 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
   for (int fd : fds) {
     int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {
-      CloseSession(s, "cannot duplicate an fd for a queued reply");
+      CloseSession(s, CloseReason::kIoError, "cannot duplicate an fd for a queued reply");
       return;
     }
     out.fds.emplace_back(copy);
@@ -272,9 +319,9 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
 
 void Broker::SendError(Session& s, uint64_t request_id, const Status& st) {
   ++counters_.errors_sent;
-  if (options_.verbose)
-    MB_LOG("client %llu request %llu: %s", static_cast<unsigned long long>(s.id),
-           static_cast<unsigned long long>(request_id), st.ToString().c_str());
+  MB_INFO("request_refused", "client=%llu request=%llu code=%s message=\"%s\"",
+          static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(request_id),
+          std::string(ErrorCodeName(st.code())).c_str(), st.message().c_str());
   Send(s, request_id, ipc::ErrorReply{st.code(), st.message()});
 }
 
@@ -287,37 +334,62 @@ void Broker::Flush(Session& s) {
     Status st = ipc::SendFrame(s.fd.get(), out.bytes, raw, &would_block);
     if (would_block) return;
     if (!st.ok()) {
-      CloseSession(s, st.message().c_str());
+      CloseSession(s, CloseReason::kIoError, st.message());
       return;
     }
     s.outbound.pop_front();
   }
   if (s.close_after_flush) {
-    CloseSession(s, "closed after final reply");
+    CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted, "closed after final reply");
     return;
   }
   s.polling_writable = false;
   uv_poll_start(&s.poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
 }
 
-void Broker::CloseSession(Session& s, const char* why) {
+void Broker::CloseSession(Session& s, CloseReason reason, const std::string& detail) {
   if (s.closing) return;
   s.closing = true;
+  static const char* kReasons[] = {"eof", "protocol_violation", "slow_reader", "kicked",
+                                   "not_admitted", "broker_stopping", "io_error"};
+  const char* why = kReasons[static_cast<int>(reason)];
+  if (reason == CloseReason::kPeerClosed) why = s.said_goodbye ? "clean" : "crash";
+  if (reason == CloseReason::kPeerClosed && !s.said_goodbye) ++counters_.clients_crashed;
   std::vector<uint64_t> held = s.ledger.TakeAll();
-  if (!s.said_goodbye) ++counters_.clients_crashed;
   counters_.released_on_disconnect += held.size();
   for (uint64_t id : held) ReleaseHolding(s, id);
   for (const auto& [addr, size] : s.host_regs) Uncharge(&s, s.cred.uid, Usage{0, size, 0, 0});
   s.host_regs.clear();
-  if (options_.verbose || (!s.said_goodbye && !held.empty()))
-    MB_LOG("client %llu (pid %d, '%s') disconnected: %s; released %zu holdings",
-           static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), s.name.c_str(),
-           why, held.size());
+  MB_INFO("disconnect", "client=%llu pid=%d name=\"%s\" reason=%s released=%zu%s%s%s",
+          static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), s.name.c_str(), why,
+          held.size(), detail.empty() ? "" : " detail=\"", detail.c_str(), detail.empty() ? "" : "\"");
   s.outbound.clear();
   sessions_.erase(s.id);
   // Work still running for this session finds it gone and releases its result.
   uv_close(reinterpret_cast<uv_handle_t*>(&s.poll),
            [](uv_handle_t* h) { delete static_cast<Session*>(h->data); });
+}
+
+Status Broker::KickClient(uint64_t id) {
+  Session* s = FindSession(id);
+  if (s == nullptr) return Status(ErrorCode::kNotFound, "no client " + std::to_string(id));
+  ++counters_.clients_kicked;
+  CloseSession(*s, CloseReason::kKicked, "by the admin socket");
+  return Status::Ok();
+}
+
+Status Broker::FreeAllocation(uint64_t id) {
+  if (table_.Find(id) == nullptr) return Status(ErrorCode::kNotFound, "no allocation " + std::to_string(id));
+  std::vector<Session*> holders;
+  for (auto& [sid, s] : sessions_)
+    if (s->ledger.Holds(id)) holders.push_back(s);
+  for (Session* s : holders) {
+    s->ledger.Remove(id);
+    ReleaseHolding(*s, id);
+  }
+  MB_INFO("allocation_freed_by_admin", "id=%llu holders=%zu", static_cast<unsigned long long>(id),
+          holders.size());
+  return Status::Ok();
 }
 
 }  // namespace membroker::broker

@@ -27,6 +27,7 @@ namespace membroker::broker {
 
 struct BrokerCounters {
   uint64_t clients_total = 0;
+  uint64_t clients_refused = 0;  // not admitted by the uid/gid policy
   uint64_t clients_crashed = 0;  // disconnected without a Goodbye
   uint64_t clients_kicked = 0;   // disconnected by the broker (protocol error, slow reader)
   uint64_t released_on_disconnect = 0;
@@ -74,12 +75,22 @@ class Broker {
   void Accept();
   void ReadFrames(Session& s);
   void Flush(Session& s);
-  void CloseSession(Session& s, const char* why);
+  // Why a connection ended, for the logs and the counters.
+  enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
+                           kBrokerStopping, kIoError };
+  void CloseSession(Session& s, CloseReason reason, const std::string& detail = "");
+ public:
+  // Disconnects a client and releases everything it held, as a crash would.
+  Status KickClient(uint64_t id);
+  // Stops exporting an allocation and drops every holder's reference.
+  Status FreeAllocation(uint64_t id);
+ private:
   // Sends a reply; fds are borrowed (duplicated only if the reply must queue).
   void Send(Session& s, uint64_t request_id, ipc::Message body, std::span<const int> fds = {});
   void CloseAfterReply(Session& s);
   void SendError(Session& s, uint64_t request_id, const Status& st);
   Session* FindSession(uint64_t id);
+  bool Admits(const Session& s) const;
 
   // Requests (requests.cc). Each returns the Status to report on failure.
   void HandleFrame(Session& s, ipc::Frame frame);
@@ -138,6 +149,9 @@ class Broker {
 
 // Closes every admin connection on loop except the listener (at shutdown).
 void CloseAdminConnections(uv_loop_t* loop, uv_handle_t* listener);
+
+// A group name or number.
+Result<gid_t> ResolveGroup(const std::string& name);
 
 // Prepares a Unix socket path for bind: a stale socket file (nobody accepting)
 // is removed; a live broker or a non-socket file there is an error.

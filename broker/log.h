@@ -1,13 +1,44 @@
-// One-line log messages on stderr with a timestamp, for operators.
+// Structured log lines on stderr, one event per line:
+//   membrokerd 2026-11-29T22:10:32.123Z info disconnect client=3 reason=crash released=4
+// Levels: 0 error, 1 warn, 2 info, 3 debug (--log-level).
 #pragma once
 
+#include <cstdarg>
 #include <cstdio>
 #include <ctime>
 
-#define MB_LOG(fmt, ...)                                                           \
-  do {                                                                             \
-    timespec mb_ts_{};                                                             \
-    clock_gettime(CLOCK_REALTIME, &mb_ts_);                                        \
-    std::fprintf(stderr, "membrokerd[%ld.%03ld] " fmt "\n", (long)mb_ts_.tv_sec,   \
-                 mb_ts_.tv_nsec / 1000000L __VA_OPT__(, ) __VA_ARGS__);            \
+namespace membroker::broker {
+
+inline int g_log_level = 2;
+
+inline void LogLine(int level, const char* event, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+inline void LogLine(int level, const char* event, const char* fmt, ...) {
+  static const char* kNames[] = {"error", "warn", "info", "debug"};
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm utc{};
+  gmtime_r(&ts.tv_sec, &utc);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &utc);
+  char body[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(body, sizeof(body), fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "membrokerd %s.%03ldZ %s %s %s\n", when, ts.tv_nsec / 1000000L, kNames[level],
+               event, body);
+}
+
+}  // namespace membroker::broker
+
+#define MB_LOG_AT(level, event, ...)                                              \
+  do {                                                                            \
+    if ((level) <= ::membroker::broker::g_log_level)                              \
+      ::membroker::broker::LogLine((level), (event), __VA_ARGS__);               \
   } while (0)
+#define MB_ERROR(event, ...) MB_LOG_AT(0, event, __VA_ARGS__)
+#define MB_WARN(event, ...) MB_LOG_AT(1, event, __VA_ARGS__)
+#define MB_INFO(event, ...) MB_LOG_AT(2, event, __VA_ARGS__)
+#define MB_DEBUG(event, ...) MB_LOG_AT(3, event, __VA_ARGS__)

@@ -1,6 +1,8 @@
 #include "options.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 
@@ -22,7 +24,12 @@ const char kUsage[] =
     "  --pool SIZE:POLICY:COUNT keep COUNT allocations of SIZE ready (POLICY: normal, huge-first,\n"
     "                           huge, huge1g); repeatable\n"
     "  --va-window BASE:SIZE    address window for same-address allocations (hex BASE)\n"
-    "  --verbose                log every connection and error reply\n";
+    "  --socket-group GROUP     group owning the client socket (mode 0660), name or number\n"
+    "  --allow-uid UID          also admit clients of this uid (repeatable; the broker's own\n"
+    "                           uid and root are always admitted)\n"
+    "  --allow-gid GID          also admit clients in this group (primary or supplementary)\n"
+    "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  --verbose                the same as --log-level debug\n";
 
 namespace {
 
@@ -116,8 +123,21 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
       return Bad(key, value, "BASE:SIZE, both multiples of 1 GiB, e.g. 0x400000000000:4T");
     o->va_window_base = base;
     o->va_window_size = size;
+  } else if (key == "socket-group") {
+    o->socket_group = value;
+  } else if (key == "allow-uid") {
+    if (!ParseSize(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric uid");
+    o->allow_uids.push_back(static_cast<uid_t>(n));
+  } else if (key == "allow-gid") {
+    if (!ParseSize(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric gid");
+    o->allow_gids.push_back(static_cast<gid_t>(n));
+  } else if (key == "log-level") {
+    static const char* kLevels[] = {"error", "warn", "info", "debug"};
+    auto it = std::find(std::begin(kLevels), std::end(kLevels), value);
+    if (it == std::end(kLevels)) return Bad(key, value, "error, warn, info or debug");
+    o->log_level = static_cast<int>(it - std::begin(kLevels));
   } else if (key == "verbose") {
-    o->verbose = value.empty() || value == "true" || value == "1";
+    if (value.empty() || value == "true" || value == "1") o->log_level = 3;
   } else {
     return Status(ErrorCode::kParamInvalid, "unknown setting '" + key + "'");
   }
@@ -149,7 +169,7 @@ Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
       return Status::Ok();
     }
     if (a == "--verbose") {
-      out->verbose = true;
+      out->log_level = 3;
       continue;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc)

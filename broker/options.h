@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -33,7 +35,11 @@ struct Options {
   std::vector<PoolSpec> pools;
   uint64_t va_window_base = 0x400000000000ull;  // same-address allocations live here
   uint64_t va_window_size = 1ull << 42;         // 4 TiB
-  bool verbose = false;
+  // Admission: the broker's own uid and root always; these uids and groups too.
+  std::vector<uid_t> allow_uids;
+  std::vector<gid_t> allow_gids;
+  std::string socket_group;  // group owning the client socket (name or number)
+  int log_level = 2;         // 0 error, 1 warn, 2 info, 3 debug
 };
 
 // Parses flags (and any --config FILE they name) into *out. On a usage error

@@ -7,6 +7,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/memfd.h"
+#include "membroker/ipc/pidfd.h"
 
 namespace membroker::broker {
 
@@ -48,7 +49,8 @@ struct RefillWork {
 
 void Broker::CloseAfterReply(Session& s) {
   if (s.outbound.empty())
-    CloseSession(s, "closed after final reply");
+    CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted,
+                 "closed after final reply");
   else
     s.close_after_flush = true;
 }
@@ -60,7 +62,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
     // A framing violation: this client alone loses its connection.
     ++counters_.protocol_errors;
     ++counters_.clients_kicked;
-    CloseSession(s, decoded.status().message().c_str());
+    CloseSession(s, CloseReason::kProtocolViolation, decoded.status().message());
     return;
   }
   ipc::Envelope& env = *decoded;
@@ -68,7 +70,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   if (!frame.fds.empty()) {  // no request carries fds; they close with `frame`
     ++counters_.protocol_errors;
     ++counters_.clients_kicked;
-    CloseSession(s, "a request carried file descriptors");
+    CloseSession(s, CloseReason::kProtocolViolation, "a request carried file descriptors");
     return;
   }
   if (env.protocol_version != ipc::kProtocolVersion) {
@@ -133,6 +135,12 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
 
 Status Broker::HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m) {
   if (s.hello_done) return Status(ErrorCode::kProtocolError, "handshake already done");
+  if (!s.admitted) {
+    ++counters_.clients_refused;
+    return Status(ErrorCode::kPermissionDenied,
+                  "uid " + std::to_string(s.cred.uid) + " (gid " + std::to_string(s.cred.gid) +
+                      ") is not admitted by this broker (see --allow-uid, --allow-gid)");
+  }
   if (m.protocol_version != ipc::kProtocolVersion)
     return Status(ErrorCode::kVersionMismatch,
                   "broker speaks protocol " + std::to_string(ipc::kProtocolVersion) +
@@ -256,6 +264,10 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
   a.pool = p.pool;
   if (p.pool >= 0) ++pools_[p.pool].in_use;
   s->ledger.Add(a.id);
+  MB_DEBUG("alloc", "client=%llu id=%llu size=%llu page_size=%llu pinned=%d pool=%d",
+           static_cast<unsigned long long>(s->id), static_cast<unsigned long long>(a.id),
+           static_cast<unsigned long long>(a.size), static_cast<unsigned long long>(a.page_size),
+           a.pinned ? 1 : 0, a.pool);
   int fd = a.fd.get();
   Send(*s, p.request_id,
        ipc::MallocReply{a.id, a.size, a.page_size, a.fell_back, a.pinned, a.fixed_address,
@@ -272,6 +284,8 @@ void Broker::ReleaseHolding(Session& s, uint64_t id) {
     Uncharge(&s, s.cred.uid, Usage{0, 0, 0, 1});  // an import
   std::optional<Allocation> gone = table_.DropHolder(id);
   if (!gone) return;
+  MB_DEBUG("free", "id=%llu size=%llu", static_cast<unsigned long long>(id),
+           static_cast<unsigned long long>(gone->size));
   accounting_.ReleaseUid(gone->creator_uid, gone->charge);
   if (gone->fixed_address) window_.Free(gone->fixed_address);
   if (gone->pool >= 0) --pools_[gone->pool].in_use;
@@ -297,7 +311,8 @@ Status Broker::HandleSetPid(Session& s, uint64_t, const ipc::SetPidRequest& m) {
 
 Status Broker::HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m) {
   MB_ASSIGN_OR_RETURN(const ExportEntry* e,
-                      table_.CheckImport(m.token, Importer{s.id, s.cred.pid, s.cred.uid}));
+                      table_.CheckImport(m.token, Importer{s.id, s.cred.pid, s.cred.uid,
+                                                           ipc::PidfdAlive(s.pidfd.get())}));
   if (s.ledger.Holds(e->allocation))
     return Status(ErrorCode::kAlreadyExists, "this client already holds allocation " +
                                                  std::to_string(e->allocation) +
@@ -349,9 +364,9 @@ void Broker::FillPools() {
       auto mem = ipc::CreatePhysicalMemory("membroker:pool", pool.spec.size, pool.spec.policy);
       if (!mem.ok()) {
         ++pool.refill_failures;
-        MB_LOG("pool %zu (%llu bytes): filled %zu of %u: %s", i,
-               static_cast<unsigned long long>(pool.spec.size), pool.ready.size(), pool.spec.count,
-               mem.status().ToString().c_str());
+        MB_WARN("pool_fill_failed", "pool=%zu size=%llu filled=%zu capacity=%u error=\"%s\"", i,
+                static_cast<unsigned long long>(pool.spec.size), pool.ready.size(), pool.spec.count,
+                mem.status().ToString().c_str());
         break;
       }
       pool.ready.push_back(std::move(*mem));

@@ -117,6 +117,20 @@ Result<PeerCred> GetPeerCred(int sock) {
   return PeerCred{cred.pid, cred.uid, cred.gid};
 }
 
+Result<std::vector<gid_t>> GetPeerGroups(int sock) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) return ErrnoStatus("getsockopt", "SO_PEERGROUPS", errno);
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return Status(ErrorCode::kInternal, "SO_PEERGROUPS kept growing");
+}
+
 Result<UniqueFd> ConnectSeqpacket(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path))

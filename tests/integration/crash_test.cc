@@ -82,7 +82,7 @@ TEST(Crash, SigkillWhileHoldingManyAllocationsReleasesAll) {
   ch.AsParent();
   ASSERT_EQ(ch.Receive(), "holding");
   EXPECT_EQ(b.Stat("allocations_live"), 100u);
-  EXPECT_EQ(b.FdCount(), fds_before + 101);  // 100 memfds and the connection
+  EXPECT_EQ(b.FdCount(), fds_before + 102);  // 100 memfds, the connection and its pidfd
   ::kill(pid, SIGKILL);
   EXPECT_EQ(WaitChild(pid), 128 + SIGKILL);
   EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);

@@ -1,4 +1,7 @@
 // The broker's bookkeeping rules: holders, tokens, import permissions, ledgers.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "allocation_table.h"
@@ -45,13 +48,43 @@ TEST(AllocationTable, PidAllowListIsEnforced) {
   uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
   auto tok = t.Export(id, 1, 1000, 0);
   ASSERT_TRUE(tok.ok());
-  EXPECT_EQ(t.CheckImport(*tok, {2, 50, 1000}).code(), ErrorCode::kNotFound);  // no pids yet
-  EXPECT_TRUE(t.SetPids(*tok, 1, {50, 51}).ok());
-  EXPECT_TRUE(t.CheckImport(*tok, {2, 50, 1000}).ok());
-  EXPECT_EQ(t.CheckImport(*tok, {3, 52, 1000}).code(), ErrorCode::kNotFound);
-  // Only the exporter may change the list; bad pids are refused.
-  EXPECT_EQ(t.SetPids(*tok, 2, {52}).code(), ErrorCode::kNotFound);
+  pid_t me = ::getpid(), parent = ::getppid();
+  EXPECT_EQ(t.CheckImport(*tok, {2, me, 1000}).code(), ErrorCode::kNotFound);  // no pids yet
+  EXPECT_TRUE(t.SetPids(*tok, 1, {me}).ok());
+  EXPECT_TRUE(t.CheckImport(*tok, {2, me, 1000}).ok());
+  EXPECT_EQ(t.CheckImport(*tok, {3, parent, 1000}).code(), ErrorCode::kNotFound);
+  // A connection whose process has exited is refused even with a listed pid.
+  EXPECT_EQ(t.CheckImport(*tok, {2, me, 1000, /*alive=*/false}).code(), ErrorCode::kNotFound);
+  // Only the exporter may change the list; bad and dead pids are refused.
+  EXPECT_EQ(t.SetPids(*tok, 2, {parent}).code(), ErrorCode::kNotFound);
   EXPECT_EQ(t.SetPids(*tok, 1, {0}).code(), ErrorCode::kParamInvalid);
+  pid_t child = ::fork();
+  if (child == 0) _exit(0);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(t.SetPids(*tok, 1, {child}).code(), ErrorCode::kParamInvalid);
+}
+
+TEST(AllocationTable, AllowListFollowsTheProcessNotThePidNumber) {
+  AllocationTable t;
+  uint64_t id = t.Insert(Mem(), ipc::PagePolicy::kNormalOnly, 1, 1000).id;
+  auto tok = t.Export(id, 1, 1000, 0);
+  ASSERT_TRUE(tok.ok());
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(go[1]);
+    char c;
+    (void)!::read(go[0], &c, 1);
+    _exit(0);
+  }
+  ASSERT_TRUE(t.SetPids(*tok, 1, {child}).ok());
+  EXPECT_TRUE(t.CheckImport(*tok, {2, child, 1000}).ok());
+  ::close(go[1]);  // the child exits
+  ::waitpid(child, nullptr, 0);
+  // Whoever gets that pid number next is not the process that was named.
+  EXPECT_EQ(t.CheckImport(*tok, {2, child, 1000}).code(), ErrorCode::kNotFound);
+  ::close(go[0]);
 }
 
 TEST(AllocationTable, NoPidCheckStillRequiresTheSameUid) {

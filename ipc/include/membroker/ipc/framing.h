@@ -43,6 +43,9 @@ struct PeerCred {
 // The connected peer's identity as the kernel recorded it at connect time.
 Result<PeerCred> GetPeerCred(int sock);
 
+// The peer's supplementary groups at connect time (SO_PEERGROUPS).
+Result<std::vector<gid_t>> GetPeerGroups(int sock);
+
 // Creates a SOCK_SEQPACKET socket connected to path (blocking, close-on-exec).
 Result<UniqueFd> ConnectSeqpacket(const std::string& path);
 

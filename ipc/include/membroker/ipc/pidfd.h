@@ -1,0 +1,19 @@
+// pidfds: a handle on one process instance. Unlike a pid, a pidfd never comes
+// to mean another process after the first one exits, so the broker uses them
+// to keep allow-list entries and connections tied to the process they named.
+#pragma once
+
+#include <sys/types.h>
+
+#include "membroker/ipc/unique_fd.h"
+#include "membroker/status.h"
+
+namespace membroker::ipc {
+
+// pidfd_open(2). NOT_FOUND if no such process exists.
+Result<UniqueFd> PidfdOpen(pid_t pid);
+
+// Whether the process behind the pidfd is still running (not exited).
+bool PidfdAlive(int pidfd);
+
+}  // namespace membroker::ipc
