@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
+#include "admin_format.h"
 #include "broker.h"
 #include "log.h"
 
@@ -14,23 +17,6 @@ namespace membroker::broker {
 
 namespace {
 constexpr size_t kMaxAdminCommandBytes = 4096;
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 size_t OpenFdCount() {
   size_t n = 0;
@@ -43,118 +29,175 @@ size_t OpenFdCount() {
   return n;
 }
 
-// Renders rows of (key, value) either as "key: value" text or as a JSON object.
-class Record {
- public:
-  Record& Num(const char* key, uint64_t v) { return Add(key, std::to_string(v), false); }
-  Record& Str(const char* key, const std::string& v) { return Add(key, v, true); }
-  Record& Bool(const char* key, bool v) { return Add(key, v ? "true" : "false", false); }
-
-  std::string Json() const {
-    std::string out = "{";
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      if (i) out += ", ";
-      out += JsonString(rows_[i].key) + ": " +
-             (rows_[i].quoted ? JsonString(rows_[i].value) : rows_[i].value);
-    }
-    return out + "}";
-  }
-  std::string Text(const char* sep) const {
-    std::string out;
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      if (i) out += sep;
-      out += rows_[i].key + "=" + rows_[i].value;
-    }
-    return out;
-  }
-  std::string Lines() const {
-    std::string out;
-    for (const auto& r : rows_) out += r.key + ": " + r.value + "\n";
-    return out;
-  }
-
- private:
-  struct Row {
-    std::string key, value;
-    bool quoted;
-  };
-  Record& Add(const char* key, std::string v, bool quoted) {
-    rows_.push_back({key, std::move(v), quoted});
-    return *this;
-  }
-  std::vector<Row> rows_;
-};
-
-std::string RenderList(const std::vector<Record>& records, bool json, const char* empty) {
-  if (json) {
-    std::string out = "[";
-    for (size_t i = 0; i < records.size(); ++i) out += (i ? ",\n " : "") + records[i].Json();
-    return out + "]\n";
-  }
-  if (records.empty()) return std::string(empty) + "\n";
-  std::string out;
-  for (const auto& r : records) out += r.Text("  ") + "\n";
-  return out;
+bool ParseId(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  *out = std::strtoull(s.c_str(), nullptr, 10);
+  return true;
 }
+
+// Stats whose values only grow: Prometheus counters.
+bool IsCounter(const std::string& key) {
+  static const char* kCounters[] = {
+      "clients_total", "clients_crashed", "clients_kicked", "clients_refused",
+      "allocations_created", "allocations_freed", "exports_created", "imports",
+      "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
+      "protocol_errors", "huge_fallbacks"};
+  return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
+}
+
+const char* const kPolicyNames[] = {"normal", "huge-first", "huge", "huge1g"};
+
+const char kAdminHelp[] =
+    "commands (add --json for JSON):\n"
+    "  stats                     counters and gauges\n"
+    "  metrics                   the same in the Prometheus text format\n"
+    "  list clients              connected clients\n"
+    "  list allocations          live allocations\n"
+    "  list pools                pools: capacity, ready, hits, misses, refills\n"
+    "  list quotas               usage and limits per uid and per client\n"
+    "  show client ID            one client and what it holds\n"
+    "  show allocation ID        one allocation and who holds it\n"
+    "  kick client ID            disconnect a client; everything it held is released\n"
+    "  free allocation ID        stop exporting it and drop every holder's reference\n"
+    "  config                    the effective configuration\n"
+    "  help                      this list\n";
 }  // namespace
+
+Record Broker::StatsRecord() const {
+  Record r;
+  const TableCounters& t = table_.counters();
+  uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
+  for (const auto& [id, a] : table_.all())
+    ++by_page[a.page_size == ipc::kHuge1GPageSize ? 2 : a.page_size == ipc::kHuge2MPageSize ? 1 : 0];
+  uint64_t host_registered = 0;
+  for (const auto& [id, s] : sessions_)
+    for (const auto& [addr, size] : s->host_regs) host_registered += size;
+  r.Num("pid", static_cast<uint64_t>(::getpid()))
+      .Num("clients_connected", sessions_.size())
+      .Num("clients_total", counters_.clients_total)
+      .Num("clients_crashed", counters_.clients_crashed)
+      .Num("clients_kicked", counters_.clients_kicked)
+      .Num("clients_refused", counters_.clients_refused)
+      .Num("allocations_live", table_.all().size())
+      .Num("allocations_4k", by_page[0])
+      .Num("allocations_2m", by_page[1])
+      .Num("allocations_1g", by_page[2])
+      .Num("huge_fallbacks", t.huge_fallbacks)
+      .Num("free_hugepages_2m", ipc::FreeHugePages(ipc::kHuge2MPageSize))
+      .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
+      .Num("bytes_allocated", t.bytes_live)
+      .Num("bytes_pending", counters_.bytes_pending)
+      .Num("bytes_budget", options_.max_bytes)
+      .Num("pinned_bytes", accounting_.total().pinned_bytes)
+      .Num("pinned_budget", options_.max_pinned_bytes)
+      .Num("host_registered_bytes", host_registered)
+      .Num("same_address_bytes", window_.used())
+      .Num("allocations_created", t.allocations_created)
+      .Num("allocations_freed", t.allocations_freed)
+      .Num("exports_live", table_.export_count())
+      .Num("exports_created", t.exports_created)
+      .Num("imports", t.imports)
+      .Num("released_on_disconnect", counters_.released_on_disconnect)
+      .Num("quota_rejections", counters_.quota_rejections)
+      .Num("requests", counters_.requests)
+      .Num("errors_sent", counters_.errors_sent)
+      .Num("protocol_errors", counters_.protocol_errors)
+      .Num("open_fds", OpenFdCount());
+  return r;
+}
+
+Record Broker::ClientRecord(const Session& s) const {
+  uint64_t bytes = 0, allocations = 0, imports = 0;
+  for (const auto& [aid, a] : table_.all()) {
+    if (!s.ledger.Holds(aid)) continue;
+    bytes += a.size;
+    (a.creator == s.id ? allocations : imports) += 1;
+  }
+  auto now = std::chrono::system_clock::now();
+  Record r;
+  r.Num("id", s.id)
+      .Num("pid", static_cast<uint64_t>(s.cred.pid))
+      .Num("uid", s.cred.uid)
+      .Str("name", s.name)
+      .Num("connected_since",
+           std::chrono::duration_cast<std::chrono::seconds>(s.connected_since.time_since_epoch()).count())
+      .Num("connected_s",
+           std::chrono::duration_cast<std::chrono::seconds>(now - s.connected_since).count())
+      .Num("bytes_held", bytes)
+      .Num("allocations", allocations)
+      .Num("imports", imports)
+      .Num("pinned_bytes", s.usage.pinned_bytes)
+      .Num("host_registrations", s.host_regs.size());
+  return r;
+}
+
+Record Broker::AllocationRecord(const Allocation& a) const {
+  bool read_only = false;
+  for (const std::string& t : a.tokens)
+    if (const ExportEntry* e = table_.FindExport(t); e && e->read_only_fd.valid()) read_only = true;
+  Record r;
+  r.Num("id", a.id)
+      .Num("size", a.size)
+      .Num("page_size", a.page_size)
+      .Bool("pinned", a.pinned)
+      .Num("owner", a.creator)
+      .Num("holders", a.holders)
+      .Bool("exported", !a.tokens.empty())
+      .Bool("read_only", read_only)
+      .Bool("fell_back", a.fell_back)
+      .Bool("from_pool", a.pool >= 0)
+      .Num("fixed_address", a.fixed_address)
+      .Num("age_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - a.created)
+                         .count());
+  return r;
+}
 
 std::string Broker::AdminCommand(const std::string& line) {
   std::istringstream in(line);
-  std::vector<std::string> words;
+  std::vector<std::string> w;
   bool json = false;
-  for (std::string w; in >> w;) {
-    if (w == "--json")
+  for (std::string word; in >> word;) {
+    if (word == "--json")
       json = true;
     else
-      words.push_back(w);
+      w.push_back(word);
   }
-  auto now_wall = std::chrono::system_clock::now();
-  auto now = std::chrono::steady_clock::now();
-  std::string cmd;
-  for (const auto& w : words) cmd += (cmd.empty() ? "" : " ") + w;
+  auto is = [&](std::initializer_list<const char*> cmd) {
+    if (w.size() < cmd.size()) return false;
+    size_t i = 0;
+    for (const char* c : cmd)
+      if (w[i++] != c) return false;
+    return true;
+  };
+  uint64_t id = 0;
+  auto id_arg = [&](size_t at) { return w.size() == at + 1 && ParseId(w[at], &id); };
 
-  if (cmd == "stats") {
-    Record r;
-    const TableCounters& t = table_.counters();
-    uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
-    for (const auto& [id, a] : table_.all())
-      ++by_page[a.page_size == ipc::kHuge1GPageSize ? 2 : a.page_size == ipc::kHuge2MPageSize ? 1 : 0];
-    uint64_t host_registered = 0;
-    for (const auto& [id, s] : sessions_)
-      for (const auto& [addr, size] : s->host_regs) host_registered += size;
-    r.Num("pid", static_cast<uint64_t>(::getpid()))
-        .Num("clients_connected", sessions_.size())
-        .Num("clients_total", counters_.clients_total)
-        .Num("clients_crashed", counters_.clients_crashed)
-        .Num("clients_kicked", counters_.clients_kicked)
-        .Num("allocations_live", table_.all().size())
-        .Num("allocations_4k", by_page[0])
-        .Num("allocations_2m", by_page[1])
-        .Num("allocations_1g", by_page[2])
-        .Num("huge_fallbacks", t.huge_fallbacks)
-        .Num("free_hugepages_2m", ipc::FreeHugePages(ipc::kHuge2MPageSize))
-        .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
-        .Num("bytes_allocated", t.bytes_live)
-        .Num("bytes_pending", counters_.bytes_pending)
-        .Num("bytes_budget", options_.max_bytes)
-        .Num("pinned_bytes", accounting_.total().pinned_bytes)
-        .Num("pinned_budget", options_.max_pinned_bytes)
-        .Num("host_registered_bytes", host_registered)
-        .Num("same_address_bytes", window_.used())
-        .Num("allocations_created", t.allocations_created)
-        .Num("allocations_freed", t.allocations_freed)
-        .Num("exports_live", table_.export_count())
-        .Num("exports_created", t.exports_created)
-        .Num("imports", t.imports)
-        .Num("released_on_disconnect", counters_.released_on_disconnect)
-        .Num("quota_rejections", counters_.quota_rejections)
-        .Num("requests", counters_.requests)
-        .Num("errors_sent", counters_.errors_sent)
-        .Num("protocol_errors", counters_.protocol_errors)
-        .Num("open_fds", OpenFdCount());
-    return json ? r.Json() + "\n" : r.Lines();
+  if (w.size() == 1 && is({"stats"})) return RenderRecord(StatsRecord(), json);
+  if (w.size() == 1 && is({"help"})) return json ? RenderError("help has no JSON form", true) : kAdminHelp;
+  if (w.size() == 1 && is({"metrics"})) {
+    std::string out;
+    const Record stats = StatsRecord();
+    for (const auto& f : stats.fields()) {
+      if (f.key == "pid") continue;
+      bool counter = IsCounter(f.key);
+      std::string name = "membroker_" + f.key + (counter ? "_total" : "");
+      if (f.key == "clients_total") name = "membroker_clients_total";
+      out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
+    }
+    return out;
   }
-  if (cmd == "list pools") {
+  if (w.size() == 2 && is({"list", "clients"})) {
+    std::vector<Record> rows;
+    for (const auto& [sid, s] : sessions_) rows.push_back(ClientRecord(*s));
+    return RenderTable(rows, json, "no clients");
+  }
+  if (w.size() == 2 && is({"list", "allocations"})) {
+    std::vector<Record> rows;
+    for (const auto& [aid, a] : table_.all()) rows.push_back(AllocationRecord(a));
+    return RenderTable(rows, json, "no allocations");
+  }
+  if (w.size() == 2 && is({"list", "pools"})) {
     std::vector<Record> rows;
     for (size_t i = 0; i < pools_.size(); ++i) {
       const Pool& p = pools_[i];
@@ -171,9 +214,9 @@ std::string Broker::AdminCommand(const std::string& line) {
           .Num("refill_failures", p.refill_failures);
       rows.push_back(std::move(r));
     }
-    return RenderList(rows, json, "no pools (see --pool)");
+    return RenderTable(rows, json, "no pools (see --pool)");
   }
-  if (cmd == "list quotas") {
+  if (w.size() == 2 && is({"list", "quotas"})) {
     std::vector<Record> rows;
     auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
       Record r;
@@ -186,61 +229,79 @@ std::string Broker::AdminCommand(const std::string& line) {
       rows.push_back(std::move(r));
     };
     for (const auto& [uid, u] : accounting_.by_uid())
-      row("uid " + std::to_string(uid), u, accounting_.LimitsFor(uid));
-    for (const auto& [id, s] : sessions_)
-      row("client " + std::to_string(id), s->usage, accounting_.client_limits);
-    return RenderList(rows, json, "nothing charged");
+      row("uid:" + std::to_string(uid), u, accounting_.LimitsFor(uid));
+    for (const auto& [sid, s] : sessions_)
+      row("client:" + std::to_string(sid), s->usage, accounting_.client_limits);
+    return RenderTable(rows, json, "nothing charged");
   }
-  if (cmd == "list clients") {
-    std::vector<Record> rows;
-    for (const auto& [id, s] : sessions_) {
-      uint64_t bytes = 0;
-      for (const auto& [aid, a] : table_.all())
-        if (s->ledger.Holds(aid)) bytes += a.size;
-      Record r;
-      r.Num("id", id)
-          .Num("pid", static_cast<uint64_t>(s->cred.pid))
-          .Num("uid", s->cred.uid)
-          .Str("name", s->name)
-          .Num("connected_since",
-               std::chrono::duration_cast<std::chrono::seconds>(s->connected_since.time_since_epoch())
-                   .count())
-          .Num("connected_s", std::chrono::duration_cast<std::chrono::seconds>(
-                                  now_wall - s->connected_since)
-                                  .count())
-          .Num("holdings", s->ledger.size())
-          .Num("bytes_held", bytes)
-          .Num("bytes_created", s->usage.bytes)
-          .Num("pinned_bytes", s->usage.pinned_bytes)
-          .Num("imports", s->usage.imports)
-          .Num("host_registrations", s->host_regs.size());
-      rows.push_back(std::move(r));
-    }
-    return RenderList(rows, json, "no clients");
+  if (is({"show", "client"}) && id_arg(2)) {
+    Session* s = FindSession(id);
+    if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
+    Record r = ClientRecord(*s);
+    std::string held;
+    for (const auto& [aid, a] : table_.all())
+      if (s->ledger.Holds(aid)) held += (held.empty() ? "" : ",") + std::to_string(aid);
+    r.Str("holds", held);
+    return RenderRecord(r, json);
   }
-  if (cmd == "list allocations") {
-    std::vector<Record> rows;
-    for (const auto& [id, a] : table_.all()) {
-      Record r;
-      r.Num("id", id)
-          .Num("size", a.size)
-          .Num("page_size", a.page_size)
-          .Num("owner", a.creator)
-          .Num("holders", a.holders)
-          .Bool("pinned", a.pinned)
-          .Bool("fell_back", a.fell_back)
-          .Bool("from_pool", a.pool >= 0)
-          .Num("fixed_address", a.fixed_address)
-          .Bool("exported", !a.tokens.empty())
-          .Num("age_ms",
-               std::chrono::duration_cast<std::chrono::milliseconds>(now - a.created).count());
-      rows.push_back(std::move(r));
-    }
-    return RenderList(rows, json, "no allocations");
+  if (is({"show", "allocation"}) && id_arg(2)) {
+    const Allocation* a = table_.Find(id);
+    if (a == nullptr) return RenderError("no allocation " + std::to_string(id), json);
+    Record r = AllocationRecord(*a);
+    std::string holders;
+    for (const auto& [sid, s] : sessions_)
+      if (s->ledger.Holds(id)) holders += (holders.empty() ? "" : ",") + std::to_string(sid);
+    r.Str("held_by", holders).Num("tokens", a->tokens.size());  // never the tokens themselves
+    return RenderRecord(r, json);
   }
-  std::string msg = "unknown command '" + cmd +
-                    "' (try: stats, list clients, list allocations, list pools, list quotas; add --json for JSON)";
-  return json ? "{\"error\": " + JsonString(msg) + "}\n" : "error: " + msg + "\n";
+  if (is({"kick", "client"}) && id_arg(2)) {
+    Status st = KickClient(id);
+    if (!st.ok()) return RenderError(st.message(), json);
+    Record r;
+    r.Num("kicked_client", id);
+    return RenderRecord(r, json);
+  }
+  if (is({"free", "allocation"}) && id_arg(2)) {
+    Status st = FreeAllocation(id);
+    if (!st.ok()) return RenderError(st.message(), json);
+    Record r;
+    r.Num("freed_allocation", id)
+        .Str("note", "processes that mapped it keep their pages until they unmap or exit");
+    return RenderRecord(r, json);
+  }
+  if (w.size() == 1 && is({"config"})) {
+    Record r;
+    r.Str("socket", options_.socket_path)
+        .Str("admin-socket", options_.admin_socket_path)
+        .Num("max-bytes", options_.max_bytes)
+        .Num("max-pinned-bytes", options_.max_pinned_bytes)
+        .Num("max-clients", options_.max_clients)
+        .Str("quota-client", options_.quota_client.ToString())
+        .Str("quota-uid default", options_.quota_uid_default.ToString());
+    for (const auto& [uid, l] : options_.quota_uid)
+      r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
+    std::string pools;
+    for (const auto& p : options_.pools)
+      pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
+               kPolicyNames[static_cast<int>(p.policy)] + ":" + std::to_string(p.count);
+    std::string uids, gids;
+    for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
+    for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
+    char window[64];
+    std::snprintf(window, sizeof(window), "0x%llx:%llu",
+                  static_cast<unsigned long long>(options_.va_window_base),
+                  static_cast<unsigned long long>(options_.va_window_size));
+    r.Str("pool", pools)
+        .Str("va-window", window)
+        .Str("allow-uid", uids)
+        .Str("allow-gid", gids)
+        .Str("socket-group", options_.socket_group)
+        .Num("log-level", static_cast<uint64_t>(options_.log_level));
+    return RenderRecord(r, json);
+  }
+  std::string cmd;
+  for (const auto& word : w) cmd += (cmd.empty() ? "" : " ") + word;
+  return RenderError("unknown command '" + cmd + "' (try: help)", json);
 }
 
 struct AdminConnection {

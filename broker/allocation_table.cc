@@ -33,6 +33,16 @@ Allocation* AllocationTable::Find(uint64_t id) {
   return it == allocations_.end() ? nullptr : &it->second;
 }
 
+const Allocation* AllocationTable::Find(uint64_t id) const {
+  auto it = allocations_.find(id);
+  return it == allocations_.end() ? nullptr : &it->second;
+}
+
+const ExportEntry* AllocationTable::FindExport(const std::string& token) const {
+  auto it = exports_.find(token);
+  return it == exports_.end() ? nullptr : &it->second;
+}
+
 void AllocationTable::AddHolder(uint64_t id) {
   if (Allocation* a = Find(id)) ++a->holders;
 }

@@ -78,6 +78,8 @@ class AllocationTable {
                      uid_t creator_uid);
 
   Allocation* Find(uint64_t id);
+  const Allocation* Find(uint64_t id) const;
+  const ExportEntry* FindExport(const std::string& token) const;
   const std::map<uint64_t, Allocation>& all() const { return allocations_; }
   const TableCounters& counters() const { return counters_; }
   size_t export_count() const { return exports_.size(); }

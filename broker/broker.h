@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "accounting.h"
+#include "admin_format.h"
 #include "address_window.h"
 #include "allocation_table.h"
 #include "options.h"
@@ -122,6 +123,9 @@ class Broker {
   void RefillPool(size_t index);
 
   // Admin socket (admin.cc).
+  Record StatsRecord() const;
+  Record ClientRecord(const Session& s) const;
+  Record AllocationRecord(const Allocation& a) const;
   Status ListenAdmin();
   static void OnAdminConnection(uv_stream_t* server, int status);
 

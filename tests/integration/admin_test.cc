@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -51,9 +52,12 @@ TEST(Admin, StatsListClientsListAllocations) {
 
   Output clients = Shell(Ctl(b, "list clients"));
   EXPECT_EQ(clients.code, 0);
-  EXPECT_NE(clients.text.find("name=model-server"), std::string::npos) << clients.text;
-  EXPECT_NE(clients.text.find("pid=" + std::to_string(::getpid())), std::string::npos);
-  EXPECT_NE(clients.text.find("bytes_held=3145728"), std::string::npos);
+  EXPECT_EQ(clients.text.rfind("ID  PID", 0), 0u) << clients.text;  // a table with a header
+  EXPECT_NE(clients.text.find("model-server"), std::string::npos) << clients.text;
+  Output cj = Shell(Ctl(b, "--json list clients"));
+  EXPECT_NE(cj.text.find("\"pid\": " + std::to_string(::getpid())), std::string::npos) << cj.text;
+  EXPECT_NE(cj.text.find("\"bytes_held\": 3145728"), std::string::npos);
+  EXPECT_NE(cj.text.find("\"allocations\": 1"), std::string::npos);
 
   Output allocs = Shell(Ctl(b, "--json list allocations"));
   EXPECT_EQ(allocs.code, 0);
@@ -70,13 +74,77 @@ TEST(Admin, StatsListClientsListAllocations) {
 TEST(Admin, UnknownCommandAndMissingSocketFail) {
   BrokerProcess b;
   Output bad = Shell(Ctl(b, "launch missiles"));
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.text.find("unknown command"), std::string::npos);
+  // The broker's own answer to an unknown command, past the CLI.
+  EXPECT_EQ(b.Admin("launch missiles").rfind("error: unknown command", 0), 0u);
   Output none = Shell(BinaryPath("membrokerctl") + " --admin-socket /nonexistent/admin stats");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.text.find("cannot connect"), std::string::npos);
   Output usage = Shell(BinaryPath("membrokerctl"));
   EXPECT_EQ(usage.code, 2);
+}
+
+TEST(Admin, ShowKickAndFree) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "victim"});
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(1 << 20);
+  ASSERT_TRUE(h.ok());
+  auto tok = c->ExportToShareableHandle(*h, kExportNoPidCheck);
+  ASSERT_TRUE(tok.ok());
+  auto other = Client::Connect({b.socket(), "reader"});
+  auto imported = other->ImportFromShareableHandle(*tok);
+  ASSERT_TRUE(imported.ok());
+  auto r = other->ReserveMemAddress(1 << 20);
+  auto m = other->MapMem(r->base(), 1 << 20, 0, *imported);
+  ASSERT_TRUE(m.ok());
+  std::memset(m->data(), 7, 1 << 20);
+
+  std::string id = std::to_string(c->client_id()), aid = std::to_string(h->id());
+  Output show = Shell(Ctl(b, "show client " + id));
+  EXPECT_EQ(show.code, 0);
+  EXPECT_NE(show.text.find("name: victim"), std::string::npos) << show.text;
+  EXPECT_NE(show.text.find("holds: " + aid), std::string::npos) << show.text;
+  Output alloc = Shell(Ctl(b, "--json show allocation " + aid));
+  EXPECT_NE(alloc.text.find("\"holders\": 2"), std::string::npos) << alloc.text;
+  EXPECT_EQ(alloc.text.find(*tok), std::string::npos) << "tokens must never be shown";
+  EXPECT_EQ(Shell(Ctl(b, "show client 999")).code, 1);
+
+  // Kick: the client is gone exactly as if it had crashed; the importer keeps the memory.
+  Output kick = Shell(Ctl(b, "kick client " + id));
+  EXPECT_EQ(kick.code, 0) << kick.text;
+  EXPECT_EQ(c->Ping().code(), ErrorCode::kNotConnected);
+  EXPECT_EQ(b.Stat("clients_connected"), 1u);
+  EXPECT_EQ(b.Stat("allocations_live"), 1u);
+  EXPECT_EQ(b.Stat("clients_kicked"), 1u);
+
+  // Free: no holder keeps a reference; the mapping stays valid in its process.
+  Output freed = Shell(Ctl(b, "free allocation " + aid));
+  EXPECT_EQ(freed.code, 0) << freed.text;
+  EXPECT_NE(freed.text.find("keep their pages"), std::string::npos);
+  EXPECT_EQ(b.Stat("allocations_live"), 0u);
+  EXPECT_EQ(b.Stat("exports_live"), 0u);
+  EXPECT_EQ(m->as<char>()[12345], 7);
+  EXPECT_EQ(other->ExportToShareableHandle(*imported).code(), ErrorCode::kInvalidHandle);
+  EXPECT_EQ(Shell(Ctl(b, "free allocation " + aid)).code, 1);
+}
+
+TEST(Admin, MetricsConfigAndHelp) {
+  BrokerProcess b({"--pool", "64K:normal:1", "--quota-client", "allocations=9"});
+  Output metrics = Shell(Ctl(b, "metrics"));
+  EXPECT_EQ(metrics.code, 0);
+  EXPECT_NE(metrics.text.find("# TYPE membroker_clients_connected gauge\nmembroker_clients_connected 0\n"),
+            std::string::npos) << metrics.text;
+  EXPECT_NE(metrics.text.find("# TYPE membroker_allocations_created_total counter"), std::string::npos);
+  Output config = Shell(Ctl(b, "config"));
+  EXPECT_NE(config.text.find("pool: 65536:normal:1"), std::string::npos) << config.text;
+  EXPECT_NE(config.text.find("allocations=9"), std::string::npos);
+  Output help = Shell(BinaryPath("membrokerctl") + " kick client --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.text.find("exactly as if it had crashed"), std::string::npos);
+  EXPECT_EQ(Shell(BinaryPath("membrokerctl") + " --help").code, 0);
+  EXPECT_EQ(Shell(Ctl(b, "show client")).code, 2);  // missing ID
 }
 
 TEST(Admin, ClientNamesAreEscapedInJson) {

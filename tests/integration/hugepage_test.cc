@@ -127,7 +127,7 @@ TEST(HugePages, HugeFirstFallsBackToNormalPagesWhenEmpty) {
   EXPECT_TRUE(h->fell_back());
   EXPECT_EQ(h->size(), 3u << 20);
   EXPECT_EQ(b.Stat("huge_fallbacks"), 1u);
-  EXPECT_NE(b.Admin("list allocations").find("fell_back=true"), std::string::npos);
+  EXPECT_NE(b.Admin("list allocations --json").find("\"fell_back\": true"), std::string::npos);
 }
 
 TEST(HugePages, HugeFirstGivesNormalPagesUpToOneMiB) {

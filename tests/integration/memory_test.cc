@@ -240,8 +240,8 @@ TEST(SameAddress, AddressesAreDistinctAndReturnedOnFree) {
 
 TEST(Pools, PooledSizesAreServedFromReadyMemoryAndRefilled) {
   BrokerProcess b({"--pool", "64K:normal:4"});
-  std::string pools = b.Admin("list pools");
-  EXPECT_NE(pools.find("ready=4"), std::string::npos) << pools;
+  std::string pools = b.Admin("list pools --json");
+  EXPECT_NE(pools.find("\"ready\": 4"), std::string::npos) << pools;
   Client c = ConnectOrDie(b);
   std::vector<PhysicalHandle> held;
   for (int i = 0; i < 4; ++i) {
@@ -272,7 +272,7 @@ TEST(Pools, PooledSizesAreServedFromReadyMemoryAndRefilled) {
   }
   // Refills happen in the background; wait for the pool to be full again.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (b.Admin("list pools").find("ready=4") == std::string::npos &&
+  while (b.Admin("list pools --json").find("\"ready\": 4") == std::string::npos &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   pools = b.Admin("list pools --json");
@@ -330,8 +330,8 @@ TEST(Quotas, PerUidLimitSpansClientsAndFollowsTheAllocation) {
   ASSERT_TRUE(d.Ping().ok());
   auto last = d.MallocPhysical(512 << 10);
   EXPECT_TRUE(last.ok());
-  std::string q = b.Admin("list quotas");
-  EXPECT_NE(q.find("who=uid " + std::to_string(::getuid())), std::string::npos) << q;
+  std::string q = b.Admin("list quotas --json");
+  EXPECT_NE(q.find("\"who\": \"uid:" + std::to_string(::getuid()) + "\""), std::string::npos) << q;
 }
 
 TEST(Quotas, ConfigFileSetsQuotasAndPoolsAndBadLinesAreNamed) {
@@ -340,7 +340,7 @@ TEST(Quotas, ConfigFileSetsQuotasAndPoolsAndBadLinesAreNamed) {
   std::ofstream(conf) << "# test config\nmax-pinned-bytes = 2M\nquota-client = allocations=1\npool = 8K:normal:2\n";
   BrokerProcess b({"--config", conf});
   EXPECT_EQ(b.Stat("pinned_budget"), 2u << 20);
-  EXPECT_NE(b.Admin("list pools").find("capacity=2"), std::string::npos);
+  EXPECT_NE(b.Admin("list pools --json").find("\"capacity\": 2"), std::string::npos);
   Client c = ConnectOrDie(b);
   auto h = c.MallocPhysical(8 << 10);
   ASSERT_TRUE(h.ok());

@@ -1,0 +1,43 @@
+// How admin replies look: a Record is an ordered list of fields, rendered as
+// "key: value" lines, as one row of an aligned table, or as JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace membroker::broker {
+
+std::string JsonString(const std::string& s);
+
+class Record {
+ public:
+  Record& Num(const char* key, uint64_t v) { return Add(key, std::to_string(v), false); }
+  Record& Str(const char* key, const std::string& v) { return Add(key, v, true); }
+  Record& Bool(const char* key, bool v) { return Add(key, v ? "true" : "false", false); }
+
+  std::string Json() const;
+  std::string Lines() const;  // "key: value\n" per field
+
+  struct Field {
+    std::string key, value;
+    bool quoted;
+  };
+  const std::vector<Field>& fields() const { return fields_; }
+
+ private:
+  Record& Add(const char* key, std::string v, bool quoted) {
+    fields_.push_back({key, std::move(v), quoted});
+    return *this;
+  }
+  std::vector<Field> fields_;
+};
+
+// A JSON array, or an aligned table with a header row ("empty" when no rows).
+std::string RenderTable(const std::vector<Record>& rows, bool json, const char* empty);
+// One record: JSON object or "key: value" lines.
+std::string RenderRecord(const Record& r, bool json);
+// A one-line error: {"error": "..."} or "error: ...".
+std::string RenderError(const std::string& message, bool json);
+
+}  // namespace membroker::broker
