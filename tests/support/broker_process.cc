@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +71,7 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args) {
   char* d = ::mkdtemp(tmpl);
   if (d == nullptr) std::abort();
   dir_ = d;
+  ::chmod(d, 0755);  // other uids may reach the sockets; their own modes decide
   socket_ = dir_ + "/broker.sock";
   admin_ = dir_ + "/admin.sock";
   std::vector<std::string> args{"--socket", socket_, "--admin-socket", admin_};
