@@ -202,6 +202,15 @@ TEST_F(Abuse, ClientThatNeverReadsIsDisconnectedNotBuffered) {
   EXPECT_EQ(broker.WaitForStat("clients_kicked", 1), 1u);
 }
 
+TEST_F(Abuse, OversizedFrameDisconnectsThatClient) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  std::vector<uint8_t> big(kMaxFrameBytes + 4096, 0x42);
+  ASSERT_EQ(::send(raw.fd(), big.data(), big.size(), 0), static_cast<ssize_t>(big.size()));
+  EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+  EXPECT_EQ(broker.Stat("protocol_errors"), 1u);
+}
+
 TEST_F(Abuse, EmptyAndTinyFrames) {
   RawClient raw(broker.socket());
   raw.Hello();
