@@ -1,5 +1,7 @@
 #include "accounting.h"
 
+#include "size_text.h"
+
 #include <cstdlib>
 #include <sstream>
 
@@ -32,26 +34,6 @@ Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, co
   return Status::Ok();
 }
 
-bool ParseSize(const std::string& s, uint64_t* out) {
-  if (s == "unlimited") {
-    *out = QuotaLimits::kUnlimited;
-    return true;
-  }
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno || end == s.c_str()) return false;
-  uint64_t mult = 1;
-  switch (*end) {
-    case 'K': case 'k': mult = 1ull << 10; ++end; break;
-    case 'M': case 'm': mult = 1ull << 20; ++end; break;
-    case 'G': case 'g': mult = 1ull << 30; ++end; break;
-    case 'T': case 't': mult = 1ull << 40; ++end; break;
-  }
-  if (*end != '\0') return false;
-  *out = v * mult;
-  return true;
-}
 }  // namespace
 
 Usage& Usage::operator+=(const Usage& o) {
@@ -74,9 +56,11 @@ Status QuotaLimits::Parse(const std::string& spec) {
   std::stringstream in(spec);
   for (std::string item; std::getline(in, item, ',');) {
     size_t eq = item.find('=');
-    uint64_t v = 0;
-    if (eq == std::string::npos || !ParseSize(item.substr(eq + 1), &v))
-      return Status(ErrorCode::kParamInvalid, "bad quota item '" + item + "' (want key=SIZE)");
+    std::string text = eq == std::string::npos ? "" : item.substr(eq + 1);
+    uint64_t v = kUnlimited;
+    if (text != "unlimited" && !ParseSize(text, &v))
+      return Status(ErrorCode::kParamInvalid,
+                    "bad quota item '" + item + "' (want key=SIZE or key=unlimited)");
     std::string key = item.substr(0, eq);
     if (key == "bytes") bytes = v;
     else if (key == "pinned") pinned_bytes = v;

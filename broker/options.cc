@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "membroker/ipc/memfd.h"
+#include "size_text.h"
 
 namespace membroker::broker {
 
@@ -32,23 +33,6 @@ const char kUsage[] =
     "  --verbose                the same as --log-level debug\n";
 
 namespace {
-
-bool ParseSize(const std::string& s, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str()) return false;
-  uint64_t mult = 1;
-  switch (*end) {
-    case 'K': case 'k': mult = 1ull << 10; ++end; break;
-    case 'M': case 'm': mult = 1ull << 20; ++end; break;
-    case 'G': case 'g': mult = 1ull << 30; ++end; break;
-    case 'T': case 't': mult = 1ull << 40; ++end; break;
-  }
-  if (*end != '\0') return false;
-  *out = v * mult;
-  return true;
-}
 
 Status Bad(const std::string& key, const std::string& value, const std::string& want) {
   return Status(ErrorCode::kParamInvalid, "bad value '" + value + "' for " + key + " (" + want + ")");

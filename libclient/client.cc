@@ -58,16 +58,24 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
                           size, static_cast<ipc::PagePolicy>(prop.page_policy), flags}));
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
-  PhysicalHandle h;
-  h.core_ = core_;
-  h.id_ = m->handle;
-  h.size_ = m->size;
-  h.page_size_ = m->page_size;
-  h.pinned_ = m->pinned;
+  PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,
+                                 /*read_only=*/false, m->pinned, m->fixed_address);
   h.fell_back_ = m->fell_back;
   h.from_pool_ = m->from_pool;
-  h.fixed_address_ = m->fixed_address;
-  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, false, m->fixed_address);
+  return h;
+}
+
+PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
+                                   bool read_only, bool pinned, uint64_t fixed_address) {
+  core_->AddHandle(id, std::move(fd), size, page_size, read_only, fixed_address);
+  PhysicalHandle h;
+  h.core_ = core_;
+  h.id_ = id;
+  h.size_ = size;
+  h.page_size_ = page_size;
+  h.read_only_ = read_only;
+  h.pinned_ = pinned;
+  h.fixed_address_ = fixed_address;
   return h;
 }
 
@@ -148,17 +156,8 @@ Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& toke
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ImportRequest{token}));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ImportRequest got a wrong reply");
-  PhysicalHandle h;
-  h.core_ = core_;
-  h.id_ = m->handle;
-  h.size_ = m->size;
-  h.page_size_ = m->page_size;
-  h.read_only_ = m->read_only;
-  h.pinned_ = m->pinned;
-  h.fixed_address_ = m->fixed_address;
-  core_->AddHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
-                   m->fixed_address);
-  return h;
+  return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
+                     m->pinned, m->fixed_address);
 }
 
 Result<void*> Client::MallocHost(size_t size) {

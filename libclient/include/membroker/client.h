@@ -37,6 +37,9 @@ namespace membroker {
 namespace detail {
 class ClientCore;
 }
+namespace ipc {
+class UniqueFd;
+}
 
 enum class PagePolicy : uint8_t {
   kNormalOnly = 0,  // 4 KiB pages
@@ -224,6 +227,9 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
+  // Records an fd the broker sent and wraps it in a handle.
+  PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
+                             bool read_only, bool pinned, uint64_t fixed_address);
   std::shared_ptr<detail::ClientCore> core_;
 };
 
