@@ -120,6 +120,19 @@ TEST(Lifecycle, NonSocketFileAtThePathIsNotTouched) {
   EXPECT_EQ(content, "keep me");
 }
 
+TEST(Lifecycle, ClientsPastMaxClientsAreTurnedAway) {
+  BrokerProcess b({"--max-clients", "2"});
+  auto one = Client::Connect({b.socket(), "one"});
+  auto two = Client::Connect({b.socket(), "two"});
+  ASSERT_TRUE(one.ok() && two.ok());
+  auto three = Client::Connect({b.socket(), "three"});
+  EXPECT_EQ(three.code(), ErrorCode::kNotConnected);
+  EXPECT_TRUE(one->Ping().ok());
+  *two = Client();  // a slot frees up
+  EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);
+  EXPECT_TRUE(Client::Connect({b.socket(), "four"}).ok());
+}
+
 TEST(Lifecycle, BadFlagsGiveUsage) {
   auto r = RunBrokerExpectingExit({"--bogus"});
   EXPECT_EQ(r.exit_code, 2);
