@@ -7,9 +7,10 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-control_path, handoff_path, out_json, out_md = sys.argv[1:5]
+control_path, handoff_path, load_path, out_json, out_md = sys.argv[1:6]
 cp = json.load(open(control_path))
 handoff = [json.loads(l) for l in open(handoff_path) if l.strip()]
+load = [json.loads(l) for l in open(load_path) if l.strip()]
 
 def us(name):
     for b in cp["benchmarks"]:
@@ -67,9 +68,30 @@ for h in handoff:
     err = f" ({h['error']})" if h["error"] else ""
     md.append(f"| {h['pages']} | {human(h['size'])} | {h['method']}{err} | {fmt(h['median_us'])} | "
               f"{h['gb_per_s']:.2f} | {vs_copy} | {vs_floor} |")
-md += ["", "Not measured yet (issue 5): throughput against an echo server with 1-256 clients,",
-       "crash-cleanup latency, scale (memory per client and per allocation), head-of-line",
-       "blocking, instruction counts per request, the iceoryx peer, and plots.", ""]
+md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPACKET echo server", "",
+       "The peer is a one-process poll() echo server driven by the same client processes.", "",
+       "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs |",
+       "| --- | --- | --- | --- | --- | --- |"]
+for t in (x for x in load if x["bench"] == "throughput"):
+    md.append(f"| {t['clients']} | {t['broker_rps']:.0f} | {t['echo_rps']:.0f} | "
+              f"{t['broker_rps'] / t['echo_rps']:.2f}x | {t['broker_p50_us']:.0f} / {t['broker_p99_us']:.0f} | "
+              f"{t['echo_p50_us']:.0f} / {t['echo_p99_us']:.0f} |")
+for h in (x for x in load if x["bench"] == "head_of_line"):
+    md += ["", "## Head-of-line blocking", "",
+           "p99 of Ping from 8 clients, idle and while another client creates 1 GiB allocations in a loop.", "",
+           "| | p50 µs | p99 µs |", "| --- | --- | --- |",
+           f"| idle | {h['idle_p50_us']:.0f} | {h['idle_p99_us']:.0f} |",
+           f"| beside 1 GiB allocations | {h['busy_p50_us']:.0f} | {h['busy_p99_us']:.0f} |",
+           f"| ratio | | {h['busy_p99_us'] / h['idle_p99_us']:.2f}x |"]
+md += ["", "## Crash cleanup", "",
+       "SIGKILL a client holding N allocations; time until the admin socket reports them all released.", "",
+       "| allocations | runs | p50 ms | p99 ms |", "| --- | --- | --- | --- |"]
+for c in (x for x in load if x["bench"] == "crash_cleanup"):
+    md.append(f"| {c['allocations']} | {c['runs']} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} |")
+md += ["", "Not measured yet (issue 5): scale (memory per idle client and per allocation,",
+       "latency with 100,000 live allocations), instruction counts per request (callgrind),",
+       "the iceoryx peer (hand-off and RouDi's crash cleanup), and plots.", ""]
 open(out_md, "w").write("\n".join(md))
-json.dump({"date": now, "machine": machine, "control_path": cp["benchmarks"], "handoff": handoff},
+json.dump({"date": now, "machine": machine, "control_path": cp["benchmarks"], "handoff": handoff,
+           "load": load},
           open(out_json, "w"), indent=1)

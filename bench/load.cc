@@ -1,0 +1,308 @@
+// Load on the broker, measured against peers in the same run:
+//   throughput    N client processes in closed loops of small requests (Ping),
+//                 against a minimal SEQPACKET echo server driven the same way
+//   head-of-line  p99 of small requests from 8 clients, idle and while another
+//                 client creates 1 GiB allocations in a loop
+//   cleanup       SIGKILL a client holding N allocations; time until the broker
+//                 reports them all released (polled on the admin socket)
+//   load --broker PATH_TO_membrokerd [--quick]
+// Prints one JSON object per measurement line.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "membroker/client.h"
+
+using namespace membroker;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string g_binary, g_dir;
+
+struct Broker {
+  pid_t pid = -1;
+  std::string socket, admin;
+  Broker() {
+    socket = g_dir + "/b.sock";
+    admin = g_dir + "/b.admin";
+    int ready[2];
+    if (::pipe(ready) != 0) std::exit(1);
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(ready[1], 3);
+      ::execl(g_binary.c_str(), g_binary.c_str(), "--socket", socket.c_str(), "--admin-socket",
+              admin.c_str(), "--ready-fd", "3", "--log-level", "error", "--max-clients", "4096", nullptr);
+      _exit(127);
+    }
+    ::close(ready[1]);
+    char buf[64];
+    if (::read(ready[0], buf, sizeof(buf)) <= 0) std::exit(1);
+    ::close(ready[0]);
+  }
+  ~Broker() {
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+  }
+  std::string Admin(const std::string& cmd) const {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, admin.c_str(), sizeof(a.sun_path) - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "";
+    std::string line = cmd + "\n", out;
+    (void)!::write(fd, line.data(), line.size());
+    char buf[8192];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    return out;
+  }
+  uint64_t Stat(const std::string& key) const {
+    std::string j = Admin("stats --json"), k = "\"" + key + "\": ";
+    size_t at = j.find(k);
+    return at == std::string::npos ? UINT64_MAX : std::strtoull(j.c_str() + at + k.size(), nullptr, 10);
+  }
+};
+
+// The peer: one process, poll() over every connection, echo each datagram.
+pid_t StartEchoServer(const std::string& path) {
+  int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  ::unlink(path.c_str());
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(lfd, 4096) != 0) std::exit(1);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    char buf[4096];
+    for (;;) {
+      ::poll(fds.data(), fds.size(), -1);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+        ssize_t n = ::recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) ::send(fds[i].fd, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+        else if (n == 0) { ::close(fds[i].fd); fds[i].fd = -1; }
+      }
+      if (fds[0].revents & POLLIN)
+        for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0 && fds.size() < 5000;) {
+          fds.push_back({c, POLLIN, 0});
+          if (::poll(&fds[0], 1, 0) <= 0) break;
+        }
+      fds.erase(std::remove_if(fds.begin() + 1, fds.end(), [](const pollfd& p) { return p.fd < 0; }), fds.end());
+    }
+  }
+  ::close(lfd);
+  return pid;
+}
+
+// Runs `clients` processes doing `op` in a closed loop for `seconds`; returns
+// requests per second and the p99 latency in µs (from every client's samples).
+struct LoadResult {
+  double rps = 0, p50_us = 0, p99_us = 0;
+};
+template <typename Op>
+LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
+  int go[2];
+  if (::pipe(go) != 0) std::exit(1);
+  std::vector<pid_t> pids;
+  for (int c = 0; c < clients; ++c) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(go[1]);
+      auto op = make_op();
+      char b;
+      (void)!::read(go[0], &b, 1);  // everyone starts together
+      std::vector<float> lat;
+      auto end = Clock::now() + std::chrono::duration<double>(seconds);
+      for (auto t = Clock::now(); t < end;) {
+        op();
+        auto t2 = Clock::now();
+        lat.push_back(std::chrono::duration<float, std::micro>(t2 - t).count());
+        t = t2;
+      }
+      // Report a sample of latencies (at most 2000) and the count.
+      std::sort(lat.begin(), lat.end());
+      std::string line = std::to_string(lat.size());
+      size_t step = std::max<size_t>(1, lat.size() / 2000);
+      for (size_t i = 0; i < lat.size(); i += step) line += " " + std::to_string(lat[i]);
+      line += "\n";
+      // One file per client: lines this long would interleave in a shared pipe.
+      FILE* f = std::fopen((g_dir + "/out." + std::to_string(c)).c_str(), "w");
+      std::fputs(line.c_str(), f);
+      std::fclose(f);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);  // EOF: go
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  std::string all;
+  for (int c = 0; c < clients; ++c) {
+    std::string path = g_dir + "/out." + std::to_string(c);
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[65536];
+      for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) all.append(buf, n);
+      std::fclose(f);
+      ::unlink(path.c_str());
+    }
+  }
+  uint64_t total = 0;
+  std::vector<float> lat;
+  size_t pos = 0;
+  while (pos < all.size()) {
+    size_t nl = all.find('\n', pos);
+    std::string line = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    char* p = line.data();
+    total += std::strtoull(p, &p, 10);
+    while (*p) lat.push_back(std::strtof(p, &p));
+  }
+  std::sort(lat.begin(), lat.end());
+  LoadResult r;
+  r.rps = total / seconds;
+  if (!lat.empty()) {
+    r.p50_us = lat[lat.size() / 2];
+    r.p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  }
+  return r;
+}
+
+struct EchoOp {
+  int fd;
+  std::vector<uint8_t> frame;
+  void operator()() {
+    char buf[256];
+    if (::send(fd, frame.data(), frame.size(), 0) <= 0 || ::recv(fd, buf, sizeof(buf), 0) <= 0) {
+      std::fprintf(stderr, "load: the echo server dropped a client\n");
+      _exit(1);
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--broker") && i + 1 < argc) g_binary = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  if (g_binary.empty()) {
+    std::fprintf(stderr, "usage: load --broker PATH_TO_membrokerd [--quick]\n");
+    return 2;
+  }
+  char tmpl[] = "/tmp/membroker-load.XXXXXX";
+  g_dir = ::mkdtemp(tmpl);
+  const double secs = quick ? 1.0 : 3.0;
+
+  // 1. Throughput: broker Ping against the echo server, same frame size.
+  {
+    Broker b;
+    std::string echo_path = g_dir + "/echo.sock";
+    pid_t echo = StartEchoServer(echo_path);
+    std::vector<int> counts = quick ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 4, 16, 64, 256};
+    for (int n : counts) {
+      LoadResult broker = ClosedLoop(n, secs, [&] {
+        auto c = Client::Connect({b.socket, "load"});
+        if (!c.ok()) {
+          std::fprintf(stderr, "load: %s\n", c.status().ToString().c_str());
+          _exit(1);
+        }
+        auto shared = std::make_shared<Client>(std::move(*c));
+        return [shared] { (void)shared->Ping(); };
+      });
+      LoadResult peer = ClosedLoop(n, secs, [&] {
+        int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strncpy(a.sun_path, echo_path.c_str(), sizeof(a.sun_path) - 1);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) _exit(1);
+        return EchoOp{fd, std::vector<uint8_t>(48, 1)};
+      });
+      std::printf("{\"bench\": \"throughput\", \"clients\": %d, \"broker_rps\": %.0f, \"broker_p50_us\": %.1f, "
+                  "\"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, \"echo_p99_us\": %.1f}\n",
+                  n, broker.rps, broker.p50_us, broker.p99_us, peer.rps, peer.p50_us, peer.p99_us);
+      std::fflush(stdout);
+    }
+    ::kill(echo, SIGKILL);
+    ::waitpid(echo, nullptr, 0);
+  }
+
+  // 2. Head-of-line: 8 pinging clients, idle and beside a 1 GiB allocator.
+  {
+    Broker b;
+    auto pinger = [&] {
+      auto c = std::make_shared<Client>(std::move(*Client::Connect({b.socket, "hol"})));
+      return [c] { (void)c->Ping(); };
+    };
+    LoadResult idle = ClosedLoop(8, secs, pinger);
+    pid_t big = ::fork();
+    if (big == 0) {
+      auto c = Client::Connect({b.socket, "allocator"});
+      for (;;) (void)c->MallocPhysical(size_t{1} << 30);
+    }
+    LoadResult busy = ClosedLoop(8, secs, pinger);
+    ::kill(big, SIGKILL);
+    ::waitpid(big, nullptr, 0);
+    std::printf("{\"bench\": \"head_of_line\", \"idle_p50_us\": %.1f, \"idle_p99_us\": %.1f, "
+                "\"busy_p50_us\": %.1f, \"busy_p99_us\": %.1f}\n",
+                idle.p50_us, idle.p99_us, busy.p50_us, busy.p99_us);
+    std::fflush(stdout);
+  }
+
+  // 3. Crash cleanup: SIGKILL a client holding N allocations.
+  {
+    Broker b;
+    for (int n : {1, 100, 10000}) {
+      int reps = n >= 10000 ? (quick ? 3 : 10) : (quick ? 10 : 50);
+      std::vector<double> ms;
+      for (int r = 0; r < reps; ++r) {
+        int ready[2];
+        if (::pipe(ready) != 0) return 1;
+        pid_t pid = ::fork();
+        if (pid == 0) {
+          ::close(ready[0]);
+          auto c = Client::Connect({b.socket, "doomed"});
+          std::vector<PhysicalHandle> held;
+          for (int i = 0; i < n; ++i) held.push_back(std::move(*c->MallocPhysical(4096)));
+          (void)c->Ping();
+          (void)!::write(ready[1], "r", 1);
+          ::pause();
+          _exit(0);
+        }
+        ::close(ready[1]);
+        char ch;
+        (void)!::read(ready[0], &ch, 1);
+        ::close(ready[0]);
+        auto t0 = Clock::now();
+        ::kill(pid, SIGKILL);
+        while (b.Stat("allocations_live") != 0) {
+        }
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        ::waitpid(pid, nullptr, 0);
+      }
+      std::sort(ms.begin(), ms.end());
+      std::printf("{\"bench\": \"crash_cleanup\", \"allocations\": %d, \"runs\": %zu, \"p50_ms\": %.3f, "
+                  "\"p99_ms\": %.3f}\n",
+                  n, ms.size(), ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
+      std::fflush(stdout);
+    }
+  }
+  std::string rm = "rm -rf '" + g_dir + "'";
+  (void)!std::system(rm.c_str());
+  return 0;
+}
