@@ -88,8 +88,16 @@ md += ["", "## Crash cleanup", "",
        "| allocations | runs | p50 ms | p99 ms |", "| --- | --- | --- | --- |"]
 for c in (x for x in load if x["bench"] == "crash_cleanup"):
     md.append(f"| {c['allocations']} | {c['runs']} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} |")
+md += ["", "## Broker instructions per request (callgrind)", "",
+       "User-space instructions the broker executes per request, all threads, from two runs",
+       "of the same script with 200 and 400 requests. Stable on noisy machines: compare across runs.", "",
+       "| request | instructions |", "| --- | --- |"]
+names = {"ping": "Ping", "malloc": "MallocPhysical 4 KiB + one-way free",
+         "export": "ExportToShareableHandle", "import": "ImportFromShareableHandle + one-way free"}
+for i in (x for x in load if x["bench"] == "instructions"):
+    md.append(f"| {names.get(i['op'], i['op'])} | {i['per_request']} |")
 md += ["", "Not measured yet (issue 5): scale (memory per idle client and per allocation,",
-       "latency with 100,000 live allocations), instruction counts per request (callgrind),",
+       "latency with 100,000 live allocations),",
        "the iceoryx peer (hand-off and RouDi's crash cleanup), and plots.", ""]
 open(out_md, "w").write("\n".join(md))
 json.dump({"date": now, "machine": machine, "control_path": cp["benchmarks"], "handoff": handoff,

@@ -88,7 +88,7 @@ Status AllocationTable::SetPids(const std::string& token, uint64_t requester,
   std::vector<ipc::UniqueFd> fds;
   for (pid_t p : pids) {
     if (p <= 0) return Status(ErrorCode::kParamInvalid, "pid " + std::to_string(p) + " is invalid");
-    auto fd = ipc::PidfdOpen(p);
+    auto fd = ipc::PidfdOpenIfSupported(p);
     if (!fd.ok())
       return Status(ErrorCode::kParamInvalid,
                     "pid " + std::to_string(p) + " does not name a running process");

@@ -211,7 +211,7 @@ void Broker::Accept() {
     }
     auto cred = ipc::GetPeerCred(conn.get());
     if (!cred.ok()) continue;
-    auto pidfd = ipc::PidfdOpen(cred->pid);
+    auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
     if (!pidfd.ok()) continue;  // it exited already
     auto* s = new Session();
     s->id = next_session_id_++;

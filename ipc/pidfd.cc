@@ -17,6 +17,8 @@ Result<UniqueFd> PidfdOpen(pid_t pid) {
   if (fd < 0) {
     if (errno == ESRCH)
       return Status(ErrorCode::kNotFound, "no process with pid " + std::to_string(pid));
+    if (errno == ENOSYS)  // kernels before 5.3, and valgrind
+      return Status(ErrorCode::kUnsupported, "pidfd_open is not available");
     return ErrnoStatus("pidfd_open", "pid=" + std::to_string(pid), errno);
   }
   // pidfd_open sets close-on-exec itself.
@@ -24,9 +26,16 @@ Result<UniqueFd> PidfdOpen(pid_t pid) {
 }
 
 bool PidfdAlive(int pidfd) {
+  if (pidfd < 0) return true;  // no pidfd support: only the pid itself was checked
   // A pidfd polls readable once its process has exited.
   pollfd p{pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 0;
+}
+
+Result<UniqueFd> PidfdOpenIfSupported(pid_t pid) {
+  auto fd = PidfdOpen(pid);
+  if (!fd.ok() && fd.code() == ErrorCode::kUnsupported) return UniqueFd();
+  return fd;
 }
 
 }  // namespace membroker::ipc

@@ -1,0 +1,40 @@
+// Sends a fixed script of requests to a broker: N times one operation. Used by
+// bench/run to count the broker's instructions per request under callgrind.
+//   script --socket PATH --op ping|malloc|export|import --count N
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "membroker/client.h"
+
+using namespace membroker;
+
+int main(int argc, char** argv) {
+  std::string socket, op;
+  long count = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--socket")) socket = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--op")) op = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--count")) count = std::atol(argv[i + 1]);
+  }
+  auto c = Client::Connect({socket, "script"});
+  if (!c.ok()) {
+    std::fprintf(stderr, "script: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  auto owned = c->MallocPhysical(4096);
+  auto token = c->ExportToShareableHandle(*owned, kExportNoPidCheck);
+  auto importer = Client::Connect({socket, "script-importer"});
+  if (!owned.ok() || !token.ok() || !importer.ok()) return 1;
+  for (long i = 0; i < count; ++i) {
+    bool ok = true;
+    if (op == "ping") ok = c->Ping().ok();
+    else if (op == "malloc") ok = c->MallocPhysical(4096).ok();  // + its one-way free
+    else if (op == "export") ok = c->ExportToShareableHandle(*owned).ok();
+    else if (op == "import") ok = importer->ImportFromShareableHandle(*token).ok();  // + free
+    else return 2;
+    if (!ok) return 1;
+  }
+  return c->Ping().ok() ? 0 : 1;  // every one-way release has been handled
+}
