@@ -5,10 +5,13 @@
 //                 client creates 1 GiB allocations in a loop
 //   cleanup       SIGKILL a client holding N allocations; time until the broker
 //                 reports them all released (polled on the admin socket)
+//   scale         broker RSS per idle client and per allocation; Ping latency
+//                 with many live allocations against an empty broker
 //   load --broker PATH_TO_membrokerd [--quick]
 // Prints one JSON object per measurement line.
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -301,6 +305,59 @@ int main(int argc, char** argv) {
                   n, ms.size(), ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
       std::fflush(stdout);
     }
+  }
+  // 4. Scale: broker memory per idle client and per allocation, and request
+  // latency with many live allocations against an empty broker.
+  {
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    const int clients = quick ? 200 : 1000;
+    const int allocations = static_cast<int>(std::min<rlim_t>(quick ? 20000 : 100000, rl.rlim_cur - 2000));
+    Broker b;
+    auto rss = [&] {
+      std::ifstream in("/proc/" + std::to_string(b.pid) + "/status");
+      for (std::string line; std::getline(in, line);)
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+      return 0ull;
+    };
+    auto ping_latency = [&](Client& c) {
+      std::vector<double> us;
+      for (int i = 0; i < 2000; ++i) {
+        auto t = Clock::now();
+        (void)c.Ping();
+        us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+      }
+      std::sort(us.begin(), us.end());
+      return std::pair{us[us.size() / 2], us[us.size() * 99 / 100]};
+    };
+    auto probe = std::move(*Client::Connect({b.socket, "probe"}));
+    auto [empty_p50, empty_p99] = ping_latency(probe);
+    uint64_t base = rss();
+    std::vector<Client> idle;
+    for (int i = 0; i < clients; ++i) idle.push_back(std::move(*Client::Connect({b.socket, "idle"})));
+    (void)probe.Ping();
+    uint64_t with_clients = rss();
+    idle.clear();
+    (void)probe.Ping();
+    uint64_t before_allocs = rss();
+    std::vector<PhysicalHandle> held;
+    held.reserve(allocations);
+    for (int i = 0; i < allocations; ++i) {
+      auto h = probe.MallocPhysical(4096);
+      if (!h.ok()) break;
+      held.push_back(std::move(*h));
+    }
+    uint64_t with_allocs = rss();
+    auto [full_p50, full_p99] = ping_latency(probe);
+    std::printf("{\"bench\": \"scale\", \"clients\": %d, \"bytes_per_idle_client\": %.0f, "
+                "\"allocations\": %zu, \"bytes_per_allocation\": %.0f, \"empty_p50_us\": %.1f, "
+                "\"empty_p99_us\": %.1f, \"full_p50_us\": %.1f, \"full_p99_us\": %.1f}\n",
+                clients, (with_clients - base) / double(clients), held.size(),
+                held.empty() ? 0.0 : (with_allocs - before_allocs) / double(held.size()), empty_p50,
+                empty_p99, full_p50, full_p99);
+    std::fflush(stdout);
   }
   std::string rm = "rm -rf '" + g_dir + "'";
   (void)!std::system(rm.c_str());

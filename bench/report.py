@@ -88,6 +88,17 @@ md += ["", "## Crash cleanup", "",
        "| allocations | runs | p50 ms | p99 ms |", "| --- | --- | --- | --- |"]
 for c in (x for x in load if x["bench"] == "crash_cleanup"):
     md.append(f"| {c['allocations']} | {c['runs']} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} |")
+for sc in (x for x in load if x["bench"] == "scale"):
+    md += ["", "## Scale", "",
+           "Broker resident memory (VmRSS) per idle client and per 4 KiB allocation (the memfd's",
+           "pages and kernel objects are not in the broker's RSS), and Ping latency with the",
+           "allocations live against the same broker empty.", "",
+           "| measure | value |", "| --- | --- |",
+           f"| RSS per idle client ({sc['clients']} clients) | {sc['bytes_per_idle_client']:.0f} bytes |",
+           f"| RSS per allocation ({sc['allocations']} allocations) | {sc['bytes_per_allocation']:.0f} bytes |",
+           f"| Ping p50 / p99, empty | {sc['empty_p50_us']:.0f} / {sc['empty_p99_us']:.0f} us |",
+           f"| Ping p50 / p99, with the allocations | {sc['full_p50_us']:.0f} / {sc['full_p99_us']:.0f} us |",
+           f"| p50 ratio | {sc['full_p50_us'] / sc['empty_p50_us']:.2f}x |"]
 md += ["", "## Broker instructions per request (callgrind)", "",
        "User-space instructions the broker executes per request, all threads, from two runs",
        "of the same script with 200 and 400 requests. Stable on noisy machines: compare across runs.", "",
@@ -96,9 +107,38 @@ names = {"ping": "Ping", "malloc": "MallocPhysical 4 KiB + one-way free",
          "export": "ExportToShareableHandle", "import": "ImportFromShareableHandle + one-way free"}
 for i in (x for x in load if x["bench"] == "instructions"):
     md.append(f"| {names.get(i['op'], i['op'])} | {i['per_request']} |")
-md += ["", "Not measured yet (issue 5): scale (memory per idle client and per allocation,",
-       "latency with 100,000 live allocations),",
-       "the iceoryx peer (hand-off and RouDi's crash cleanup), and plots.", ""]
+md += ["", "Not measured yet (issue 5): the iceoryx peer (hand-off and RouDi's crash cleanup).", ""]
+# Plots (gnuplot): p99 latency against clients, hand-off time against size.
+import os
+docs = os.path.dirname(out_md)
+tmp = os.path.join(os.path.dirname(out_json), ".plot")
+os.makedirs(tmp, exist_ok=True)
+with open(os.path.join(tmp, "clients.dat"), "w") as f:
+    for t in (x for x in load if x["bench"] == "throughput"):
+        f.write(f"{t['clients']} {t['broker_p99_us']} {t['echo_p99_us']} {t['broker_p50_us']} {t['echo_p50_us']}\n")
+methods = sorted({(h["method"], h["pages"]) for h in handoff})
+for m, pages in methods:
+    with open(os.path.join(tmp, f"handoff-{m}-{pages}.dat"), "w") as f:
+        for h in handoff:
+            if h["method"] == m and h["pages"] == pages and h["median_us"]:
+                f.write(f"{h['size']} {h['median_us']}\n")
+plots = [
+    f'set terminal pngcairo size 900,500', 'set grid', 'set logscale x 2',
+    f'set output "{docs}/bench-latency-vs-clients.png"',
+    'set title "Ping latency against the number of clients (closed loops)"',
+    'set xlabel "clients"', 'set ylabel "latency (us)"', 'set logscale y',
+    f'plot "{tmp}/clients.dat" u 1:2 w lp t "membroker p99", "" u 1:3 w lp t "echo server p99", '
+    f'"" u 1:4 w lp t "membroker p50", "" u 1:5 w lp t "echo server p50"',
+    f'set output "{docs}/bench-handoff-vs-size.png"',
+    'set title "Producer -> consumer hand-off time against buffer size (consumer reads every byte)"',
+    'set xlabel "bytes"', 'set ylabel "time per buffer (us)"',
+    'plot ' + ", ".join(f'"{tmp}/handoff-{m}-{p}.dat" u 1:2 w lp t "{m} ({p} pages)"' for m, p in methods),
+]
+with open(os.path.join(tmp, "plots.gp"), "w") as f:
+    f.write("\n".join(plots) + "\n")
+if subprocess.run(["gnuplot", os.path.join(tmp, "plots.gp")]).returncode == 0:
+    md += ["## Plots", "", "![latency against clients](bench-latency-vs-clients.png)", "",
+           "![hand-off against size](bench-handoff-vs-size.png)", ""]
 open(out_md, "w").write("\n".join(md))
 json.dump({"date": now, "machine": machine, "control_path": cp["benchmarks"], "handoff": handoff,
            "load": load},

@@ -2,6 +2,8 @@
 // nobody:nogroup with setuid as root), and connections that outlive the
 // process that opened them.
 #include <dirent.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -156,13 +158,14 @@ TEST(Access, ConnectionHandedOnByAnExitedProcessCannotImport) {
     ch.Send("connected");
     ch.Receive();  // the parent allow-lists this pid
     // Hand the connection to a new process and exit; the new one tries to import.
-    int exited[2];
-    if (::pipe(exited) != 0) return 2;
+    // The heir waits on a pidfd of this process: readable once it has exited.
+    int self = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+    if (self < 0) return 2;
     pid_t heir = ::fork();
     if (heir == 0) {
-      ::close(exited[1]);
-      char byte;
-      (void)!::read(exited[0], &byte, 1);  // EOF: the process that connected is gone
+      pollfd gone{self, POLLIN, 0};
+      while (::poll(&gone, 1, -1) < 0 && errno == EINTR) {
+      }
       auto got = mine->ImportFromShareableHandle(t);
       ch.Send(got.code() == ErrorCode::kNotFound ? "refused" : "imported");
       _exit(0);
