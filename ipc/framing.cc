@@ -4,6 +4,7 @@
 #include <sys/un.h>
 
 #include <cstring>
+#include <memory>
 
 #include "membroker/ipc/syscall.h"
 
@@ -64,9 +65,11 @@ Status SendFrame(int sock, std::span<const uint8_t> bytes, std::span<const int> 
 
 Status RecvFrame(int sock, Frame* out, bool* would_block) {
   if (would_block) *would_block = false;
-  out->bytes.resize(kMaxFrameBytes);
   out->fds.clear();
-  iovec iov{out->bytes.data(), out->bytes.size()};
+  // One scratch buffer per thread: resizing out->bytes to the 64 KiB cap would
+  // zero-fill it on every call, which cost more than the rest of a request.
+  thread_local std::unique_ptr<uint8_t[]> scratch(new uint8_t[kMaxFrameBytes]);
+  iovec iov{scratch.get(), kMaxFrameBytes};
   alignas(cmsghdr) char control[kCmsgSpace];
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -91,7 +94,7 @@ Status RecvFrame(int sock, Frame* out, bool* would_block) {
                                                  ? "frame larger than the limit"
                                                  : "too many fds attached to a frame");
   }
-  out->bytes.resize(static_cast<size_t>(n));
+  out->bytes.assign(scratch.get(), scratch.get() + n);
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
       CloseReceivedFds(&msg);
