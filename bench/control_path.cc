@@ -152,6 +152,19 @@ void BM_Broker_MallocFree(benchmark::State& state) {
 }
 BENCHMARK(BM_Broker_MallocFree)->Arg(4096)->Arg(2 << 20)->UseRealTime();
 
+// An 8 KiB pool is configured in StartBroker: these come ready-made.
+void BM_Broker_MallocPooled(benchmark::State& state) {
+  Client c = Connect();
+  for (auto _ : state) {
+    auto h = c.MallocPhysical(8192);
+    if (!h.ok() || !h->from_pool()) {
+      state.SkipWithError(h.ok() ? "not served from the pool" : h.status().ToString().c_str());
+      break;
+    }
+  }
+}
+BENCHMARK(BM_Broker_MallocPooled)->UseRealTime();
+
 void BM_Broker_Export(benchmark::State& state) {
   Client c = Connect();
   auto h = c.MallocPhysical(4096);
@@ -221,6 +234,28 @@ void BM_Consumer_ImportMapTouch32M(benchmark::State& state) {
 }
 BENCHMARK(BM_Consumer_ImportMapTouch32M)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// A 1 GiB allocation of 2 MiB pages imported, mapped and touched (one byte per
+// page) in a consumer: "ready to use". Skipped without 512 free huge pages.
+void BM_Consumer_ImportMapTouch1GHuge(benchmark::State& state) {
+  constexpr size_t kSize = size_t{1} << 30;
+  Client owner = Connect();
+  Client importer = Connect();
+  auto h = owner.MallocPhysical(kSize, AllocationProp{PagePolicy::kHugeOnly});
+  if (!h.ok()) {
+    state.SkipWithError(h.status().ToString().c_str());
+    return;
+  }
+  auto token = owner.ExportToShareableHandle(*h, kExportNoPidCheck);
+  auto r = importer.ReserveMemAddress(kSize);
+  for (auto _ : state) {
+    auto imported = importer.ImportFromShareableHandle(*token);
+    auto m = importer.MapMem(r->base(), kSize, 0, *imported);
+    const volatile char* p = m->as<char>();
+    for (size_t off = 0; off < kSize; off += 2 << 20) (void)p[off];
+  }
+}
+BENCHMARK(BM_Consumer_ImportMapTouch1GHuge)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 void StartBroker(const std::string& binary) {
   char tmpl[] = "/tmp/membroker-bench.XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
@@ -230,7 +265,8 @@ void StartBroker(const std::string& binary) {
   g_broker = ::fork();
   if (g_broker == 0) {
     ::dup2(ready[1], 3);
-    ::execl(binary.c_str(), binary.c_str(), "--socket", g_socket.c_str(), "--ready-fd", "3", nullptr);
+    ::execl(binary.c_str(), binary.c_str(), "--socket", g_socket.c_str(), "--ready-fd", "3",
+            "--pool", "8K:normal:256", "--log-level", "warn", nullptr);
     _exit(127);
   }
   ::close(ready[1]);

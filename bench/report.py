@@ -27,6 +27,8 @@ rows = [
      "round trip with fd + memfd syscalls", (rt_fd or 0) + (memfd_4k or 0)),
     ("MallocPhysical 2 MiB (+ one-way free)", us("BM_Broker_MallocFree/2097152/real_time"),
      "round trip with fd + memfd syscalls", (rt_fd or 0) + (memfd_2m or 0)),
+    ("MallocPhysical 8 KiB from a pool (+ one-way free)", us("BM_Broker_MallocPooled/real_time"),
+     "round trip with fd", rt_fd),
     ("ExportToShareableHandle", us("BM_Broker_Export/iterations:20000/real_time"), "round trip", rt),
     ("ImportFromShareableHandle (+ one-way free)", us("BM_Broker_ImportFree/real_time"), "round trip with fd", rt_fd),
     ("MapMem + UnmapMem 4 KiB (local)", us("BM_Local_MapUnmap/4096/real_time"), "-", None),
@@ -34,6 +36,7 @@ rows = [
     ("MemSetAccess 1 MiB (local)", us("BM_Local_SetAccess/real_time"), "-", None),
     ("import + map + touch 32 MiB, 4 KiB pages", us("BM_Consumer_ImportMapTouch32M/0/real_time"), "-", None),
     ("import + map + touch 32 MiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch32M/1/real_time"), "-", None),
+    ("import + map + touch 1 GiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch1GHuge/real_time"), "-", None),
 ]
 
 def fmt(v):
