@@ -209,52 +209,35 @@ void BM_Local_SetAccess(benchmark::State& state) {
 }
 BENCHMARK(BM_Local_SetAccess)->UseRealTime();
 
-// An importer maps an existing 32 MiB allocation and touches every page: the
-// cost of a hand-off in the consumer, with 4 KiB against 2 MiB pages. Needs
-// free huge pages for the second case (skipped otherwise).
-void BM_Consumer_ImportMapTouch32M(benchmark::State& state) {
-  constexpr size_t kSize = 32 << 20;
+// An importer maps an existing allocation and touches every page: the cost of
+// a hand-off in the consumer. Args: size in MiB, and 1 for 2 MiB pages (skipped
+// without enough free huge pages).
+void BM_Consumer_ImportMapTouch(benchmark::State& state) {
+  const size_t size = static_cast<size_t>(state.range(0)) << 20;
+  const bool huge = state.range(1) != 0;
   Client owner = Connect();
   Client importer = Connect();
-  AllocationProp prop{state.range(0) ? PagePolicy::kHugeOnly : PagePolicy::kNormalOnly};
-  auto h = owner.MallocPhysical(kSize, prop);
+  auto h = owner.MallocPhysical(size, AllocationProp{huge ? PagePolicy::kHugeOnly : PagePolicy::kNormalOnly});
   if (!h.ok()) {
     state.SkipWithError(h.status().ToString().c_str());
     return;
   }
   auto token = owner.ExportToShareableHandle(*h, kExportNoPidCheck);
-  auto r = importer.ReserveMemAddress(kSize);
+  auto r = importer.ReserveMemAddress(size);
   for (auto _ : state) {
     auto imported = importer.ImportFromShareableHandle(*token);
-    auto m = importer.MapMem(r->base(), kSize, 0, *imported);
+    auto m = importer.MapMem(r->base(), size, 0, *imported);
     const volatile char* p = m->as<char>();
-    for (size_t off = 0; off < kSize; off += 4096) (void)p[off];
+    for (size_t off = 0; off < size; off += h->page_size()) (void)p[off];  // one byte per page
   }
-  state.SetLabel(state.range(0) ? "2 MiB pages" : "4 KiB pages");
+  state.SetLabel(huge ? "2 MiB pages" : "4 KiB pages");
 }
-BENCHMARK(BM_Consumer_ImportMapTouch32M)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-
-// A 1 GiB allocation of 2 MiB pages imported, mapped and touched (one byte per
-// page) in a consumer: "ready to use". Skipped without 512 free huge pages.
-void BM_Consumer_ImportMapTouch1GHuge(benchmark::State& state) {
-  constexpr size_t kSize = size_t{1} << 30;
-  Client owner = Connect();
-  Client importer = Connect();
-  auto h = owner.MallocPhysical(kSize, AllocationProp{PagePolicy::kHugeOnly});
-  if (!h.ok()) {
-    state.SkipWithError(h.status().ToString().c_str());
-    return;
-  }
-  auto token = owner.ExportToShareableHandle(*h, kExportNoPidCheck);
-  auto r = importer.ReserveMemAddress(kSize);
-  for (auto _ : state) {
-    auto imported = importer.ImportFromShareableHandle(*token);
-    auto m = importer.MapMem(r->base(), kSize, 0, *imported);
-    const volatile char* p = m->as<char>();
-    for (size_t off = 0; off < kSize; off += 2 << 20) (void)p[off];
-  }
-}
-BENCHMARK(BM_Consumer_ImportMapTouch1GHuge)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Consumer_ImportMapTouch)
+    ->Args({32, 0})
+    ->Args({32, 1})
+    ->Args({1024, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void StartBroker(const std::string& binary) {
   char tmpl[] = "/tmp/membroker-bench.XXXXXX";

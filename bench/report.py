@@ -34,9 +34,9 @@ rows = [
     ("MapMem + UnmapMem 4 KiB (local)", us("BM_Local_MapUnmap/4096/real_time"), "-", None),
     ("MapMem + UnmapMem 2 MiB (local)", us("BM_Local_MapUnmap/2097152/real_time"), "-", None),
     ("MemSetAccess 1 MiB (local)", us("BM_Local_SetAccess/real_time"), "-", None),
-    ("import + map + touch 32 MiB, 4 KiB pages", us("BM_Consumer_ImportMapTouch32M/0/real_time"), "-", None),
-    ("import + map + touch 32 MiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch32M/1/real_time"), "-", None),
-    ("import + map + touch 1 GiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch1GHuge/real_time"), "-", None),
+    ("import + map + touch 32 MiB, 4 KiB pages", us("BM_Consumer_ImportMapTouch/32/0/real_time"), "-", None),
+    ("import + map + touch 32 MiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch/32/1/real_time"), "-", None),
+    ("import + map + touch 1 GiB, 2 MiB pages", us("BM_Consumer_ImportMapTouch/1024/1/real_time"), "-", None),
 ]
 
 def fmt(v):

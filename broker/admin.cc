@@ -108,10 +108,11 @@ Record Broker::StatsRecord() const {
 
 Record Broker::ClientRecord(const Session& s) const {
   uint64_t bytes = 0, allocations = 0, imports = 0;
-  for (const auto& [aid, a] : table_.all()) {
-    if (!s.ledger.Holds(aid)) continue;
-    bytes += a.size;
-    (a.creator == s.id ? allocations : imports) += 1;
+  for (uint64_t aid : s.ledger.ids()) {
+    const Allocation* a = table_.Find(aid);
+    if (a == nullptr) continue;
+    bytes += a->size;
+    (a->creator == s.id ? allocations : imports) += 1;
   }
   auto now = std::chrono::system_clock::now();
   Record r;
@@ -238,9 +239,10 @@ std::string Broker::AdminCommand(const std::string& line) {
     Session* s = FindSession(id);
     if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
     Record r = ClientRecord(*s);
+    std::vector<uint64_t> ids(s->ledger.ids().begin(), s->ledger.ids().end());
+    std::sort(ids.begin(), ids.end());
     std::string held;
-    for (const auto& [aid, a] : table_.all())
-      if (s->ledger.Holds(aid)) held += (held.empty() ? "" : ",") + std::to_string(aid);
+    for (uint64_t aid : ids) held += (held.empty() ? "" : ",") + std::to_string(aid);
     r.Str("holds", held);
     return RenderRecord(r, json);
   }

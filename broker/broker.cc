@@ -340,7 +340,7 @@ void Broker::Flush(Session& s) {
     s.outbound.pop_front();
   }
   if (s.close_after_flush) {
-    CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted, "closed after final reply");
+    CloseAfterReply(s);  // the queue is empty now: it closes
     return;
   }
   s.polling_writable = false;

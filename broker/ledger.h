@@ -18,6 +18,7 @@ class Ledger {
   bool Remove(uint64_t id) { return held_.erase(id) == 1; }
   bool Holds(uint64_t id) const { return held_.count(id) == 1; }
   size_t size() const { return held_.size(); }
+  const std::unordered_set<uint64_t>& ids() const { return held_; }
   // Empties the ledger and returns what it held, for release on disconnect.
   std::vector<uint64_t> TakeAll() {
     std::vector<uint64_t> ids(held_.begin(), held_.end());

@@ -177,10 +177,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
   // Charge the largest size the policy may produce; settled in FinishMalloc.
-  uint64_t page = m.policy == ipc::PagePolicy::kHugeFirst && m.size > ipc::kHugeFirstThreshold
-                      ? ipc::kHuge2MPageSize
-                      : ipc::GranularityFor(m.policy).minimum;
-  uint64_t reserve = ipc::RoundUp(m.size, page);
+  uint64_t reserve = ipc::RoundUp(m.size, ipc::PreferredPageSize(m.policy, m.size));
   if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
   const bool pinned = m.flags & ipc::kMallocPinned;
   PendingMalloc p{s.id, rid, s.cred.uid, m.policy, m.flags, Usage{reserve, pinned ? reserve : 0, 1, 0}, -1};

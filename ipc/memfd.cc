@@ -74,23 +74,18 @@ Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t si
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) +
                                                 " exceeds the per-allocation limit of " +
                                                 std::to_string(kMaxAllocationBytes));
-  switch (policy) {
-    case PagePolicy::kNormalOnly:
-      return CreateWithPageSize(name, size, kNormalPageSize);
-    case PagePolicy::kHugeOnly:
-      return CreateWithPageSize(name, size, kHuge2MPageSize);
-    case PagePolicy::kHuge1GOnly:
-      return CreateWithPageSize(name, size, kHuge1GPageSize);
-    case PagePolicy::kHugeFirst: {
-      if (size <= kHugeFirstThreshold) return CreateWithPageSize(name, size, kNormalPageSize);
-      auto huge = CreateWithPageSize(name, size, kHuge2MPageSize);
-      if (huge.ok()) return huge;
-      auto normal = CreateWithPageSize(name, size, kNormalPageSize);
-      if (normal.ok()) normal->fell_back = true;
-      return normal;
-    }
-  }
-  return Status(ErrorCode::kParamInvalid, "unknown page policy");
+  const uint64_t page = PreferredPageSize(policy, size);
+  auto mem = CreateWithPageSize(name, size, page);
+  if (mem.ok() || policy != PagePolicy::kHugeFirst || page == kNormalPageSize) return mem;
+  auto normal = CreateWithPageSize(name, size, kNormalPageSize);
+  if (normal.ok()) normal->fell_back = true;
+  return normal;
+}
+
+uint64_t PreferredPageSize(PagePolicy policy, uint64_t size) {
+  if (policy == PagePolicy::kHugeFirst)
+    return size <= kHugeFirstThreshold ? kNormalPageSize : kHuge2MPageSize;
+  return GranularityFor(policy).minimum;
 }
 
 LockedMapping& LockedMapping::operator=(LockedMapping&& o) noexcept {

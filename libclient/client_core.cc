@@ -234,7 +234,8 @@ Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
   for (; it != r->mappings.end() && cursor < va + size; ++it) {
     if (it->first > cursor) break;
     if (it->first + it->second.size <= cursor) continue;
-    if (access == Access::kReadWrite && handles_[it->second.handle].read_only)
+    auto held = handles_.find(it->second.handle);  // a mapping keeps its handle entry
+    if (access == Access::kReadWrite && held != handles_.end() && held->second.read_only)
       return Status(ErrorCode::kPermissionDenied,
                     "the mapping at " + Hex(it->first) + " is of a read-only import");
     cursor = it->first + it->second.size;

@@ -23,6 +23,10 @@ inline constexpr uint64_t kMaxAllocationBytes = 1ull << 40;
 // is the normal page (small requests get normal pages).
 Granularity GranularityFor(PagePolicy policy);
 
+// The page size a policy asks for first for a request of `size` bytes
+// (HUGE_FIRST may then fall back to normal pages).
+uint64_t PreferredPageSize(PagePolicy policy, uint64_t size);
+
 // Rounds size up to a multiple of align (a power of two); 0 on overflow.
 uint64_t RoundUp(uint64_t size, uint64_t align);
 
