@@ -18,6 +18,7 @@
 #include "admin_format.h"
 #include "address_window.h"
 #include "allocation_table.h"
+#include "engines.h"
 #include "options.h"
 #include "pool.h"
 #include "membroker/ipc/protocol.h"
@@ -103,6 +104,25 @@ class Broker {
   Status HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m);
   Status HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m);
   Status HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest& m);
+  // Transfer engines (engines.cc).
+  Status HandleEngineInit(Session& s, const ipc::EngineInitRequest& m);
+  Status HandleEngineFinalize(Session& s);
+  Status HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineRegisterRequest& m);
+  Status HandleEngineDeregister(Session& s, const ipc::EngineDeregisterRequest& m);
+  Status HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m);
+  Status HandleEngineRegions(Session& s, uint64_t rid, const ipc::EngineRegionsRequest& m);
+  Status HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImportRequest& m);
+  Status HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& m);
+  Status HandleEngineDisconnect(Session& s, const ipc::EngineDisconnectRequest& m);
+  Status HandleEngineNotify(Session& s, const ipc::EngineNotifyRequest& m);
+  Status HandleEngineGetNotifies(Session& s, uint64_t rid);
+  // Connects peer to engine e and sends the EngineInfoReply.
+  Status ConnectPeer(Session& peer, uint64_t rid, Engine& e);
+  ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
+  // Removes s's engine (its name, regions and inbound peers) and s's own
+  // connections; with `all`, also its connect waiters and engine holdings.
+  void EndEngineSession(Session& s, bool all);
+  void CloseConnectWaiter(ConnectWaiter* w);
   // Completes a MallocRequest whose memory was created (or failed): charges
   // were made up front with `charged`; they are settled here.
   struct PendingMalloc {
@@ -116,7 +136,8 @@ class Broker {
   };
   void FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem);
   // Drops session s's reference to an allocation and settles its charges.
-  void ReleaseHolding(Session& s, uint64_t allocation_id);
+  // engine_import: the reference an engine took with EngineImport.
+  void ReleaseHolding(Session& s, uint64_t allocation_id, bool engine_import = false);
   Status Charge(Session& s, const Usage& delta);
   void Uncharge(Session* s, uid_t uid, const Usage& delta);
   void FillPools();
@@ -149,6 +170,9 @@ class Broker {
   AddressWindow window_;
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
   BrokerCounters counters_;
+  std::map<std::string, Engine> engines_;  // by name
+  std::vector<ConnectWaiter*> connect_waiters_;
+  uint64_t next_region_id_ = 1;
 };
 
 // Closes every admin connection on loop except the listener (at shutdown).

@@ -115,6 +115,33 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
     st = HandleRegisterHost(s, *m);
   } else if (auto* m = std::get_if<ipc::UnregisterHostRequest>(&env.body)) {
     st = HandleUnregisterHost(s, *m);
+  } else if (auto* m = std::get_if<ipc::EngineInitRequest>(&env.body)) {
+    st = HandleEngineInit(s, *m);
+  } else if (std::holds_alternative<ipc::EngineFinalizeRequest>(env.body)) {
+    st = HandleEngineFinalize(s);
+  } else if (auto* m = std::get_if<ipc::EngineRegisterRequest>(&env.body)) {
+    st = HandleEngineRegister(s, rid, *m);
+    replied = true;
+  } else if (auto* m = std::get_if<ipc::EngineDeregisterRequest>(&env.body)) {
+    st = HandleEngineDeregister(s, *m);
+  } else if (auto* m = std::get_if<ipc::EngineConnectRequest>(&env.body)) {
+    st = HandleEngineConnect(s, rid, *m);
+    replied = true;  // now, or when the remote appears or the wait times out
+  } else if (auto* m = std::get_if<ipc::EngineRegionsRequest>(&env.body)) {
+    st = HandleEngineRegions(s, rid, *m);
+    replied = true;
+  } else if (auto* m = std::get_if<ipc::EngineImportRequest>(&env.body)) {
+    st = HandleEngineImport(s, rid, *m);
+    replied = true;
+  } else if (auto* m = std::get_if<ipc::EngineReleaseRequest>(&env.body)) {
+    st = HandleEngineRelease(s, *m);
+  } else if (auto* m = std::get_if<ipc::EngineDisconnectRequest>(&env.body)) {
+    st = HandleEngineDisconnect(s, *m);
+  } else if (auto* m = std::get_if<ipc::EngineNotifyRequest>(&env.body)) {
+    st = HandleEngineNotify(s, *m);
+  } else if (std::holds_alternative<ipc::EngineGetNotifiesRequest>(env.body)) {
+    st = HandleEngineGetNotifies(s, rid);
+    replied = true;
   } else if (std::holds_alternative<ipc::PingRequest>(env.body)) {
     st = Status::Ok();
   } else if (std::holds_alternative<ipc::GoodbyeRequest>(env.body)) {
@@ -272,10 +299,11 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
        std::span<const int>(&fd, 1));
 }
 
-void Broker::ReleaseHolding(Session& s, uint64_t id) {
+void Broker::ReleaseHolding(Session& s, uint64_t id, bool engine_import) {
   Allocation* a = table_.Find(id);
   if (a == nullptr) return;
-  if (a->creator == s.id)
+  if (!engine_import) s.read_only_holdings.erase(id);
+  if (a->creator == s.id && !engine_import)
     s.usage -= a->charge;  // the uid stays charged while the allocation lives
   else
     Uncharge(&s, s.cred.uid, Usage{0, 0, 0, 1});  // an import
@@ -322,6 +350,7 @@ Status Broker::HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& 
   table_.AddHolder(a->id);
   table_.CountImport();
   bool read_only = e->read_only_fd.valid();
+  if (read_only) s.read_only_holdings.insert(a->id);
   int fd = read_only ? e->read_only_fd.get() : a->fd.get();
   Send(s, rid,
        ipc::ImportReply{a->id, a->size, a->page_size, read_only, a->pinned, a->fixed_address},
@@ -349,6 +378,11 @@ Status Broker::HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest
   auto it = s.host_regs.find(m.address);
   if (it == s.host_regs.end())
     return Status(ErrorCode::kNotFound, "no host registration starts at this address");
+  if (auto e = engines_.find(s.engine); !s.engine.empty() && e != engines_.end())
+    for (const auto& [addr, r] : e->second.regions)
+      if (r.allocation == 0 && addr >= it->first && addr < it->first + it->second)
+        return Status(ErrorCode::kBusy, "transfer engine region " + std::to_string(r.id) +
+                                            " lies in this range (DeregisterMem it first)");
   Uncharge(&s, s.cred.uid, Usage{0, it->second, 0, 0});
   s.host_regs.erase(it);
   return Status::Ok();

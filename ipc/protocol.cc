@@ -86,6 +86,78 @@ struct Encoder {
     return {w::Message_UnregisterHostRequest,
             w::CreateUnregisterHostRequest(b, m.address).Union()};
   }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineInitRequest& m) {
+    auto n = b.CreateString(m.name);
+    return {w::Message_EngineInitRequest,
+            w::CreateEngineInitRequest(b, n, m.control_allocation).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineFinalizeRequest&) {
+    return {w::Message_EngineFinalizeRequest, w::CreateEngineFinalizeRequest(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineRegisterRequest& m) {
+    return {w::Message_EngineRegisterRequest,
+            w::CreateEngineRegisterRequest(b, m.address, m.length, m.allocation, m.offset).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineRegisterReply& m) {
+    return {w::Message_EngineRegisterReply, w::CreateEngineRegisterReply(b, m.region).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineDeregisterRequest& m) {
+    return {w::Message_EngineDeregisterRequest,
+            w::CreateEngineDeregisterRequest(b, m.region).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineConnectRequest& m) {
+    auto r = b.CreateString(m.remote);
+    return {w::Message_EngineConnectRequest,
+            w::CreateEngineConnectRequest(b, r, m.timeout_ms).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineRegionsRequest& m) {
+    auto r = b.CreateString(m.remote);
+    return {w::Message_EngineRegionsRequest, w::CreateEngineRegionsRequest(b, r).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineInfoReply& m) {
+    std::vector<fb::Offset<w::EngineRegion>> rs;
+    for (const auto& r : m.regions)
+      rs.push_back(w::CreateEngineRegion(b, r.id, r.address, r.length, r.allocation, r.offset,
+                                         r.read_only));
+    auto vec = b.CreateVector(rs);
+    return {w::Message_EngineInfoReply,
+            w::CreateEngineInfoReply(b, m.pid, m.slot, m.control_allocation, vec).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineImportRequest& m) {
+    auto r = b.CreateString(m.remote);
+    return {w::Message_EngineImportRequest,
+            w::CreateEngineImportRequest(b, r, m.allocation).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineReleaseRequest& m) {
+    return {w::Message_EngineReleaseRequest,
+            w::CreateEngineReleaseRequest(b, m.allocation).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineDisconnectRequest& m) {
+    auto r = b.CreateString(m.remote);
+    return {w::Message_EngineDisconnectRequest, w::CreateEngineDisconnectRequest(b, r).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineNotifyRequest& m) {
+    auto r = b.CreateString(m.remote);
+    auto n = b.CreateString(m.name);
+    auto msg = b.CreateString(m.message);
+    return {w::Message_EngineNotifyRequest,
+            w::CreateEngineNotifyRequest(b, r, n, msg).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineGetNotifiesRequest&) {
+    return {w::Message_EngineGetNotifiesRequest, w::CreateEngineGetNotifiesRequest(b).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EngineNotifiesReply& m) {
+    std::vector<fb::Offset<w::EngineNotify>> ns;
+    for (const auto& n : m.notifies) {
+      auto f = b.CreateString(n.from);
+      auto nm = b.CreateString(n.name);
+      auto msg = b.CreateString(n.message);
+      ns.push_back(w::CreateEngineNotify(b, f, nm, msg));
+    }
+    auto vec = b.CreateVector(ns);
+    return {w::Message_EngineNotifiesReply,
+            w::CreateEngineNotifiesReply(b, vec, m.dropped).Union()};
+  }
   std::pair<w::Message, fb::Offset<void>> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -193,6 +265,89 @@ Result<Message> DecodeBody(const w::Envelope* env) {
     case w::Message_UnregisterHostRequest: {
       return Message(UnregisterHostRequest{env->body_as_UnregisterHostRequest()->address()});
     }
+    case w::Message_EngineInitRequest: {
+      auto m = env->body_as_EngineInitRequest();
+      EngineInitRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxEngineNameBytes, "name", &r.name));
+      r.control_allocation = m->control_allocation();
+      return Message(std::move(r));
+    }
+    case w::Message_EngineFinalizeRequest:
+      return Message(EngineFinalizeRequest{});
+    case w::Message_EngineRegisterRequest: {
+      auto m = env->body_as_EngineRegisterRequest();
+      return Message(EngineRegisterRequest{m->address(), m->length(), m->allocation(), m->offset()});
+    }
+    case w::Message_EngineRegisterReply:
+      return Message(EngineRegisterReply{env->body_as_EngineRegisterReply()->region()});
+    case w::Message_EngineDeregisterRequest:
+      return Message(EngineDeregisterRequest{env->body_as_EngineDeregisterRequest()->region()});
+    case w::Message_EngineConnectRequest: {
+      auto m = env->body_as_EngineConnectRequest();
+      EngineConnectRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+      r.timeout_ms = m->timeout_ms();
+      return Message(std::move(r));
+    }
+    case w::Message_EngineRegionsRequest: {
+      EngineRegionsRequest r;
+      MB_RETURN_IF_ERROR(ReadString(env->body_as_EngineRegionsRequest()->remote(),
+                                    kMaxEngineNameBytes, "remote", &r.remote));
+      return Message(std::move(r));
+    }
+    case w::Message_EngineInfoReply: {
+      auto m = env->body_as_EngineInfoReply();
+      EngineInfoReply r{m->pid(), m->slot(), m->control_allocation(), {}};
+      if (auto rs = m->regions()) {
+        if (rs->size() > kMaxEngineRegions) return Malformed("too many regions");
+        for (const auto* g : *rs)
+          r.regions.push_back({g->id(), g->address(), g->length(), g->allocation(), g->offset(),
+                               g->read_only()});
+      }
+      return Message(std::move(r));
+    }
+    case w::Message_EngineImportRequest: {
+      auto m = env->body_as_EngineImportRequest();
+      EngineImportRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+      r.allocation = m->allocation();
+      return Message(std::move(r));
+    }
+    case w::Message_EngineReleaseRequest:
+      return Message(EngineReleaseRequest{env->body_as_EngineReleaseRequest()->allocation()});
+    case w::Message_EngineDisconnectRequest: {
+      EngineDisconnectRequest r;
+      MB_RETURN_IF_ERROR(ReadString(env->body_as_EngineDisconnectRequest()->remote(),
+                                    kMaxEngineNameBytes, "remote", &r.remote));
+      return Message(std::move(r));
+    }
+    case w::Message_EngineNotifyRequest: {
+      auto m = env->body_as_EngineNotifyRequest();
+      EngineNotifyRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+      MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxNotifyNameBytes, "name", &r.name));
+      MB_RETURN_IF_ERROR(ReadString(m->message(), kMaxNotifyMessageBytes, "message", &r.message));
+      return Message(std::move(r));
+    }
+    case w::Message_EngineGetNotifiesRequest:
+      return Message(EngineGetNotifiesRequest{});
+    case w::Message_EngineNotifiesReply: {
+      auto m = env->body_as_EngineNotifiesReply();
+      EngineNotifiesReply r;
+      r.dropped = m->dropped();
+      if (auto ns = m->notifies()) {
+        if (ns->size() > kMaxNotifiesPerReply) return Malformed("too many notifies");
+        for (const auto* n : *ns) {
+          EngineNotify e;
+          MB_RETURN_IF_ERROR(ReadString(n->from(), kMaxEngineNameBytes, "from", &e.from));
+          MB_RETURN_IF_ERROR(ReadString(n->name(), kMaxNotifyNameBytes, "name", &e.name));
+          MB_RETURN_IF_ERROR(
+              ReadString(n->message(), kMaxNotifyMessageBytes, "message", &e.message));
+          r.notifies.push_back(std::move(e));
+        }
+      }
+      return Message(std::move(r));
+    }
     case w::Message_PingRequest:
       return Message(PingRequest{});
     case w::Message_GoodbyeRequest:
@@ -242,7 +397,11 @@ const char* MessageName(const Message& body) {
       "HelloRequest",  "HelloReply",  "MallocRequest", "MallocReply", "FreeRequest",
       "ExportRequest", "ExportReply", "SetPidRequest", "ImportRequest", "ImportReply",
       "PingRequest",   "GoodbyeRequest", "OkReply",    "ErrorReply", "RegisterHostRequest",
-      "UnregisterHostRequest"};
+      "UnregisterHostRequest", "EngineInitRequest", "EngineFinalizeRequest",
+      "EngineRegisterRequest", "EngineRegisterReply", "EngineDeregisterRequest",
+      "EngineConnectRequest", "EngineRegionsRequest", "EngineInfoReply", "EngineImportRequest",
+      "EngineReleaseRequest", "EngineDisconnectRequest", "EngineNotifyRequest",
+      "EngineGetNotifiesRequest", "EngineNotifiesReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[body.index()];
 }

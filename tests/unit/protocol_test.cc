@@ -34,6 +34,20 @@ TEST(Protocol, EveryMessageRoundTrips) {
       GoodbyeRequest{},
       OkReply{},
       ErrorReply{ErrorCode::kOverlap, "range overlaps"},
+      EngineInitRequest{"prefill-0", 9},
+      EngineFinalizeRequest{},
+      EngineRegisterRequest{0x7f0000000000, 1 << 20, 9, 4096},
+      EngineRegisterReply{3},
+      EngineDeregisterRequest{3},
+      EngineConnectRequest{"decode-0", 1000},
+      EngineRegionsRequest{"decode-0"},
+      EngineInfoReply{1234, 5, 9, {{3, 0x7f0000000000, 1 << 20, 9, 4096, true}, {4, 0x1000, 4096, 0, 0, false}}},
+      EngineImportRequest{"decode-0", 9},
+      EngineReleaseRequest{9},
+      EngineDisconnectRequest{"decode-0"},
+      EngineNotifyRequest{"decode-0", "block", "ready 17"},
+      EngineGetNotifiesRequest{},
+      EngineNotifiesReply{{{"prefill-0", "block", "ready 17"}}, 2},
   };
   ASSERT_EQ(all.size(), std::variant_size_v<Message>) << "a message type has no round-trip case";
   uint64_t rid = 1;

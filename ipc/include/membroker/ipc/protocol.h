@@ -21,6 +21,11 @@ inline constexpr size_t kMaxClientNameBytes = 256;
 inline constexpr size_t kMaxTokenBytes = 128;
 inline constexpr size_t kMaxPidsPerRequest = 1024;
 inline constexpr size_t kMaxErrorMessageBytes = 1024;
+inline constexpr size_t kMaxEngineNameBytes = 128;
+inline constexpr size_t kMaxEngineRegions = 512;        // per engine; one reply lists them all
+inline constexpr size_t kMaxNotifyNameBytes = 128;
+inline constexpr size_t kMaxNotifyMessageBytes = 1024;
+inline constexpr size_t kMaxNotifiesPerReply = 32;
 
 // Envelope flag: the sender does not wait; the broker answers only on failure.
 inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
@@ -114,6 +119,87 @@ struct UnregisterHostRequest {
   uint64_t address = 0;
   bool operator==(const UnregisterHostRequest&) const = default;
 };
+struct EngineInitRequest {
+  std::string name;
+  uint64_t control_allocation = 0;
+  bool operator==(const EngineInitRequest&) const = default;
+};
+struct EngineFinalizeRequest {
+  bool operator==(const EngineFinalizeRequest&) const = default;
+};
+struct EngineRegisterRequest {
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint64_t allocation = 0;  // 0: the engine's own HostRegister'ed memory
+  uint64_t offset = 0;
+  bool operator==(const EngineRegisterRequest&) const = default;
+};
+struct EngineRegisterReply {
+  uint64_t region = 0;
+  bool operator==(const EngineRegisterReply&) const = default;
+};
+struct EngineDeregisterRequest {
+  uint64_t region = 0;
+  bool operator==(const EngineDeregisterRequest&) const = default;
+};
+struct EngineConnectRequest {
+  std::string remote;
+  uint32_t timeout_ms = 0;
+  bool operator==(const EngineConnectRequest&) const = default;
+};
+struct EngineRegionsRequest {
+  std::string remote;
+  bool operator==(const EngineRegionsRequest&) const = default;
+};
+struct EngineRegion {
+  uint64_t id = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint64_t allocation = 0;
+  uint64_t offset = 0;
+  bool read_only = false;
+  bool operator==(const EngineRegion&) const = default;
+};
+struct EngineInfoReply {
+  int32_t pid = 0;
+  uint32_t slot = 0;
+  uint64_t control_allocation = 0;
+  std::vector<EngineRegion> regions;
+  bool operator==(const EngineInfoReply&) const = default;
+};
+struct EngineImportRequest {  // answered by ImportReply + fd
+  std::string remote;
+  uint64_t allocation = 0;
+  bool operator==(const EngineImportRequest&) const = default;
+};
+struct EngineReleaseRequest {
+  uint64_t allocation = 0;
+  bool operator==(const EngineReleaseRequest&) const = default;
+};
+struct EngineDisconnectRequest {
+  std::string remote;
+  bool operator==(const EngineDisconnectRequest&) const = default;
+};
+struct EngineNotifyRequest {
+  std::string remote;
+  std::string name;
+  std::string message;
+  bool operator==(const EngineNotifyRequest&) const = default;
+};
+struct EngineNotify {
+  std::string from;
+  std::string name;
+  std::string message;
+  bool operator==(const EngineNotify&) const = default;
+};
+struct EngineGetNotifiesRequest {
+  bool operator==(const EngineGetNotifiesRequest&) const = default;
+};
+struct EngineNotifiesReply {
+  std::vector<EngineNotify> notifies;
+  uint64_t dropped = 0;
+  bool operator==(const EngineNotifiesReply&) const = default;
+};
 struct PingRequest {
   bool operator==(const PingRequest&) const = default;
 };
@@ -133,7 +219,11 @@ using Message =
     std::variant<HelloRequest, HelloReply, MallocRequest, MallocReply, FreeRequest,
                  ExportRequest, ExportReply, SetPidRequest, ImportRequest, ImportReply,
                  PingRequest, GoodbyeRequest, OkReply, ErrorReply, RegisterHostRequest,
-                 UnregisterHostRequest>;
+                 UnregisterHostRequest, EngineInitRequest, EngineFinalizeRequest,
+                 EngineRegisterRequest, EngineRegisterReply, EngineDeregisterRequest,
+                 EngineConnectRequest, EngineRegionsRequest, EngineInfoReply, EngineImportRequest,
+                 EngineReleaseRequest, EngineDisconnectRequest, EngineNotifyRequest,
+                 EngineGetNotifiesRequest, EngineNotifiesReply>;
 
 struct Envelope {
   uint16_t protocol_version = kProtocolVersion;

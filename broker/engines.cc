@@ -1,0 +1,296 @@
+// Transfer-engine requests: names, registered regions, connections, the fds
+// of broker-backed regions for connected peers, and notifies between engines.
+#include <algorithm>
+
+#include "broker.h"
+#include "log.h"
+#include "membroker/ipc/memfd.h"
+
+namespace membroker::broker {
+
+namespace {
+constexpr uint64_t kRegionAlign = 4096;
+
+Status NoEngine() {
+  return Status(ErrorCode::kParamInvalid, "this client has no engine (call Initialize first)");
+}
+Status NotConnectedTo(const std::string& remote) {
+  return Status(ErrorCode::kNotConnected, "not connected to engine \"" + remote + "\"");
+}
+}  // namespace
+
+ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
+  ipc::EngineInfoReply r;
+  if (const Session* owner = const_cast<Broker*>(this)->FindSession(e.session_id))
+    r.pid = owner->cred.pid;
+  r.slot = slot;
+  r.control_allocation = e.control_allocation;
+  for (const auto& [addr, region] : e.regions) r.regions.push_back(region);
+  return r;
+}
+
+Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
+  if (!s.engine.empty())
+    return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine + "\"");
+  if (m.name.empty() || m.name.find('\0') != std::string::npos)
+    return Status(ErrorCode::kParamInvalid, "an engine name must be non-empty text");
+  if (auto it = engines_.find(m.name); it != engines_.end())
+    return Status(ErrorCode::kAlreadyExists,
+                  "engine name \"" + m.name + "\" is in use by client " +
+                      std::to_string(it->second.session_id));
+  const Allocation* control = table_.Find(m.control_allocation);
+  if (!s.ledger.Holds(m.control_allocation) || control == nullptr || control->size < 4096)
+    return Status(ErrorCode::kParamInvalid,
+                  "the control allocation must be one of this client's allocations (>= 4 KiB)");
+  Engine& e = engines_[m.name];
+  e.name = m.name;
+  e.session_id = s.id;
+  e.control_allocation = m.control_allocation;
+  s.engine = m.name;
+  MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
+          m.name.c_str());
+  // Peers that were waiting for this name connect now.
+  std::vector<ConnectWaiter*> ready;
+  for (ConnectWaiter* w : connect_waiters_)
+    if (w->remote == m.name) ready.push_back(w);
+  for (ConnectWaiter* w : ready) {
+    if (Session* peer = FindSession(w->session_id)) {
+      Status st = ConnectPeer(*peer, w->request_id, e);
+      if (!st.ok()) SendError(*peer, w->request_id, st);
+    }
+    CloseConnectWaiter(w);
+  }
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineFinalize(Session& s) {
+  if (s.engine.empty()) return NoEngine();
+  EndEngineSession(s, /*all=*/false);
+  return Status::Ok();
+}
+
+void Broker::EndEngineSession(Session& s, bool all) {
+  // Our connections to other engines free their slots.
+  for (const auto& [remote, slot] : s.connected)
+    if (auto it = engines_.find(remote); it != engines_.end()) it->second.peers.erase(s.id);
+  s.connected.clear();
+  if (auto it = engines_.find(s.engine); !s.engine.empty() && it != engines_.end()) {
+    // Peers connected to our engine are disconnected; their next transfer
+    // learns it (NOT_CONNECTED) when it refreshes the region list.
+    for (const auto& [peer_id, slot] : it->second.peers)
+      if (Session* peer = FindSession(peer_id)) peer->connected.erase(s.engine);
+    MB_INFO("engine_down", "client=%llu engine=\"%s\" regions=%zu peers=%zu",
+            static_cast<unsigned long long>(s.id), s.engine.c_str(), it->second.regions.size(),
+            it->second.peers.size());
+    engines_.erase(it);
+  }
+  s.engine.clear();
+  if (!all) return;
+  std::vector<ConnectWaiter*> mine;
+  for (ConnectWaiter* w : connect_waiters_)
+    if (w->session_id == s.id) mine.push_back(w);
+  for (ConnectWaiter* w : mine) CloseConnectWaiter(w);
+  for (uint64_t id : s.engine_holdings.TakeAll()) ReleaseHolding(s, id, /*engine_import=*/true);
+}
+
+Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineRegisterRequest& m) {
+  auto it = engines_.find(s.engine);
+  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  Engine& e = it->second;
+  if (m.length == 0 || m.address == 0 || m.address % kRegionAlign || m.length % kRegionAlign)
+    return Status(ErrorCode::kParamInvalid,
+                  "a registered range needs a non-zero address and length, both multiples of 4096");
+  if (m.address + m.length < m.address) return Status(ErrorCode::kParamInvalid, "range overflows");
+  if (e.regions.size() >= ipc::kMaxEngineRegions)
+    return Status(ErrorCode::kResourceExhausted,
+                  "an engine registers at most " + std::to_string(ipc::kMaxEngineRegions) + " ranges");
+  auto next = e.regions.lower_bound(m.address);
+  if ((next != e.regions.end() && next->first < m.address + m.length) ||
+      (next != e.regions.begin() &&
+       std::prev(next)->first + std::prev(next)->second.length > m.address))
+    return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
+  bool read_only = false;
+  if (m.allocation != 0) {
+    const Allocation* a = table_.Find(m.allocation);
+    if (!s.ledger.Holds(m.allocation) || a == nullptr)
+      return Status(ErrorCode::kParamInvalid,
+                    "allocation " + std::to_string(m.allocation) + " is not held by this client");
+    if (m.offset % kRegionAlign || m.offset > a->size || m.length > a->size - m.offset)
+      return Status(ErrorCode::kParamInvalid, "offset and length fall outside the allocation");
+    read_only = s.read_only_holdings.count(m.allocation) == 1;
+  } else {
+    auto host = s.host_regs.upper_bound(m.address);
+    if (host == s.host_regs.begin() ||
+        std::prev(host)->first + std::prev(host)->second < m.address + m.length)
+      return Status(ErrorCode::kParamInvalid,
+                    "the range is neither broker memory nor inside one HostRegister range");
+  }
+  const uint64_t id = next_region_id_++;
+  e.regions[m.address] =
+      ipc::EngineRegion{id, m.address, m.length, m.allocation, m.offset, read_only};
+  Send(s, rid, ipc::EngineRegisterReply{id});
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineDeregister(Session& s, const ipc::EngineDeregisterRequest& m) {
+  auto it = engines_.find(s.engine);
+  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  auto& regions = it->second.regions;
+  auto r = std::find_if(regions.begin(), regions.end(),
+                        [&](const auto& kv) { return kv.second.id == m.region; });
+  if (r == regions.end())
+    return Status(ErrorCode::kParamInvalid,
+                  "region " + std::to_string(m.region) + " is not registered by this engine");
+  regions.erase(r);
+  return Status::Ok();
+}
+
+Status Broker::ConnectPeer(Session& peer, uint64_t rid, Engine& e) {
+  if (peer.connected.count(e.name))
+    return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + e.name + "\"");
+  Session* owner = FindSession(e.session_id);
+  if (owner == nullptr) return NotConnectedTo(e.name);
+  if (owner->cred.uid != peer.cred.uid)
+    return Status(ErrorCode::kPermissionDenied,
+                  "engine \"" + e.name + "\" belongs to another user (uid " +
+                      std::to_string(owner->cred.uid) + ")");
+  std::vector<bool> used(kEngineSlots, false);
+  for (const auto& [id, slot] : e.peers) used[slot] = true;
+  auto free_slot = std::find(used.begin(), used.end(), false);
+  if (free_slot == used.end())
+    return Status(ErrorCode::kResourceExhausted,
+                  "engine \"" + e.name + "\" has " + std::to_string(kEngineSlots) + " peers already");
+  const uint32_t slot = static_cast<uint32_t>(free_slot - used.begin());
+  e.peers[peer.id] = slot;
+  peer.connected[e.name] = slot;
+  Send(peer, rid, EngineInfo(e, slot));
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m) {
+  if (s.engine.empty()) return NoEngine();
+  if (m.remote.empty()) return Status(ErrorCode::kParamInvalid, "remote engine name is empty");
+  if (auto it = engines_.find(m.remote); it != engines_.end()) return ConnectPeer(s, rid, it->second);
+  if (m.timeout_ms == 0)
+    return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");
+  if (m.timeout_ms > kMaxConnectTimeoutMs)
+    return Status(ErrorCode::kParamInvalid, "connect timeout above 10 minutes");
+  if (s.connect_waiters >= kMaxConnectWaitersPerClient)
+    return Status(ErrorCode::kResourceExhausted, "too many connects waiting for this client");
+  // Wait in the broker, without polling, for the engine to appear.
+  auto* w = new ConnectWaiter();
+  w->broker = this;
+  w->session_id = s.id;
+  w->request_id = rid;
+  w->remote = m.remote;
+  w->timer.data = w;
+  uv_timer_init(&loop_, &w->timer);
+  uv_timer_start(
+      &w->timer,
+      [](uv_timer_t* t) {
+        auto* w = static_cast<ConnectWaiter*>(t->data);
+        if (Session* s = w->broker->FindSession(w->session_id))
+          w->broker->SendError(*s, w->request_id,
+                               Status(ErrorCode::kTimeout,
+                                      "no engine named \"" + w->remote + "\" appeared in time"));
+        w->broker->CloseConnectWaiter(w);
+      },
+      m.timeout_ms, 0);
+  connect_waiters_.push_back(w);
+  ++s.connect_waiters;
+  return Status::Ok();
+}
+
+void Broker::CloseConnectWaiter(ConnectWaiter* w) {
+  connect_waiters_.erase(std::remove(connect_waiters_.begin(), connect_waiters_.end(), w),
+                         connect_waiters_.end());
+  if (Session* s = FindSession(w->session_id)) --s->connect_waiters;
+  uv_timer_stop(&w->timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
+           [](uv_handle_t* h) { delete static_cast<ConnectWaiter*>(h->data); });
+}
+
+Status Broker::HandleEngineRegions(Session& s, uint64_t rid, const ipc::EngineRegionsRequest& m) {
+  auto c = s.connected.find(m.remote);
+  auto it = engines_.find(m.remote);
+  if (c == s.connected.end() || it == engines_.end()) return NotConnectedTo(m.remote);
+  Send(s, rid, EngineInfo(it->second, c->second));
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImportRequest& m) {
+  auto it = engines_.find(m.remote);
+  if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
+  const Engine& e = it->second;
+  bool registered = m.allocation == e.control_allocation;
+  for (const auto& [addr, r] : e.regions) registered |= (r.allocation == m.allocation);
+  const Allocation* a = table_.Find(m.allocation);
+  if (!registered || a == nullptr || m.allocation == 0)
+    return Status(ErrorCode::kNotFound, "allocation " + std::to_string(m.allocation) +
+                                            " is not registered by engine \"" + m.remote + "\"");
+  if (s.engine_holdings.Holds(m.allocation))
+    return Status(ErrorCode::kAlreadyExists, "this client's engine already holds allocation " +
+                                                 std::to_string(m.allocation));
+  Session* owner = FindSession(e.session_id);
+  // What the owner may only read, its peers may only read too.
+  const bool read_only = m.allocation != e.control_allocation && owner != nullptr &&
+                         owner->read_only_holdings.count(m.allocation) == 1;
+  ipc::UniqueFd ro;
+  if (read_only) {
+    MB_ASSIGN_OR_RETURN(ro, ipc::ReopenReadOnly(a->fd.get()));
+  }
+  MB_RETURN_IF_ERROR(Charge(s, Usage{0, 0, 0, 1}));
+  s.engine_holdings.Add(a->id);
+  table_.AddHolder(a->id);
+  table_.CountImport();
+  int fd = read_only ? ro.get() : a->fd.get();
+  Send(s, rid,
+       ipc::ImportReply{a->id, a->size, a->page_size, read_only, a->pinned, a->fixed_address},
+       std::span<const int>(&fd, 1));
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& m) {
+  if (!s.engine_holdings.Remove(m.allocation))
+    return Status(ErrorCode::kInvalidHandle, "this client's engine does not hold allocation " +
+                                                 std::to_string(m.allocation));
+  ReleaseHolding(s, m.allocation, /*engine_import=*/true);
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineDisconnect(Session& s, const ipc::EngineDisconnectRequest& m) {
+  if (s.connected.erase(m.remote) == 0) return NotConnectedTo(m.remote);
+  if (auto it = engines_.find(m.remote); it != engines_.end()) it->second.peers.erase(s.id);
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineNotify(Session& s, const ipc::EngineNotifyRequest& m) {
+  auto it = engines_.find(m.remote);
+  if (s.engine.empty()) return NoEngine();
+  if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
+  Engine& e = it->second;
+  if (e.notifies.size() >= kMaxQueuedNotifies) {
+    ++e.notifies_dropped;
+    return Status(ErrorCode::kResourceExhausted,
+                  "engine \"" + m.remote + "\" has " + std::to_string(kMaxQueuedNotifies) +
+                      " notifies unread (its queue is full)");
+  }
+  e.notifies.push_back(ipc::EngineNotify{s.engine, m.name, m.message});
+  return Status::Ok();
+}
+
+Status Broker::HandleEngineGetNotifies(Session& s, uint64_t rid) {
+  auto it = engines_.find(s.engine);
+  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  Engine& e = it->second;
+  ipc::EngineNotifiesReply r;
+  r.dropped = e.notifies_dropped;
+  while (!e.notifies.empty() && r.notifies.size() < ipc::kMaxNotifiesPerReply) {
+    r.notifies.push_back(std::move(e.notifies.front()));
+    e.notifies.pop_front();
+  }
+  Send(s, rid, std::move(r));
+  return Status::Ok();
+}
+
+}  // namespace membroker::broker

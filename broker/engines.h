@@ -1,0 +1,47 @@
+// Transfer engines as the broker sees them: a name, the regions an engine
+// registered, the peers connected to it and the notifies waiting for it. The
+// broker is the place engines find each other; payload bytes never pass
+// through it (peers map broker-backed regions themselves, or use cross-memory
+// attach for an engine's own registered memory).
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+
+#include "membroker/ipc/protocol.h"
+
+namespace membroker::broker {
+
+class Broker;
+
+// Peers per engine: each connected peer owns one slot of the engine's control
+// block (a 4 KiB allocation: a header and 63 slots of 64 bytes).
+inline constexpr uint32_t kEngineSlots = 63;
+inline constexpr size_t kMaxQueuedNotifies = 256;
+inline constexpr size_t kMaxConnectWaitersPerClient = 16;
+inline constexpr uint32_t kMaxConnectTimeoutMs = 10 * 60 * 1000;
+
+struct Engine {
+  std::string name;
+  uint64_t session_id = 0;
+  uint64_t control_allocation = 0;
+  std::map<uint64_t, ipc::EngineRegion> regions;  // by address
+  std::map<uint64_t, uint32_t> peers;             // connected session id -> slot
+  std::deque<ipc::EngineNotify> notifies;
+  uint64_t notifies_dropped = 0;
+};
+
+// A Connect waiting for its remote engine to appear (or its timeout).
+struct ConnectWaiter {
+  uv_timer_t timer{};
+  Broker* broker = nullptr;
+  uint64_t session_id = 0;
+  uint64_t request_id = 0;
+  std::string remote;
+};
+
+}  // namespace membroker::broker
