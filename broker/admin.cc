@@ -92,6 +92,8 @@ Record Broker::StatsRecord() const {
       .Num("pinned_budget", options_.max_pinned_bytes)
       .Num("host_registered_bytes", host_registered)
       .Num("same_address_bytes", window_.used())
+      .Num("engines", engines_.size())
+      .Num("engine_connect_waiters", connect_waiters_.size())
       .Num("allocations_created", t.allocations_created)
       .Num("allocations_freed", t.allocations_freed)
       .Num("exports_live", table_.export_count())

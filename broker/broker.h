@@ -60,7 +60,8 @@ class Broker {
     const Usage& u = accounting_.total();
     return sessions_.empty() && table_.all().empty() && table_.export_count() == 0 &&
            u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
-           window_.used() == 0 && counters_.bytes_pending == 0;
+           window_.used() == 0 && counters_.bytes_pending == 0 &&
+           engines_.empty() && connect_waiters_.empty();
   }
 
   // Admin commands ("stats", "list clients", ... with optional --json).

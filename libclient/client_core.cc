@@ -135,6 +135,7 @@ Status ClientCore::Release(void* base_ptr, bool force) {
     return Status(ErrorCode::kBusy, std::to_string(it->second.mappings.size()) +
                                         " mapping(s) still inside the reservation at " + Hex(base) +
                                         "; unmap them first");
+  MB_RETURN_IF_ERROR(CheckNotEngineRange(base, it->second.size, "released"));
   std::vector<uint64_t> handles;
   for (auto& [va, m] : it->second.mappings) handles.push_back(m.handle);
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("munmap", Hex(base), nullptr, [&] {
@@ -200,7 +201,7 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
                       h->second.fd.get(), static_cast<off_t>(offset));
       }));
   uint64_t map_id = next_map_id_++;
-  r->mappings[va] = MappingState{size, handle, map_id};
+  r->mappings[va] = MappingState{size, handle, map_id, offset};
   ++h->second.mappings;
   return map_id;
 }
@@ -212,6 +213,7 @@ Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
   auto m = r ? r->mappings.find(va) : decltype(r->mappings.end()){};
   if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
     return Status(ErrorCode::kNotMapped, "nothing is mapped at " + Hex(va));
+  MB_RETURN_IF_ERROR(CheckNotEngineRange(va, m->second.size, "unmapped"));
   MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
   uint64_t handle = m->second.handle;
   r->mappings.erase(m);
@@ -241,6 +243,7 @@ Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
     cursor = it->first + it->second.size;
   }
   if (cursor < va + size) return Status(ErrorCode::kNotMapped, Hex(cursor) + " is not mapped");
+  if (access != Access::kReadWrite) MB_RETURN_IF_ERROR(CheckNotEngineRange(va, size, "protected"));
   int prot = access == Access::kNone ? PROT_NONE
              : access == Access::kRead ? PROT_READ
                                        : PROT_READ | PROT_WRITE;
@@ -263,10 +266,13 @@ Status ClientCore::FreeHostAlloc(void* ptr) {
                     "pointer " + Hex(reinterpret_cast<uintptr_t>(ptr)) +
                         " did not come from MallocHost (or was freed already)");
     handle = it->second;
-    host_allocs_.erase(it);
   }
   // Unmapping drops the last mapping; the handle then goes with FreeHandle.
   MB_RETURN_IF_ERROR(Release(ptr, /*force=*/true));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    host_allocs_.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
   return FreeHandle(handle);
 }
 
@@ -282,8 +288,52 @@ Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
   if (it == host_regs_.end())
     return Status(ErrorCode::kNotFound, "no HostRegister starts at " + Hex(reinterpret_cast<uintptr_t>(ptr)));
   size_t size = it->second;
+  MB_RETURN_IF_ERROR(CheckNotEngineRange(it->first, size, "unregistered"));
   host_regs_.erase(it);
   return size;
+}
+
+Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const {
+  auto next = engine_ranges_.lower_bound(va);
+  bool hit = (next != engine_ranges_.end() && next->first < va + size) ||
+             (next != engine_ranges_.begin() && std::prev(next)->first + std::prev(next)->second > va);
+  if (!hit) return Status::Ok();
+  return Status(ErrorCode::kBusy, "range " + Hex(va) + "+" + std::to_string(size) +
+                                      " is registered with a transfer engine and cannot be " + what +
+                                      " (DeregisterMem it first)");
+}
+
+Result<EngineRange> ClientCore::LockEngineRange(uintptr_t va, size_t size) {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineRange found;
+  bool ok = false;
+  if (ReservationState* r = FindReservation(va, size)) {
+    auto m = r->mappings.upper_bound(va);
+    if (m != r->mappings.begin()) {
+      --m;
+      if (m->first <= va && va + size <= m->first + m->second.size) {
+        auto held = handles_.find(m->second.handle);
+        found = EngineRange{m->second.handle, m->second.offset + (va - m->first),
+                            held != handles_.end() && held->second.read_only};
+        ok = true;
+      }
+    }
+  } else {
+    auto h = host_regs_.upper_bound(va);
+    ok = h != host_regs_.begin() && std::prev(h)->first + std::prev(h)->second >= va + size;
+  }
+  if (!ok)
+    return Status(ErrorCode::kParamInvalid,
+                  "range " + Hex(va) + "+" + std::to_string(size) +
+                      " is neither inside one mapping of broker memory nor inside one "
+                      "HostRegister range");
+  engine_ranges_[va] = size;
+  return found;
+}
+
+void ClientCore::ForgetEngineRange(uintptr_t va) {
+  std::lock_guard<std::mutex> lk(mu_);
+  engine_ranges_.erase(va);
 }
 
 }  // namespace membroker::detail

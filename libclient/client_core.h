@@ -31,6 +31,15 @@ struct MappingState {
   uint64_t size = 0;
   uint64_t handle = 0;
   uint64_t map_id = 0;
+  uint64_t offset = 0;  // into the allocation
+};
+
+// Where a range registered with a transfer engine lives: handle 0 means this
+// process's own memory inside a HostRegister range.
+struct EngineRange {
+  uint64_t handle = 0;
+  uint64_t offset = 0;
+  bool read_only = false;
 };
 
 struct ReservationState {
@@ -57,7 +66,8 @@ class ClientCore {
   bool HoldsUnfreed(uint64_t id);
 
   Result<void*> Reserve(size_t size, size_t alignment, void* expected, uint32_t flags);
-  // force: unmap what is still mapped instead of failing with BUSY.
+  // force: unmap what is still mapped instead of failing with BUSY. Memory a
+  // transfer engine has registered is never released underneath it (BUSY).
   Status Release(void* base, bool force);
   Result<uint64_t> Map(void* va, size_t size, size_t offset, uint64_t handle, uint32_t flags);
   // map_id 0 matches any mapping that starts at va.
@@ -71,10 +81,17 @@ class ClientCore {
   Status AddHostRegistration(void* ptr, size_t size);
   Result<size_t> TakeHostRegistration(void* ptr);
 
+  // Transfer engine: finds what backs [va, va+size) - one mapping of a broker
+  // allocation, or one HostRegister range - and keeps the range from being
+  // unmapped, protected below read-write or unregistered until ForgetEngineRange.
+  Result<EngineRange> LockEngineRange(uintptr_t va, size_t size);
+  void ForgetEngineRange(uintptr_t va);
+
  private:
   // Both called with mu_ held.
   ReservationState* FindReservation(uintptr_t va, size_t size);
   void DropMappingRef(uint64_t handle);
+  Status CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const;
 
   Connection conn_;
   uint64_t client_id_ = 0;  // set once by Handshake
@@ -84,6 +101,7 @@ class ClientCore {
   std::map<uintptr_t, ReservationState> reservations_;  // by base address
   std::map<uintptr_t, uint64_t> host_allocs_;           // MallocHost pointers
   std::map<uintptr_t, size_t> host_regs_;               // HostRegister ranges
+  std::map<uintptr_t, size_t> engine_ranges_;           // registered with a transfer engine
   uint64_t next_map_id_ = 1;
 };
 

@@ -226,6 +226,7 @@ class Client {
   Status last_async_error() const;
 
  private:
+  friend class TransferEngine;
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
   // Records an fd the broker sent and wraps it in a handle.
   PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,

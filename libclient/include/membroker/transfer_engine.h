@@ -1,0 +1,119 @@
+// membroker's transfer engine, in the shape of HIXL (Initialize, RegisterMem,
+// Connect, TransferSync READ/WRITE, TransferAsync, SendNotify): move bytes
+// between registered memory of processes on one host. The broker is only where
+// engines find each other; payload never passes through it:
+//  - a peer's broker-backed memory is imported and mapped here once (cached
+//    until the peer deregisters it or goes away) and copied with memcpy,
+//    split over several threads for large batches;
+//  - a peer's own registered (HostRegister'ed) memory is reached with
+//    process_vm_readv / process_vm_writev, under the kernel's ptrace rules.
+// Unlike HIXL, memory registered after Connect becomes visible to connected
+// peers too (their next transfer that needs it refreshes the region list).
+//
+// No function throws. Errors: PARAM_INVALID (bad or unregistered range),
+// NOT_CONNECTED (no connection, or the peer finalized or died), ALREADY_CONNECTED,
+// TIMEOUT, UNSUPPORTED (MEM_DEVICE), RESOURCE_EXHAUSTED (notify queue full).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "membroker/client.h"
+#include "membroker/status.h"
+
+namespace membroker {
+
+enum MemType : uint8_t { MEM_HOST = 0, MEM_DEVICE = 1 };
+enum TransferOp : uint8_t { READ = 0, WRITE = 1 };
+enum class TransferStatus : uint8_t { WAITING, COMPLETED, TIMEOUT, FAILED };
+
+struct MemDesc {
+  uintptr_t addr = 0;
+  size_t len = 0;
+};
+// Addresses are in each process's own address space, as in HIXL.
+struct TransferOpDesc {
+  uintptr_t local_addr = 0;
+  uintptr_t remote_addr = 0;
+  size_t len = 0;
+};
+struct NotifyDesc {
+  std::string name;        // at most 128 bytes
+  std::string notify_msg;  // at most 1024 bytes
+};
+struct Notify {
+  std::string remote_engine;  // the sender
+  std::string name;
+  std::string notify_msg;
+};
+
+using MemHandle = void*;        // from RegisterMem; never dereferenced
+using TransferReq = uint64_t;   // from TransferAsync
+
+class TransferEngine {
+ public:
+  // The engine talks to the broker over client's connection (shared, not
+  // consumed). One engine per Client.
+  explicit TransferEngine(const Client& client);
+  ~TransferEngine();  // Finalize()
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Registers local_engine_name with the broker (unique per broker: a live name
+  // gives ALREADY_EXISTS). Options: "copy_threads" (threads that split large
+  // memcpy batches, default 4), "async_threads" (threads that run
+  // TransferAsync requests, default 2); an unknown option is PARAM_INVALID.
+  Status Initialize(const std::string& local_engine_name,
+                    const std::map<std::string, std::string>& options = {});
+  // Disconnects every peer, waits for transfers in flight (ours, and peers'
+  // into our memory), deregisters everything and gives the name back.
+  void Finalize();
+
+  // [addr, addr+len): addr and len multiples of 4096, inside one mapping of
+  // broker memory made by this process (MapMem, MallocHost) or inside one
+  // HostRegister range. The range cannot be unmapped, protected below
+  // read-write or host-unregistered until DeregisterMem (BUSY).
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
+  // Waits for transfers that may use the memory - this engine's and connected
+  // peers' - then forgets it.
+  Status DeregisterMem(MemHandle handle);
+
+  // Waits up to timeout_ms for remote_engine to appear (TIMEOUT otherwise).
+  Status Connect(const std::string& remote_engine, int32_t timeout_ms = 1000);
+  // Waits up to timeout_ms for this engine's transfers to remote_engine.
+  Status Disconnect(const std::string& remote_engine, int32_t timeout_ms = 1000);
+
+  // READ: remote -> local; WRITE: local -> remote. Every descriptor must fall
+  // inside registered memory on both sides, else PARAM_INVALID and nothing is
+  // copied. TIMEOUT when timeout_ms passes (descriptors already copied stay).
+  Status TransferSync(const std::string& remote_engine, TransferOp op,
+                      const std::vector<TransferOpDesc>& descs, int32_t timeout_ms = 1000);
+  // Queues the transfer; req identifies it for GetTransferStatus.
+  Status TransferAsync(const std::string& remote_engine, TransferOp op,
+                       const std::vector<TransferOpDesc>& descs, TransferReq& req,
+                       int32_t timeout_ms = 1000);
+  // WAITING, or a final status - reported once, after which req is forgotten
+  // (PARAM_INVALID). last_error() tells why a request FAILED.
+  Status GetTransferStatus(TransferReq req, TransferStatus& status);
+  // Batch polling: one status per request, in order.
+  Status GetTransferStatus(std::span<const TransferReq> reqs, std::vector<TransferStatus>& statuses);
+  // The Status of the last request that ended FAILED or TIMEOUT.
+  Status last_error() const;
+
+  // Queues a small message at remote_engine (connected): RESOURCE_EXHAUSTED
+  // when its queue (256) is full.
+  Status SendNotify(const std::string& remote_engine, const NotifyDesc& notify,
+                    int32_t timeout_ms = 1000);
+  // Takes every notify queued for this engine, oldest first.
+  Status GetNotifies(std::vector<Notify>& notifies);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace membroker

@@ -1,0 +1,749 @@
+// TransferEngine: registration and connections go through the broker; bytes
+// move here, with memcpy through mappings of peers' broker memory or with
+// cross-memory attach into peers' own memory.
+//
+// Keeping a peer from touching memory after it is deregistered: every engine
+// owns a 4 KiB control block (a broker allocation its peers map) with a
+// generation counter and one "busy" counter per connected peer. A peer bumps
+// its busy counter, then reads the generation; if the generation is the one
+// its cached region list came from, it copies and drops the counter.
+// DeregisterMem tells the broker first, then bumps the generation, then waits
+// until every live peer's counter is zero. Both sides use sequentially
+// consistent atomics, so either the peer sees the new generation (and
+// refreshes its regions from the broker) or DeregisterMem sees it busy.
+#include "membroker/transfer_engine.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "client_core.h"
+#include "membroker/ipc/pidfd.h"
+#include "membroker/ipc/protocol.h"
+
+namespace membroker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kControlMagic = 0x4d42454e;  // "MBEN"
+constexpr size_t kRegionAlign = 4096;
+constexpr size_t kCopyChunk = 1 << 20;             // deadline checks between chunks
+constexpr size_t kParallelCopyBytes = 8 << 20;     // below this one thread copies
+constexpr size_t kMaxIov = 1024;                   // IOV_MAX
+
+struct alignas(64) ControlSlot {
+  std::atomic<uint32_t> busy;  // transfers of this peer in flight
+  std::atomic<int32_t> pid;    // the peer's pid, so a dead peer is not waited for
+};
+struct ControlBlock {
+  std::atomic<uint32_t> magic;
+  std::atomic<uint32_t> generation;  // bumped when regions go away
+  std::atomic<uint32_t> draining;    // an owner is waiting for busy slots
+  uint8_t pad[52];
+  ControlSlot slots[63];
+};
+static_assert(sizeof(ControlBlock) == 4096);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t value, long timeout_ns) {
+  timespec ts{0, timeout_ns};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, value, &ts, nullptr, 0);
+}
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+bool PidAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+Status NotInitialized() {
+  return Status(ErrorCode::kParamInvalid, "the engine is not initialized (call Initialize)");
+}
+Status NotConnected(const std::string& remote) {
+  return Status(ErrorCode::kNotConnected, "not connected to engine \"" + remote + "\"");
+}
+
+Clock::time_point DeadlineAfter(int32_t timeout_ms) {
+  return Clock::now() + std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0));
+}
+
+// A fixed set of threads running queued jobs.
+class ThreadPool {
+ public:
+  void Start(size_t n) {
+    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~ThreadPool() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+  size_t size() const { return threads_.size(); }
+  void Post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and nothing left to run
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+struct LocalRegion {
+  uintptr_t addr = 0;
+  size_t len = 0;
+  uint64_t id = 0;
+  bool read_only = false;
+};
+
+struct RemoteMap {
+  void* base = nullptr;
+  size_t size = 0;
+};
+
+// One connection to a remote engine.
+struct Peer {
+  std::string name;
+  pid_t pid = 0;
+  ipc::UniqueFd pidfd;
+  uint32_t slot = 0;
+  uint64_t control_allocation = 0;
+  ControlBlock* control = nullptr;  // the remote's, mapped here
+  // Shared by transfers; exclusive to refresh the region list or disconnect.
+  std::shared_timed_mutex mu;
+  uint32_t generation = 0;  // of the control block when `regions` was fetched
+  bool fresh = false;       // regions fetched at least once
+  std::map<uint64_t, ipc::EngineRegion> regions;  // by remote address
+  std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
+  std::atomic<bool> lost{false};
+};
+
+struct CopySegment {
+  char* dst;
+  const char* src;
+  size_t len;
+};
+
+struct AsyncRequest {
+  std::atomic<TransferStatus> status{TransferStatus::WAITING};
+};
+
+}  // namespace
+
+class TransferEngine::Impl {
+ public:
+  Impl(const Client& client, std::shared_ptr<detail::ClientCore> core)
+      : client_(client), core_(std::move(core)) {}
+
+  Status Initialize(const std::string& name, const std::map<std::string, std::string>& options);
+  void Finalize();
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
+  Status DeregisterMem(MemHandle handle);
+  Status Connect(const std::string& remote, int32_t timeout_ms);
+  Status Disconnect(const std::string& remote, int32_t timeout_ms);
+  Status Transfer(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                  Clock::time_point deadline);
+  Status TransferAsync(const std::string& remote, TransferOp op,
+                       const std::vector<TransferOpDesc>& descs, TransferReq& req, int32_t timeout_ms);
+  Status GetTransferStatus(TransferReq req, TransferStatus& status);
+  Status SendNotify(const std::string& remote, const NotifyDesc& notify);
+  Status GetNotifies(std::vector<Notify>& notifies);
+  Status last_error() const {
+    std::lock_guard<std::mutex> lk(req_mu_);
+    return last_error_;
+  }
+
+ private:
+  std::shared_ptr<Peer> FindPeer(const std::string& remote);
+  // Re-reads the peer's regions from the broker and maps new broker-backed ones.
+  Status Refresh(Peer& peer);
+  // Unmaps and releases everything the peer mapping holds (peer.mu exclusive).
+  void DropPeerMappings(Peer& peer);
+  Status ResolveAndCopy(Peer& peer, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                        Clock::time_point deadline, bool* retry);
+  Status CopyAll(std::vector<CopySegment>& segs, Clock::time_point deadline);
+  Status CrossMemory(Peer& peer, TransferOp op, std::vector<iovec>& local, std::vector<iovec>& remote,
+                     Clock::time_point deadline);
+  // Bumps our generation and waits until no live peer is inside a transfer.
+  void WaitForPeers();
+  Result<void*> MapImported(const std::string& remote, uint64_t allocation, size_t* size);
+  void ReleaseImported(void* base, size_t size, uint64_t allocation);
+
+  Client client_;
+  std::shared_ptr<detail::ClientCore> core_;
+  std::string name_;
+  bool initialized_ = false;
+  PhysicalHandle control_handle_;
+  Reservation control_range_;
+  Mapping control_map_;
+  ControlBlock* control_ = nullptr;  // ours, mapped read-write
+
+  std::shared_mutex local_mu_;  // shared: transfers; exclusive: deregistration
+  std::map<uintptr_t, LocalRegion> local_;  // by address
+
+  std::mutex peers_mu_;
+  std::map<std::string, std::shared_ptr<Peer>> peers_;
+
+  ThreadPool copy_pool_;
+  ThreadPool async_pool_;
+  mutable std::mutex req_mu_;
+  uint64_t next_req_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<AsyncRequest>> requests_;
+  Status last_error_;
+};
+
+Status TransferEngine::Impl::Initialize(const std::string& name,
+                                        const std::map<std::string, std::string>& options) {
+  if (!core_) return Status(ErrorCode::kNotConnected, "the client is not connected");
+  if (initialized_) return Status(ErrorCode::kAlreadyExists, "engine already initialized as \"" + name_ + "\"");
+  if (name.empty() || name.size() > ipc::kMaxEngineNameBytes)
+    return Status(ErrorCode::kParamInvalid, "engine name must be 1 to 128 bytes");
+  size_t copy_threads = 4, async_threads = 2;
+  for (const auto& [key, value] : options) {
+    size_t* target = key == "copy_threads" ? &copy_threads : key == "async_threads" ? &async_threads : nullptr;
+    if (target == nullptr) return Status(ErrorCode::kParamInvalid, "unknown engine option \"" + key + "\"");
+    char* end = nullptr;
+    unsigned long v = std::strtoul(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || v < 1 || v > 64)
+      return Status(ErrorCode::kParamInvalid, "option " + key + " must be 1 to 64");
+    *target = v;
+  }
+  // The control block: a 4 KiB allocation mapped here; peers map it too.
+  MB_ASSIGN_OR_RETURN(PhysicalHandle h, client_.MallocPhysical(sizeof(ControlBlock)));
+  MB_ASSIGN_OR_RETURN(Reservation range, client_.ReserveMemAddress(h.size()));
+  MB_ASSIGN_OR_RETURN(Mapping map, client_.MapMem(range.base(), h.size(), 0, h));
+  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineInitRequest{name, h.id()}).status());
+  control_ = map.as<ControlBlock>();
+  control_->magic.store(kControlMagic);
+  control_handle_ = std::move(h);
+  control_range_ = std::move(range);
+  control_map_ = std::move(map);
+  name_ = name;
+  copy_pool_.Start(copy_threads - 1);  // the calling thread copies too
+  async_pool_.Start(async_threads);
+  initialized_ = true;
+  return Status::Ok();
+}
+
+void TransferEngine::Impl::Finalize() {
+  if (!initialized_) return;
+  async_pool_.Stop();  // runs what is queued (bounded by each request's timeout)
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lk(peers_mu_);
+    for (const auto& [n, p] : peers_) names.push_back(n);
+  }
+  for (const auto& n : names) (void)Disconnect(n, 60'000);
+  std::unique_lock<std::shared_mutex> lk(local_mu_);
+  (void)core_->conn().Call(ipc::EngineFinalizeRequest{});
+  WaitForPeers();
+  for (const auto& [addr, r] : local_) core_->ForgetEngineRange(addr);
+  local_.clear();
+  copy_pool_.Stop();
+  control_ = nullptr;
+  control_map_ = Mapping();
+  control_range_ = Reservation();
+  control_handle_ = PhysicalHandle();
+  initialized_ = false;
+}
+
+void TransferEngine::Impl::WaitForPeers() {
+  control_->generation.fetch_add(1);
+  control_->draining.fetch_add(1);
+  for (ControlSlot& slot : control_->slots) {
+    for (;;) {
+      uint32_t busy = slot.busy.load();
+      if (busy == 0 || !PidAlive(slot.pid.load())) break;
+      FutexWait(&slot.busy, busy, 10'000'000);  // re-checks the pid every 10 ms
+    }
+  }
+  control_->draining.fetch_sub(1);
+}
+
+Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle) {
+  if (!initialized_) return NotInitialized();
+  if (type == MEM_DEVICE)
+    return Status(ErrorCode::kUnsupported, "MEM_DEVICE needs a device backend, which this build lacks");
+  if (type != MEM_HOST) return Status(ErrorCode::kParamInvalid, "unknown memory type");
+  if (mem.len == 0 || mem.addr == 0 || mem.addr % kRegionAlign || mem.len % kRegionAlign)
+    return Status(ErrorCode::kParamInvalid,
+                  "addr and len must be non-zero multiples of 4096");
+  std::unique_lock<std::shared_mutex> lk(local_mu_);
+  auto next = local_.lower_bound(mem.addr);
+  if ((next != local_.end() && next->first < mem.addr + mem.len) ||
+      (next != local_.begin() && std::prev(next)->first + std::prev(next)->second.len > mem.addr))
+    return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
+  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->LockEngineRange(mem.addr, mem.len));
+  auto reply = core_->conn().Call(ipc::EngineRegisterRequest{mem.addr, mem.len, where.handle, where.offset});
+  auto* r = reply.ok() ? std::get_if<ipc::EngineRegisterReply>(&reply->body) : nullptr;
+  if (r == nullptr) {
+    core_->ForgetEngineRange(mem.addr);
+    return reply.ok() ? Status(ErrorCode::kProtocolError, "EngineRegisterRequest got a wrong reply")
+                      : reply.status();
+  }
+  local_[mem.addr] = LocalRegion{mem.addr, mem.len, r->region, where.read_only};
+  handle = reinterpret_cast<MemHandle>(static_cast<uintptr_t>(r->region));
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
+  if (!initialized_) return NotInitialized();
+  const uint64_t id = reinterpret_cast<uintptr_t>(handle);
+  // Exclusive: our own transfers that may use it finish first.
+  std::unique_lock<std::shared_mutex> lk(local_mu_);
+  auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& kv) { return kv.second.id == id; });
+  if (it == local_.end())
+    return Status(ErrorCode::kParamInvalid, "unknown MemHandle (never registered, or deregistered)");
+  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineDeregisterRequest{id}).status());
+  WaitForPeers();  // peers' transfers into it finish; later ones refresh and miss it
+  core_->ForgetEngineRange(it->first);
+  local_.erase(it);
+  return Status::Ok();
+}
+
+std::shared_ptr<Peer> TransferEngine::Impl::FindPeer(const std::string& remote) {
+  std::lock_guard<std::mutex> lk(peers_mu_);
+  auto it = peers_.find(remote);
+  return it == peers_.end() ? nullptr : it->second;
+}
+
+Result<void*> TransferEngine::Impl::MapImported(const std::string& remote, uint64_t allocation,
+                                                size_t* size) {
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::EngineImportRequest{remote, allocation}));
+  auto* m = std::get_if<ipc::ImportReply>(&r.body);
+  if (m == nullptr) return Status(ErrorCode::kProtocolError, "EngineImportRequest got a wrong reply");
+  int prot = PROT_READ | (m->read_only ? 0 : PROT_WRITE);
+  void* base = ::mmap(nullptr, m->size, prot, MAP_SHARED, r.fds[0].get(), 0);
+  if (base == MAP_FAILED) {
+    int err = errno;
+    (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
+    return Status(ErrorCode::kResourceExhausted,
+                  std::string("mmap of engine \"") + remote + "\" memory failed: " + std::strerror(err));
+  }
+  *size = m->size;
+  return base;
+}
+
+void TransferEngine::Impl::ReleaseImported(void* base, size_t size, uint64_t allocation) {
+  ::munmap(base, size);
+  (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
+}
+
+void TransferEngine::Impl::DropPeerMappings(Peer& peer) {
+  for (auto& [alloc, m] : peer.maps) ReleaseImported(m.base, m.size, alloc);
+  peer.maps.clear();
+  peer.regions.clear();
+  if (peer.control != nullptr) {
+    ReleaseImported(peer.control, sizeof(ControlBlock), peer.control_allocation);
+    peer.control = nullptr;
+  }
+}
+
+Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
+  if (!initialized_) return NotInitialized();
+  if (remote.empty() || remote.size() > ipc::kMaxEngineNameBytes)
+    return Status(ErrorCode::kParamInvalid, "remote engine name must be 1 to 128 bytes");
+  if (auto old = FindPeer(remote)) {
+    if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + remote + "\"");
+    (void)Disconnect(remote, timeout_ms);  // the old peer went away: start over
+  }
+  const auto deadline = DeadlineAfter(timeout_ms);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max<int64_t>(left, 1))});
+    if (!reply.ok()) return reply.status();
+    auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
+    if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply");
+    auto peer = std::make_shared<Peer>();
+    peer->name = remote;
+    peer->pid = info->pid;
+    peer->slot = info->slot;
+    peer->control_allocation = info->control_allocation;
+    MB_ASSIGN_OR_RETURN(peer->pidfd, ipc::PidfdOpenIfSupported(info->pid));
+    if (!PidAlive(info->pid) || !ipc::PidfdAlive(peer->pidfd.get())) {
+      // The broker has not yet seen that engine's process exit: try again.
+      (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
+      if (Clock::now() >= deadline)
+        return Status(ErrorCode::kTimeout, "engine \"" + remote + "\" did not come back in time");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    size_t size = 0;
+    auto control = MapImported(remote, info->control_allocation, &size);
+    if (!control.ok()) {
+      (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
+      return control.status();
+    }
+    peer->control = static_cast<ControlBlock*>(*control);
+    ControlSlot& slot = peer->control->slots[peer->slot % 63];
+    slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
+    slot.pid.store(::getpid());
+    {
+      std::lock_guard<std::mutex> lk(peers_mu_);
+      peers_[remote] = std::move(peer);
+    }
+    return Status::Ok();
+  }
+}
+
+Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
+  if (!initialized_) return NotInitialized();
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lk(peers_mu_);
+    auto it = peers_.find(remote);
+    if (it == peers_.end()) return NotConnected(remote);
+    peer = it->second;
+    peers_.erase(it);
+  }
+  // Our transfers to it finish first (new ones no longer find it).
+  std::unique_lock<std::shared_timed_mutex> lk(peer->mu, std::defer_lock);
+  if (!lk.try_lock_for(std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0)))) {
+    std::lock_guard<std::mutex> plk(peers_mu_);
+    peers_.emplace(remote, peer);
+    return Status(ErrorCode::kTimeout, "transfers to \"" + remote + "\" still running after the timeout");
+  }
+  DropPeerMappings(*peer);
+  Status st = core_->conn().Call(ipc::EngineDisconnectRequest{remote}).status();
+  if (peer->lost.load() && st.code() == ErrorCode::kNotConnected) return Status::Ok();
+  return st;
+}
+
+Status TransferEngine::Impl::Refresh(Peer& peer) {
+  std::unique_lock<std::shared_timed_mutex> lk(peer.mu);
+  if (peer.lost.load()) return NotConnected(peer.name);
+  const uint32_t generation = peer.control->generation.load();
+  auto reply = core_->conn().Call(ipc::EngineRegionsRequest{peer.name});
+  if (!reply.ok()) {
+    if (reply.code() == ErrorCode::kNotConnected) peer.lost.store(true);
+    return reply.code() == ErrorCode::kNotConnected
+               ? Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" finalized or went away")
+               : reply.status();
+  }
+  auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
+  if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineRegionsRequest got a wrong reply");
+  peer.regions.clear();
+  std::unordered_map<uint64_t, RemoteMap> keep;
+  for (const auto& r : info->regions) {
+    peer.regions[r.address] = r;
+    if (r.allocation == 0 || keep.count(r.allocation)) continue;
+    if (auto m = peer.maps.find(r.allocation); m != peer.maps.end()) {
+      keep.emplace(r.allocation, m->second);
+      peer.maps.erase(m);
+      continue;
+    }
+    size_t size = 0;
+    auto base = MapImported(peer.name, r.allocation, &size);
+    if (base.ok()) keep.emplace(r.allocation, RemoteMap{*base, size});
+    // else: the region stays unresolvable; descriptors into it are PARAM_INVALID
+  }
+  for (auto& [alloc, m] : peer.maps) ReleaseImported(m.base, m.size, alloc);
+  peer.maps = std::move(keep);
+  peer.generation = generation;
+  peer.fresh = true;
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
+                                      const std::vector<TransferOpDesc>& descs,
+                                      Clock::time_point deadline) {
+  if (!initialized_) return NotInitialized();
+  if (op != READ && op != WRITE) return Status(ErrorCode::kParamInvalid, "op must be READ or WRITE");
+  std::shared_ptr<Peer> peer = FindPeer(remote);
+  if (peer == nullptr) return NotConnected(remote);
+  if (peer->lost.load() || !ipc::PidfdAlive(peer->pidfd.get()) || !PidAlive(peer->pid)) {
+    peer->lost.store(true);
+    return Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" (pid " +
+                                                std::to_string(peer->pid) + ") has exited");
+  }
+  // Local ranges: registered, and writable when we read into them.
+  std::shared_lock<std::shared_mutex> local_lk(local_mu_);
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const TransferOpDesc& d = descs[i];
+    auto it = local_.upper_bound(d.local_addr);
+    bool inside = d.len > 0 && d.local_addr + d.len > d.local_addr && it != local_.begin() &&
+                  std::prev(it)->first + std::prev(it)->second.len >= d.local_addr + d.len;
+    if (!inside)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": local range is empty or not inside memory this engine registered");
+    if (op == READ && std::prev(it)->second.read_only)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
+  }
+  ControlSlot& slot = peer->control->slots[peer->slot % 63];
+  for (int attempt = 0;; ++attempt) {
+    bool retry = false;
+    slot.busy.fetch_add(1);
+    Status st;
+    {
+      std::shared_lock<std::shared_timed_mutex> lk(peer->mu);
+      if (peer->fresh && peer->control->generation.load() == peer->generation)
+        st = ResolveAndCopy(*peer, op, descs, deadline, &retry);
+      else
+        retry = true;
+    }
+    if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) FutexWakeAll(&slot.busy);
+    if (!retry || attempt == 2) return st;
+    MB_RETURN_IF_ERROR(Refresh(*peer));
+  }
+}
+
+Status TransferEngine::Impl::ResolveAndCopy(Peer& peer, TransferOp op,
+                                            const std::vector<TransferOpDesc>& descs,
+                                            Clock::time_point deadline, bool* retry) {
+  std::vector<CopySegment> segs;
+  std::vector<iovec> local_iov, remote_iov;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const TransferOpDesc& d = descs[i];
+    auto it = peer.regions.upper_bound(d.remote_addr);
+    const ipc::EngineRegion* r = it == peer.regions.begin() ? nullptr : &std::prev(it)->second;
+    if (r == nullptr || d.remote_addr + d.len > r->address + r->length || d.remote_addr + d.len < d.remote_addr) {
+      *retry = true;  // maybe registered since our last refresh
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": remote range is not inside memory engine \"" +
+                                                  peer.name + "\" registered");
+    }
+    if (op == WRITE && r->read_only)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": remote range is read-only for its owner");
+    char* local = reinterpret_cast<char*>(d.local_addr);
+    if (r->allocation == 0) {
+      local_iov.push_back({local, d.len});
+      remote_iov.push_back({reinterpret_cast<void*>(d.remote_addr), d.len});
+      continue;
+    }
+    auto m = peer.maps.find(r->allocation);
+    if (m == peer.maps.end())
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": the remote memory could not be mapped here");
+    char* there = static_cast<char*>(m->second.base) + r->offset + (d.remote_addr - r->address);
+    segs.push_back(op == READ ? CopySegment{local, there, d.len} : CopySegment{there, local, d.len});
+  }
+  MB_RETURN_IF_ERROR(CopyAll(segs, deadline));
+  if (!local_iov.empty()) MB_RETURN_IF_ERROR(CrossMemory(peer, op, local_iov, remote_iov, deadline));
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::CopyAll(std::vector<CopySegment>& segs, Clock::time_point deadline) {
+  size_t total = 0;
+  for (const auto& s : segs) total += s.len;
+  auto timed_out = [&] { return Clock::now() > deadline; };
+  auto copy_range = [&](std::span<const CopySegment> part) -> bool {
+    size_t since_check = 0;
+    for (const auto& s : part) {
+      for (size_t done = 0; done < s.len;) {
+        size_t n = std::min(kCopyChunk, s.len - done);
+        std::memcpy(s.dst + done, s.src + done, n);
+        done += n;
+        since_check += n;
+        if (since_check >= kCopyChunk) {
+          since_check = 0;
+          if (timed_out()) return false;
+        }
+      }
+    }
+    return true;
+  };
+  if (total < kParallelCopyBytes || copy_pool_.size() == 0) {
+    if (!copy_range(segs)) return Status(ErrorCode::kTimeout, "transfer exceeded its timeout");
+    return Status::Ok();
+  }
+  // Split the bytes into equal shares; segments are cut where a share ends.
+  const size_t workers = copy_pool_.size() + 1;
+  const size_t share = (total + workers - 1) / workers;
+  std::vector<std::vector<CopySegment>> parts(workers);
+  size_t w = 0, filled = 0;
+  for (const auto& s : segs) {
+    for (size_t off = 0; off < s.len;) {
+      size_t n = std::min(s.len - off, share - filled);
+      parts[w].push_back({s.dst + off, s.src + off, n});
+      off += n;
+      filled += n;
+      if (filled == share && w + 1 < workers) {
+        ++w;
+        filled = 0;
+      }
+    }
+  }
+  std::atomic<bool> ok{true};
+  std::latch done(static_cast<ptrdiff_t>(workers - 1));
+  for (size_t i = 1; i < workers; ++i)
+    copy_pool_.Post([&, i] {
+      if (!copy_range(parts[i])) ok.store(false);
+      done.count_down();
+    });
+  if (!copy_range(parts[0])) ok.store(false);
+  done.wait();
+  return ok.load() ? Status::Ok() : Status(ErrorCode::kTimeout, "transfer exceeded its timeout");
+}
+
+Status TransferEngine::Impl::CrossMemory(Peer& peer, TransferOp op, std::vector<iovec>& local,
+                                         std::vector<iovec>& remote, Clock::time_point deadline) {
+  for (size_t first = 0; first < local.size();) {
+    if (Clock::now() > deadline) return Status(ErrorCode::kTimeout, "transfer exceeded its timeout");
+    size_t count = std::min(kMaxIov, local.size() - first);
+    size_t want = 0;
+    for (size_t i = first; i < first + count; ++i) want += local[i].iov_len;
+    ssize_t n = op == READ
+                    ? ::process_vm_readv(peer.pid, &local[first], count, &remote[first], count, 0)
+                    : ::process_vm_writev(peer.pid, &local[first], count, &remote[first], count, 0);
+    if (n < 0 || static_cast<size_t>(n) < want) {
+      int err = n < 0 ? errno : EFAULT;
+      if (err == ESRCH) {
+        peer.lost.store(true);
+        return Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" exited during the transfer");
+      }
+      if (err == EPERM)
+        return Status(ErrorCode::kPermissionDenied,
+                      "the kernel refused cross-memory attach to engine \"" + peer.name +
+                          "\" (ptrace rules: same user, and Yama's ptrace_scope)");
+      return Status(ErrorCode::kNotMapped, "engine \"" + peer.name + "\" memory could not be " +
+                                               (op == READ ? "read" : "written") + ": " +
+                                               std::strerror(err));
+    }
+    first += count;
+  }
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::TransferAsync(const std::string& remote, TransferOp op,
+                                           const std::vector<TransferOpDesc>& descs, TransferReq& req,
+                                           int32_t timeout_ms) {
+  if (!initialized_) return NotInitialized();
+  if (FindPeer(remote) == nullptr) return NotConnected(remote);
+  auto r = std::make_shared<AsyncRequest>();
+  {
+    std::lock_guard<std::mutex> lk(req_mu_);
+    req = next_req_++;
+    requests_[req] = r;
+  }
+  const auto deadline = DeadlineAfter(timeout_ms);
+  async_pool_.Post([this, r, remote, op, descs, deadline] {
+    Status st = Clock::now() > deadline ? Status(ErrorCode::kTimeout, "transfer waited past its timeout")
+                                        : Transfer(remote, op, descs, deadline);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lk(req_mu_);
+      last_error_ = st;
+    }
+    r->status.store(st.ok() ? TransferStatus::COMPLETED
+                    : st.code() == ErrorCode::kTimeout ? TransferStatus::TIMEOUT
+                                                       : TransferStatus::FAILED);
+  });
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::GetTransferStatus(TransferReq req, TransferStatus& status) {
+  std::lock_guard<std::mutex> lk(req_mu_);
+  auto it = requests_.find(req);
+  if (it == requests_.end())
+    return Status(ErrorCode::kParamInvalid, "unknown transfer request " + std::to_string(req) +
+                                                " (never made, or its final status was read)");
+  status = it->second->status.load();
+  if (status != TransferStatus::WAITING) requests_.erase(it);
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify) {
+  if (!initialized_) return NotInitialized();
+  auto peer = FindPeer(remote);
+  if (peer == nullptr || peer->lost.load()) return NotConnected(remote);
+  if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
+    return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
+  return core_->conn().Call(ipc::EngineNotifyRequest{remote, notify.name, notify.notify_msg}).status();
+}
+
+Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
+  if (!initialized_) return NotInitialized();
+  notifies.clear();
+  for (;;) {
+    MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::EngineGetNotifiesRequest{}));
+    auto* m = std::get_if<ipc::EngineNotifiesReply>(&r.body);
+    if (m == nullptr) return Status(ErrorCode::kProtocolError, "EngineGetNotifiesRequest got a wrong reply");
+    for (auto& n : m->notifies)
+      notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
+    if (m->notifies.size() < ipc::kMaxNotifiesPerReply) return Status::Ok();
+  }
+}
+
+// The public class forwards to Impl.
+TransferEngine::TransferEngine(const Client& client)
+    : impl_(std::make_unique<Impl>(client, client.core_)) {}
+TransferEngine::~TransferEngine() { impl_->Finalize(); }
+Status TransferEngine::Initialize(const std::string& name, const std::map<std::string, std::string>& options) {
+  return impl_->Initialize(name, options);
+}
+void TransferEngine::Finalize() { impl_->Finalize(); }
+Status TransferEngine::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle) {
+  return impl_->RegisterMem(mem, type, handle);
+}
+Status TransferEngine::DeregisterMem(MemHandle handle) { return impl_->DeregisterMem(handle); }
+Status TransferEngine::Connect(const std::string& remote, int32_t timeout_ms) {
+  return impl_->Connect(remote, timeout_ms);
+}
+Status TransferEngine::Disconnect(const std::string& remote, int32_t timeout_ms) {
+  return impl_->Disconnect(remote, timeout_ms);
+}
+Status TransferEngine::TransferSync(const std::string& remote, TransferOp op,
+                                    const std::vector<TransferOpDesc>& descs, int32_t timeout_ms) {
+  return impl_->Transfer(remote, op, descs, DeadlineAfter(timeout_ms));
+}
+Status TransferEngine::TransferAsync(const std::string& remote, TransferOp op,
+                                     const std::vector<TransferOpDesc>& descs, TransferReq& req,
+                                     int32_t timeout_ms) {
+  return impl_->TransferAsync(remote, op, descs, req, timeout_ms);
+}
+Status TransferEngine::GetTransferStatus(TransferReq req, TransferStatus& status) {
+  return impl_->GetTransferStatus(req, status);
+}
+Status TransferEngine::GetTransferStatus(std::span<const TransferReq> reqs,
+                                         std::vector<TransferStatus>& statuses) {
+  statuses.assign(reqs.size(), TransferStatus::FAILED);
+  for (size_t i = 0; i < reqs.size(); ++i) MB_RETURN_IF_ERROR(impl_->GetTransferStatus(reqs[i], statuses[i]));
+  return Status::Ok();
+}
+Status TransferEngine::last_error() const { return impl_->last_error(); }
+Status TransferEngine::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t) {
+  return impl_->SendNotify(remote, notify);
+}
+Status TransferEngine::GetNotifies(std::vector<Notify>& notifies) { return impl_->GetNotifies(notifies); }
+
+}  // namespace membroker
