@@ -55,6 +55,7 @@ const char kAdminHelp[] =
     "  list allocations          live allocations\n"
     "  list pools                pools: capacity, ready, hits, misses, refills\n"
     "  list quotas               usage and limits per uid and per client\n"
+    "  list engines              transfer engines: client, regions, peers, queued notifies\n"
     "  show client ID            one client and what it holds\n"
     "  show allocation ID        one allocation and who holds it\n"
     "  kick client ID            disconnect a client; everything it held is released\n"
@@ -218,6 +219,23 @@ std::string Broker::AdminCommand(const std::string& line) {
       rows.push_back(std::move(r));
     }
     return RenderTable(rows, json, "no pools (see --pool)");
+  }
+  if (w.size() == 2 && is({"list", "engines"})) {
+    std::vector<Record> rows;
+    for (const auto& [name, e] : engines_) {
+      uint64_t registered = 0;
+      for (const auto& [addr, r] : e.regions) registered += r.length;
+      Record r;
+      r.Str("engine", name)
+          .Num("client", e.session_id)
+          .Num("regions", e.regions.size())
+          .Num("registered_bytes", registered)
+          .Num("peers", e.peers.size())
+          .Num("notifies_queued", e.notifies.size())
+          .Num("notifies_refused", e.notifies_dropped);
+      rows.push_back(std::move(r));
+    }
+    return RenderTable(rows, json, "no engines");
   }
   if (w.size() == 2 && is({"list", "quotas"})) {
     std::vector<Record> rows;

@@ -33,7 +33,14 @@ int main(int argc, char** argv) {
       MallocReply{1, 4096, 4096}, ImportReply{1, 4096, 4096, true}, ExportReply{"t"},
       HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}},
       MallocRequest{8192, PagePolicy::kNormalOnly, kMallocPinned | kMallocSameAddress},
-      RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000}};
+      RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000},
+      EngineInitRequest{"e", 1}, EngineFinalizeRequest{}, EngineRegisterRequest{0x10000, 4096, 1, 0},
+      EngineRegisterRequest{0x10000, 8192, 0, 0}, EngineDeregisterRequest{1},
+      EngineConnectRequest{"e", 0}, EngineConnectRequest{"f", 5}, EngineRegionsRequest{"e"},
+      EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
+      EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
+      EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false}}}, EngineRegisterReply{1},
+      EngineNotifiesReply{{{"e", "n", "m"}}, 0}};
   int i = 0;
   for (const auto& m : msgs) {
     auto bytes = Encode({kProtocolVersion, 7, 0, m});
@@ -49,5 +56,18 @@ int main(int argc, char** argv) {
   AddRecord(&session, Encode({kProtocolVersion, 4, kFlagNoReplyOnSuccess, FreeRequest{1}}));
   AddRecord(&session, Encode({kProtocolVersion, 5, 0, PingRequest{}}), 2);
   Write(std::string(argv[2]) + "/session", session);
+  // A transfer-engine session: control allocation, init, register, connect to
+  // itself, import its region, notify, read notifies, release, finalize.
+  std::vector<uint8_t> engine{1};
+  AddRecord(&engine, Encode({kProtocolVersion, 2, 0, MallocRequest{4096}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 3, 0, EngineInitRequest{"e", 1}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 4, 0, EngineConnectRequest{"e", 0}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 5, 0, EngineImportRequest{"e", 1}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 6, 0, EngineNotifyRequest{"e", "n", "m"}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 7, 0, EngineGetNotifiesRequest{}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 8, kFlagNoReplyOnSuccess, EngineReleaseRequest{1}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 9, 0, EngineConnectRequest{"later", 5}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 10, 0, EngineFinalizeRequest{}}));
+  Write(std::string(argv[2]) + "/engine-session", engine);
   return 0;
 }
