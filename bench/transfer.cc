@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "membroker/client.h"
@@ -139,7 +140,10 @@ int main(int argc, char** argv) {
         TransferReq req = 0;
         Check(engine.TransferAsync("peer", READ, batch, req, 60000), "TransferAsync");
         TransferStatus st = TransferStatus::WAITING;
-        while (st == TransferStatus::WAITING) Check(engine.GetTransferStatus(req, st), "GetTransferStatus");
+        while (st == TransferStatus::WAITING) {
+          std::this_thread::yield();  // two cores: let the async thread run
+          Check(engine.GetTransferStatus(req, st), "GetTransferStatus");
+        }
         if (st != TransferStatus::COMPLETED) Check(engine.last_error(), "async transfer");
       });
       double memcpy_rate = Rate(total, min_s, [&] {

@@ -1,6 +1,7 @@
 // Transfer engine between real processes: the test process is one engine, a
 // forked child ("server") is the other. The child obeys one-line commands on a
 // Channel so the test decides when it registers, deregisters or dies.
+#include <grp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -54,7 +55,8 @@ uint64_t Sum(const char* p, size_t n) {
 // The child side. Commands: "sum" (checksum of region 0), "fill B", "reg"
 // (register a second region; replies its address), "dereg" (region 0),
 // "notifies" (count received), "finalize", "exit".
-int Server(const std::string& socket, const std::string& name, bool pageable, Channel& ch) {
+int Server(const std::string& socket, const std::string& name, bool pageable, bool deferred, Channel& ch) {
+  if (deferred && ch.Receive() != "go") return 9;
   auto c = Client::Connect({socket, name});
   if (!c.ok()) return 10;
   TransferEngine engine(*c);
@@ -97,16 +99,26 @@ int Server(const std::string& socket, const std::string& name, bool pageable, Ch
   }
 }
 
+// Children are forked before the test process starts threads of its own (an
+// engine's), as ThreadSanitizer requires; a deferred child starts its engine
+// only when Start() says so.
 struct ServerChild {
   Channel ch;
   pid_t pid = -1;
   uintptr_t addr = 0;
-  ServerChild(const std::string& socket, const std::string& name, bool pageable) {
+  ServerChild(const std::string& socket, const std::string& name, bool pageable, bool deferred = false) {
     pid = ForkChild([&] {
       ch.AsChild();
-      return Server(socket, name, pageable, ch);
+      return Server(socket, name, pageable, deferred, ch);
     });
     ch.AsParent();
+    if (!deferred) WaitReady();
+  }
+  void Start() {
+    ch.Send("go");
+    WaitReady();
+  }
+  void WaitReady() {
     std::istringstream in(ch.Receive());
     std::string word;
     in >> word >> addr;
@@ -230,24 +242,25 @@ TEST(Transfer, RegistrationErrors) {
 
 TEST(Transfer, ConnectionErrorsAndTimeouts) {
   BrokerProcess broker;
-  Local local(broker);
+  ServerChild server(broker.socket(), "server", false);
+  Local local(broker, "client", 16 * kSize);
   auto buf = reinterpret_cast<uintptr_t>(local.buf);
   EXPECT_EQ(local.engine->TransferSync("nobody", READ, {{buf, 0x1000, 4096}}).code(), ErrorCode::kNotConnected);
   EXPECT_EQ(local.engine->Connect("nobody", 50).code(), ErrorCode::kTimeout);
   EXPECT_EQ(local.engine->Disconnect("nobody", 50).code(), ErrorCode::kNotConnected);
-  ServerChild server(broker.socket(), "server", false);
   ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
   EXPECT_EQ(local.engine->Connect("server", 5000).code(), ErrorCode::kAlreadyConnected);
   // Descriptors outside registered memory, on either side: nothing is copied.
   std::memset(local.buf, 'L', kSize);
   EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf, server.addr, 4096}, {buf, server.addr + kSize, 4096}}).code(),
             ErrorCode::kParamInvalid);
-  EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf + kSize, server.addr, 4096}}).code(),
+  EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf + 16 * kSize, server.addr, 4096}}).code(),
             ErrorCode::kParamInvalid);
   EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf, server.addr, 0}}).code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(local.data()[0], 'L') << "a rejected batch copied something";
   // A timeout that passes mid-batch: TIMEOUT, then the seed's recovery.
-  std::vector<TransferOpDesc> big(64, {buf, server.addr, kSize});
+  std::vector<TransferOpDesc> big;
+  for (size_t i = 0; i < 16; ++i) big.push_back({buf + i * kSize, server.addr, kSize});
   EXPECT_EQ(local.engine->TransferSync("server", READ, big, 0).code(), ErrorCode::kTimeout);
   ASSERT_TRUE(local.engine->Disconnect("server", 1000).ok());
   ASSERT_TRUE(local.engine->Connect("server", 1000).ok());
@@ -258,11 +271,12 @@ TEST(Transfer, ConnectionErrorsAndTimeouts) {
 
 TEST(Transfer, ConnectWaitsInTheBrokerForTheRemoteToAppear) {
   BrokerProcess broker;
+  ServerChild server(broker.socket(), "late", false, /*deferred=*/true);
   Local local(broker);
   Status connected;
   std::thread connecter([&] { connected = local.engine->Connect("late", 10000); });
   ASSERT_EQ(broker.WaitForStat("engine_connect_waiters", 1), 1u);
-  ServerChild server(broker.socket(), "late", false);
+  server.Start();
   connecter.join();
   EXPECT_TRUE(connected.ok()) << connected.ToString();
   EXPECT_EQ(broker.Stat("engine_connect_waiters"), 0u);
@@ -308,12 +322,17 @@ TEST_P(TransferTest, PeerKilledDuringABatch) {
   BrokerProcess broker;
   {
     auto server = std::make_unique<ServerChild>(broker.socket(), "server", GetParam());
-    Local local(broker, "client", kSize);
+    auto successor = std::make_unique<ServerChild>(broker.socket(), "server", GetParam(), /*deferred=*/true);
+    Local local(broker, "client", 64 * kSize);
     ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
     auto buf = reinterpret_cast<uintptr_t>(local.buf);
-    std::vector<TransferOpDesc> batch(256, {buf, server->addr, kSize});
+    // 8 requests of 8 MiB each (distinct local bytes: requests run concurrently).
     std::vector<TransferReq> reqs(8);
-    for (auto& r : reqs) ASSERT_TRUE(local.engine->TransferAsync("server", WRITE, batch, r, 60000).ok());
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      std::vector<TransferOpDesc> batch;
+      for (size_t i = 0; i < 8; ++i) batch.push_back({buf + (r * 8 + i) * kSize, server->addr, kSize});
+      ASSERT_TRUE(local.engine->TransferAsync("server", READ, batch, reqs[r], 60000).ok());
+    }
     ::kill(server->pid, SIGKILL);
     EXPECT_EQ(WaitChild(server->pid), 128 + SIGKILL);
     int completed = 0;
@@ -323,13 +342,14 @@ TEST_P(TransferTest, PeerKilledDuringABatch) {
       EXPECT_NE(s, TransferStatus::TIMEOUT);
       completed += s == TransferStatus::COMPLETED;
     }
-    // Writes through a mapping of broker memory may finish after the death;
-    // cross-memory attach into a dead process cannot.
+    // Copies through a mapping of broker memory may finish after the death;
+    // cross-memory attach to a dead process cannot.
     if (GetParam()) EXPECT_LT(completed, 8);
     EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf, server->addr, 4096}}).code(),
               ErrorCode::kNotConnected);
     // The name comes back with a new process; the survivor connects again.
-    server = std::make_unique<ServerChild>(broker.socket(), "server", GetParam());
+    server = std::move(successor);
+    server->Start();
     ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
     ASSERT_TRUE(local.engine->TransferSync("server", READ, {{buf, server->addr, kSize}}).ok());
     EXPECT_EQ(local.data()[kSize - 1], 'S');
@@ -350,6 +370,64 @@ TEST(Transfer, APeerThatFinalizesIsNoLongerConnected) {
   EXPECT_EQ(server.Ask("finalize"), "ok");
   EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf, server.addr, 4096}}).code(), ErrorCode::kNotConnected);
   EXPECT_EQ(server.Finish(), 0);
+}
+
+// A peer that registered a read-only import: its memory can be read, never written.
+TEST(Transfer, ReadOnlyMemoryOfThePeerCannotBeWritten) {
+  BrokerProcess broker;
+  Channel ch;
+  pid_t pid = ForkChild([&] {
+    ch.AsChild();
+    std::string token = ch.Receive();
+    auto c = *Client::Connect({broker.socket(), "reader"});
+    TransferEngine engine(c);
+    if (!engine.Initialize("reader").ok()) return 10;
+    auto imported = *c.ImportFromShareableHandle(token);
+    auto r = *c.ReserveMemAddress(kSize);
+    auto m = *c.MapMem(r.base(), kSize, 0, imported);
+    MemHandle mh = nullptr;
+    if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(m.data()), kSize}, MEM_HOST, mh).ok()) return 11;
+    ch.Send(std::to_string(reinterpret_cast<uintptr_t>(m.data())));
+    return ch.Receive() == "exit" ? 0 : 12;
+  });
+  ch.AsParent();
+  Local local(broker);
+  auto h = *local.client.MallocPhysical(kSize);
+  auto range = *local.client.ReserveMemAddress(kSize);
+  auto map = *local.client.MapMem(range.base(), kSize, 0, h);
+  std::memset(map.data(), 'R', kSize);
+  ch.Send(*local.client.ExportToShareableHandle(h, kExportReadOnly | kExportNoPidCheck));
+  uintptr_t remote = std::stoull(ch.Receive());
+  ASSERT_TRUE(local.engine->Connect("reader", 5000).ok());
+  auto buf = reinterpret_cast<uintptr_t>(local.buf);
+  EXPECT_EQ(local.engine->TransferSync("reader", WRITE, {{buf, remote, 4096}}).code(), ErrorCode::kParamInvalid);
+  ASSERT_TRUE(local.engine->TransferSync("reader", READ, {{buf, remote, kSize}}).ok());
+  EXPECT_EQ(local.data()[kSize - 1], 'R');
+  ch.Send("exit");
+  EXPECT_EQ(WaitChild(pid), 0);
+}
+
+// Engines of different users cannot connect to each other.
+TEST(Transfer, AnotherUsersEngineIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to create a process of another uid";
+  BrokerProcess broker({"--socket-group", "65534", "--allow-uid", "65534"});
+  Channel ch;
+  pid_t pid = ForkChild([&] {
+    ch.AsChild();
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) return 10;
+    auto c = Client::Connect({broker.socket(), "nobody"});
+    if (!c.ok()) return 11;
+    TransferEngine engine(*c);
+    if (!engine.Initialize("nobody").ok()) return 12;
+    ch.Send("ready");
+    return ch.Receive() == "exit" ? 0 : 13;
+  });
+  ch.AsParent();
+  Local local(broker);
+  ASSERT_EQ(ch.Receive(), "ready");
+  EXPECT_EQ(local.engine->Connect("nobody", 1000).code(), ErrorCode::kPermissionDenied);
+  ch.Send("exit");
+  EXPECT_EQ(WaitChild(pid), 0);
 }
 
 }  // namespace
