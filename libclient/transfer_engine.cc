@@ -86,6 +86,7 @@ Clock::time_point DeadlineAfter(int32_t timeout_ms) {
 class ThreadPool {
  public:
   void Start(size_t n) {
+    stop_ = false;  // an engine may be initialized again after Finalize
     for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
   }
   ~ThreadPool() { Stop(); }
@@ -399,8 +400,9 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
     peer->pid = info->pid;
     peer->slot = info->slot;
     peer->control_allocation = info->control_allocation;
-    MB_ASSIGN_OR_RETURN(peer->pidfd, ipc::PidfdOpenIfSupported(info->pid));
-    if (!PidAlive(info->pid) || !ipc::PidfdAlive(peer->pidfd.get())) {
+    auto pidfd = ipc::PidfdOpenIfSupported(info->pid);
+    if (pidfd.ok()) peer->pidfd = std::move(*pidfd);
+    if (!pidfd.ok() || !PidAlive(info->pid) || !ipc::PidfdAlive(peer->pidfd.get())) {
       // The broker has not yet seen that engine's process exit: try again.
       (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
       if (Clock::now() >= deadline)

@@ -372,6 +372,25 @@ TEST(Transfer, APeerThatFinalizesIsNoLongerConnected) {
   EXPECT_EQ(server.Finish(), 0);
 }
 
+TEST(Transfer, AnEngineCanBeInitializedAgainAfterFinalize) {
+  BrokerProcess broker;
+  ServerChild server(broker.socket(), "server", false);
+  Local local(broker);
+  ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
+  local.engine->Finalize();
+  EXPECT_EQ(local.engine->Connect("server", 100).code(), ErrorCode::kParamInvalid) << "not initialized";
+  ASSERT_TRUE(local.engine->Initialize("client").ok()) << "the name was given back";
+  auto buf = reinterpret_cast<uintptr_t>(local.buf);
+  ASSERT_TRUE(local.engine->RegisterMem({buf, kSize}, MEM_HOST, local.handle).ok());
+  ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
+  TransferReq req = 0;
+  ASSERT_TRUE(local.engine->TransferAsync("server", READ, {{buf, server.addr, kSize}}, req, 5000).ok());
+  TransferStatus st = TransferStatus::WAITING;
+  while (st == TransferStatus::WAITING) ASSERT_TRUE(local.engine->GetTransferStatus(req, st).ok());
+  EXPECT_EQ(st, TransferStatus::COMPLETED);
+  EXPECT_EQ(server.Finish(), 0);
+}
+
 // A peer that registered a read-only import: its memory can be read, never written.
 TEST(Transfer, ReadOnlyMemoryOfThePeerCannotBeWritten) {
   BrokerProcess broker;

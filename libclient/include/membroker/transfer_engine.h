@@ -99,13 +99,15 @@ class TransferEngine {
   // WAITING, or a final status - reported once, after which req is forgotten
   // (PARAM_INVALID). last_error() tells why a request FAILED.
   Status GetTransferStatus(TransferReq req, TransferStatus& status);
-  // Batch polling: one status per request, in order.
+  // Batch polling: one status per request, in order. An unknown request is
+  // PARAM_INVALID, and the statuses after it are not read.
   Status GetTransferStatus(std::span<const TransferReq> reqs, std::vector<TransferStatus>& statuses);
   // The Status of the last request that ended FAILED or TIMEOUT.
   Status last_error() const;
 
   // Queues a small message at remote_engine (connected): RESOURCE_EXHAUSTED
-  // when its queue (256) is full.
+  // when its queue (256) is full. One round trip to the broker, which never
+  // waits on the remote: timeout_ms is accepted for HIXL's signature only.
   Status SendNotify(const std::string& remote_engine, const NotifyDesc& notify,
                     int32_t timeout_ms = 1000);
   // Takes every notify queued for this engine, oldest first.
