@@ -356,6 +356,8 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
   if (reason == CloseReason::kPeerClosed) why = s.said_goodbye ? "clean" : "crash";
   if (reason == CloseReason::kPeerClosed && !s.said_goodbye) ++counters_.clients_crashed;
   EndEngineSession(s, /*all=*/true);
+  EndNamesSession(s, /*crashed=*/!s.said_goodbye);
+  for (Waiter* w : WaitersOf(s.id)) CloseWaiter(w);
   std::vector<uint64_t> held = s.ledger.TakeAll();
   counters_.released_on_disconnect += held.size();
   for (uint64_t id : held) ReleaseHolding(s, id);

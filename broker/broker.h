@@ -19,6 +19,8 @@
 #include "address_window.h"
 #include "allocation_table.h"
 #include "engines.h"
+#include "names.h"
+#include "waiter.h"
 #include "options.h"
 #include "pool.h"
 #include "membroker/ipc/protocol.h"
@@ -61,7 +63,7 @@ class Broker {
     return sessions_.empty() && table_.all().empty() && table_.export_count() == 0 &&
            u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
            window_.used() == 0 && counters_.bytes_pending == 0 &&
-           engines_.empty() && connect_waiters_.empty();
+           engines_.empty() && waiters_.empty() && names_.empty();
   }
 
   // Admin commands ("stats", "list clients", ... with optional --json).
@@ -121,9 +123,31 @@ class Broker {
   Status ConnectPeer(Session& peer, uint64_t rid, Engine& e);
   ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
   // Removes s's engine (its name, regions and inbound peers) and s's own
-  // connections; with `all`, also its connect waiters and engine holdings.
+  // connections; with `all`, also its engine holdings.
   void EndEngineSession(Session& s, bool all);
-  void CloseConnectWaiter(ConnectWaiter* w);
+
+  // Named objects and events (names.cc).
+  Status HandlePublish(Session& s, const ipc::PublishRequest& m);
+  Status HandleLookup(Session& s, uint64_t rid, const ipc::LookupRequest& m);
+  Status HandleUnpublish(Session& s, const ipc::UnpublishRequest& m);
+  Status HandleListNames(Session& s, uint64_t rid, const ipc::ListNamesRequest& m);
+  Status HandleSubscribe(Session& s, const ipc::SubscribeRequest& m);
+  Status HandleWaitEvents(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m);
+  // Gives s a reference to the named object and sends the ImportReply.
+  Status GrantNamed(Session& s, uint64_t rid, const NamedEntry& e);
+  void Unpublish(std::map<std::string, NamedEntry>::iterator it, int32_t pid);
+  void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid);
+  void SendEvents(Session& s, uint64_t rid);
+  // At session close: names it published go (unless persistent), and a
+  // crash tells subscribers that a holder of each named object it held died.
+  void EndNamesSession(Session& s, bool crashed);
+
+  // Waiters (waiters.cc).
+  Status AddWaiter(Session& s, uint64_t rid, Waiter::Kind kind, const std::string& key, uint32_t timeout_ms);
+  std::vector<Waiter*> WaitersFor(Waiter::Kind kind, const std::string& key);
+  std::vector<Waiter*> WaitersOf(uint64_t session_id);
+  void CloseWaiter(Waiter* w);
+  static void OnWaiterTimeout(uv_timer_t* t);
   // Completes a MallocRequest whose memory was created (or failed): charges
   // were made up front with `charged`; they are settled here.
   struct PendingMalloc {
@@ -139,6 +163,8 @@ class Broker {
   // Drops session s's reference to an allocation and settles its charges.
   // engine_import: the reference an engine took with EngineImport.
   void ReleaseHolding(Session& s, uint64_t allocation_id, bool engine_import = false);
+  // Drops one reference; the allocation goes when the last one does.
+  void DropReference(uint64_t allocation_id);
   Status Charge(Session& s, const Usage& delta);
   void Uncharge(Session* s, uid_t uid, const Usage& delta);
   void FillPools();
@@ -172,7 +198,8 @@ class Broker {
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
   BrokerCounters counters_;
   std::map<std::string, Engine> engines_;  // by name
-  std::vector<ConnectWaiter*> connect_waiters_;
+  std::vector<Waiter*> waiters_;
+  std::map<std::string, NamedEntry> names_;
   uint64_t next_region_id_ = 1;
 };
 

@@ -50,15 +50,12 @@ Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
   MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
           m.name.c_str());
   // Peers that were waiting for this name connect now.
-  std::vector<ConnectWaiter*> ready;
-  for (ConnectWaiter* w : connect_waiters_)
-    if (w->remote == m.name) ready.push_back(w);
-  for (ConnectWaiter* w : ready) {
+  for (Waiter* w : WaitersFor(Waiter::Kind::kConnect, m.name)) {
     if (Session* peer = FindSession(w->session_id)) {
       Status st = ConnectPeer(*peer, w->request_id, e);
       if (!st.ok()) SendError(*peer, w->request_id, st);
     }
-    CloseConnectWaiter(w);
+    CloseWaiter(w);
   }
   return Status::Ok();
 }
@@ -86,10 +83,6 @@ void Broker::EndEngineSession(Session& s, bool all) {
   }
   s.engine.clear();
   if (!all) return;
-  std::vector<ConnectWaiter*> mine;
-  for (ConnectWaiter* w : connect_waiters_)
-    if (w->session_id == s.id) mine.push_back(w);
-  for (ConnectWaiter* w : mine) CloseConnectWaiter(w);
   for (uint64_t id : s.engine_holdings.TakeAll()) ReleaseHolding(s, id, /*engine_import=*/true);
 }
 
@@ -173,41 +166,7 @@ Status Broker::HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineCo
   if (auto it = engines_.find(m.remote); it != engines_.end()) return ConnectPeer(s, rid, it->second);
   if (m.timeout_ms == 0)
     return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");
-  if (m.timeout_ms > kMaxConnectTimeoutMs)
-    return Status(ErrorCode::kParamInvalid, "connect timeout above 10 minutes");
-  if (s.connect_waiters >= kMaxConnectWaitersPerClient)
-    return Status(ErrorCode::kResourceExhausted, "too many connects waiting for this client");
-  // Wait in the broker, without polling, for the engine to appear.
-  auto* w = new ConnectWaiter();
-  w->broker = this;
-  w->session_id = s.id;
-  w->request_id = rid;
-  w->remote = m.remote;
-  w->timer.data = w;
-  uv_timer_init(&loop_, &w->timer);
-  uv_timer_start(
-      &w->timer,
-      [](uv_timer_t* t) {
-        auto* w = static_cast<ConnectWaiter*>(t->data);
-        if (Session* s = w->broker->FindSession(w->session_id))
-          w->broker->SendError(*s, w->request_id,
-                               Status(ErrorCode::kTimeout,
-                                      "no engine named \"" + w->remote + "\" appeared in time"));
-        w->broker->CloseConnectWaiter(w);
-      },
-      m.timeout_ms, 0);
-  connect_waiters_.push_back(w);
-  ++s.connect_waiters;
-  return Status::Ok();
-}
-
-void Broker::CloseConnectWaiter(ConnectWaiter* w) {
-  connect_waiters_.erase(std::remove(connect_waiters_.begin(), connect_waiters_.end(), w),
-                         connect_waiters_.end());
-  if (Session* s = FindSession(w->session_id)) --s->connect_waiters;
-  uv_timer_stop(&w->timer);
-  uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
-           [](uv_handle_t* h) { delete static_cast<ConnectWaiter*>(h->data); });
+  return AddWaiter(s, rid, Waiter::Kind::kConnect, m.remote, m.timeout_ms);
 }
 
 Status Broker::HandleEngineRegions(Session& s, uint64_t rid, const ipc::EngineRegionsRequest& m) {

@@ -5,8 +5,6 @@
 // attach for an engine's own registered memory).
 #pragma once
 
-#include <uv.h>
-
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -16,14 +14,10 @@
 
 namespace membroker::broker {
 
-class Broker;
-
 // Peers per engine: each connected peer owns one slot of the engine's control
 // block (a 4 KiB allocation: a header and 63 slots of 64 bytes).
 inline constexpr uint32_t kEngineSlots = 63;
 inline constexpr size_t kMaxQueuedNotifies = 256;
-inline constexpr size_t kMaxConnectWaitersPerClient = 16;
-inline constexpr uint32_t kMaxConnectTimeoutMs = 10 * 60 * 1000;
 
 struct Engine {
   std::string name;
@@ -35,13 +29,5 @@ struct Engine {
   uint64_t notifies_dropped = 0;
 };
 
-// A Connect waiting for its remote engine to appear (or its timeout).
-struct ConnectWaiter {
-  uv_timer_t timer{};
-  Broker* broker = nullptr;
-  uint64_t session_id = 0;
-  uint64_t request_id = 0;
-  std::string remote;
-};
 
 }  // namespace membroker::broker

@@ -142,6 +142,21 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   } else if (std::holds_alternative<ipc::EngineGetNotifiesRequest>(env.body)) {
     st = HandleEngineGetNotifies(s, rid);
     replied = true;
+  } else if (auto* m = std::get_if<ipc::PublishRequest>(&env.body)) {
+    st = HandlePublish(s, *m);
+  } else if (auto* m = std::get_if<ipc::LookupRequest>(&env.body)) {
+    st = HandleLookup(s, rid, *m);
+    replied = true;  // now, when the name is published, or at the timeout
+  } else if (auto* m = std::get_if<ipc::UnpublishRequest>(&env.body)) {
+    st = HandleUnpublish(s, *m);
+  } else if (auto* m = std::get_if<ipc::ListNamesRequest>(&env.body)) {
+    st = HandleListNames(s, rid, *m);
+    replied = true;
+  } else if (auto* m = std::get_if<ipc::SubscribeRequest>(&env.body)) {
+    st = HandleSubscribe(s, *m);
+  } else if (auto* m = std::get_if<ipc::WaitEventsRequest>(&env.body)) {
+    st = HandleWaitEvents(s, rid, *m);
+    replied = true;
   } else if (std::holds_alternative<ipc::PingRequest>(env.body)) {
     st = Status::Ok();
   } else if (std::holds_alternative<ipc::GoodbyeRequest>(env.body)) {
@@ -307,6 +322,10 @@ void Broker::ReleaseHolding(Session& s, uint64_t id, bool engine_import) {
     s.usage -= a->charge;  // the uid stays charged while the allocation lives
   else
     Uncharge(&s, s.cred.uid, Usage{0, 0, 0, 1});  // an import
+  DropReference(id);
+}
+
+void Broker::DropReference(uint64_t id) {
   std::optional<Allocation> gone = table_.DropHolder(id);
   if (!gone) return;
   MB_DEBUG("free", "id=%llu size=%llu", static_cast<unsigned long long>(id),

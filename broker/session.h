@@ -15,6 +15,7 @@
 #include "accounting.h"
 #include "ledger.h"
 #include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
 #include "membroker/ipc/unique_fd.h"
 
 namespace membroker::broker {
@@ -50,7 +51,11 @@ struct Session {
   std::string engine;
   std::map<std::string, uint32_t> connected;
   Ledger engine_holdings;
-  uint32_t connect_waiters = 0;
+  uint32_t waiters = 0;  // requests of this client waiting in the broker (waiter.h)
+  // Named-object events (names.h): prefixes subscribed to, and the queue.
+  std::vector<std::string> subscriptions;
+  std::deque<ipc::NameEvent> events;
+  uint64_t events_dropped = 0;
   std::deque<OutFrame> outbound;
 };
 

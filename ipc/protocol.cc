@@ -158,6 +158,48 @@ struct Encoder {
     return {w::Message_EngineNotifiesReply,
             w::CreateEngineNotifiesReply(b, vec, m.dropped).Union()};
   }
+  std::pair<w::Message, fb::Offset<void>> operator()(const PublishRequest& m) {
+    auto n = b.CreateString(m.name);
+    return {w::Message_PublishRequest, w::CreatePublishRequest(b, n, m.allocation, m.flags).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const LookupRequest& m) {
+    auto n = b.CreateString(m.name);
+    return {w::Message_LookupRequest, w::CreateLookupRequest(b, n, m.timeout_ms).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const UnpublishRequest& m) {
+    auto n = b.CreateString(m.name);
+    return {w::Message_UnpublishRequest, w::CreateUnpublishRequest(b, n).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ListNamesRequest& m) {
+    auto p = b.CreateString(m.prefix);
+    return {w::Message_ListNamesRequest, w::CreateListNamesRequest(b, p).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const ListNamesReply& m) {
+    std::vector<fb::Offset<w::NamedObject>> os;
+    for (const auto& o : m.objects) {
+      auto n = b.CreateString(o.name);
+      os.push_back(w::CreateNamedObject(b, n, o.allocation, o.size, o.read_only, o.persist,
+                                        o.publisher_pid));
+    }
+    auto vec = b.CreateVector(os);
+    return {w::Message_ListNamesReply, w::CreateListNamesReply(b, vec, m.truncated).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const SubscribeRequest& m) {
+    auto p = b.CreateString(m.prefix);
+    return {w::Message_SubscribeRequest, w::CreateSubscribeRequest(b, p).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const WaitEventsRequest& m) {
+    return {w::Message_WaitEventsRequest, w::CreateWaitEventsRequest(b, m.timeout_ms).Union()};
+  }
+  std::pair<w::Message, fb::Offset<void>> operator()(const EventsReply& m) {
+    std::vector<fb::Offset<w::NameEvent>> es;
+    for (const auto& e : m.events) {
+      auto n = b.CreateString(e.name);
+      es.push_back(w::CreateNameEvent(b, static_cast<w::NameEventKind>(e.kind), n, e.allocation, e.pid));
+    }
+    auto vec = b.CreateVector(es);
+    return {w::Message_EventsReply, w::CreateEventsReply(b, vec, m.dropped).Union()};
+  }
   std::pair<w::Message, fb::Offset<void>> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -348,6 +390,67 @@ Result<Message> DecodeBody(const w::Envelope* env) {
       }
       return Message(std::move(r));
     }
+    case w::Message_PublishRequest: {
+      auto m = env->body_as_PublishRequest();
+      PublishRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxObjectNameBytes, "name", &r.name));
+      r.allocation = m->allocation();
+      r.flags = m->flags();
+      return Message(std::move(r));
+    }
+    case w::Message_LookupRequest: {
+      auto m = env->body_as_LookupRequest();
+      LookupRequest r;
+      MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxObjectNameBytes, "name", &r.name));
+      r.timeout_ms = m->timeout_ms();
+      return Message(std::move(r));
+    }
+    case w::Message_UnpublishRequest: {
+      UnpublishRequest r;
+      MB_RETURN_IF_ERROR(ReadString(env->body_as_UnpublishRequest()->name(), kMaxObjectNameBytes, "name", &r.name));
+      return Message(std::move(r));
+    }
+    case w::Message_ListNamesRequest: {
+      ListNamesRequest r;
+      MB_RETURN_IF_ERROR(ReadString(env->body_as_ListNamesRequest()->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+      return Message(std::move(r));
+    }
+    case w::Message_ListNamesReply: {
+      auto m = env->body_as_ListNamesReply();
+      ListNamesReply r;
+      r.truncated = m->truncated();
+      if (auto os = m->objects()) {
+        if (os->size() > kMaxNamesPerReply) return Malformed("too many names");
+        for (const auto* o : *os) {
+          NamedObject n{"", o->allocation(), o->size(), o->read_only(), o->persist(), o->publisher_pid()};
+          MB_RETURN_IF_ERROR(ReadString(o->name(), kMaxObjectNameBytes, "name", &n.name));
+          r.objects.push_back(std::move(n));
+        }
+      }
+      return Message(std::move(r));
+    }
+    case w::Message_SubscribeRequest: {
+      SubscribeRequest r;
+      MB_RETURN_IF_ERROR(ReadString(env->body_as_SubscribeRequest()->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+      return Message(std::move(r));
+    }
+    case w::Message_WaitEventsRequest:
+      return Message(WaitEventsRequest{env->body_as_WaitEventsRequest()->timeout_ms()});
+    case w::Message_EventsReply: {
+      auto m = env->body_as_EventsReply();
+      EventsReply r;
+      r.dropped = m->dropped();
+      if (auto es = m->events()) {
+        if (es->size() > kMaxEventsPerReply) return Malformed("too many events");
+        for (const auto* e : *es) {
+          if (e->kind() > w::NameEventKind_MAX) return Malformed("unknown event kind");
+          NameEvent n{static_cast<NameEventKind>(e->kind()), "", e->allocation(), e->pid()};
+          MB_RETURN_IF_ERROR(ReadString(e->name(), kMaxObjectNameBytes, "name", &n.name));
+          r.events.push_back(std::move(n));
+        }
+      }
+      return Message(std::move(r));
+    }
     case w::Message_PingRequest:
       return Message(PingRequest{});
     case w::Message_GoodbyeRequest:
@@ -401,7 +504,9 @@ const char* MessageName(const Message& body) {
       "EngineRegisterRequest", "EngineRegisterReply", "EngineDeregisterRequest",
       "EngineConnectRequest", "EngineRegionsRequest", "EngineInfoReply", "EngineImportRequest",
       "EngineReleaseRequest", "EngineDisconnectRequest", "EngineNotifyRequest",
-      "EngineGetNotifiesRequest", "EngineNotifiesReply"};
+      "EngineGetNotifiesRequest", "EngineNotifiesReply", "PublishRequest", "LookupRequest",
+      "UnpublishRequest", "ListNamesRequest", "ListNamesReply", "SubscribeRequest",
+      "WaitEventsRequest", "EventsReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[body.index()];
 }

@@ -275,11 +275,11 @@ TEST(Transfer, ConnectWaitsInTheBrokerForTheRemoteToAppear) {
   Local local(broker);
   Status connected;
   std::thread connecter([&] { connected = local.engine->Connect("late", 10000); });
-  ASSERT_EQ(broker.WaitForStat("engine_connect_waiters", 1), 1u);
+  ASSERT_EQ(broker.WaitForStat("waiters", 1), 1u);
   server.Start();
   connecter.join();
   EXPECT_TRUE(connected.ok()) << connected.ToString();
-  EXPECT_EQ(broker.Stat("engine_connect_waiters"), 0u);
+  EXPECT_EQ(broker.Stat("waiters"), 0u);
   EXPECT_EQ(server.Finish(), 0);
 }
 

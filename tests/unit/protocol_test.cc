@@ -48,6 +48,14 @@ TEST(Protocol, EveryMessageRoundTrips) {
       EngineNotifyRequest{"decode-0", "block", "ready 17"},
       EngineGetNotifiesRequest{},
       EngineNotifiesReply{{{"prefill-0", "block", "ready 17"}}, 2},
+      PublishRequest{"pipeline/ring0", 7, kPublishReadOnly | kPublishPersist},
+      LookupRequest{"pipeline/ring0", 2500},
+      UnpublishRequest{"pipeline/ring0"},
+      ListNamesRequest{"pipeline/"},
+      ListNamesReply{{{"pipeline/ring0", 7, 1 << 20, true, true, 4242}}, true},
+      SubscribeRequest{"pipeline/"},
+      WaitEventsRequest{100},
+      EventsReply{{{NameEventKind::kHolderDied, "pipeline/ring0", 7, 4243}}, 3},
   };
   ASSERT_EQ(all.size(), std::variant_size_v<Message>) << "a message type has no round-trip case";
   uint64_t rid = 1;

@@ -29,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "membroker/status.h"
 
@@ -72,6 +73,31 @@ inline constexpr uint32_t kMapPopulate = 1u << 0;  // pre-fault every page now (
 // ExportToShareableHandle flags.
 inline constexpr uint32_t kExportNoPidCheck = 1u << 0;  // any same-uid process may import
 inline constexpr uint32_t kExportReadOnly = 1u << 1;    // importers get a read-only fd
+
+// Publish flags.
+inline constexpr uint32_t kPublishReadOnly = 1u << 0;  // lookups get a read-only handle
+inline constexpr uint32_t kPublishPersist = 1u << 1;   // outlives this process until unpublished
+
+struct NamedObjectInfo {
+  std::string name;
+  uint64_t allocation = 0;
+  size_t size = 0;
+  bool read_only = false;
+  bool persist = false;
+  pid_t publisher_pid = 0;
+};
+
+enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2 };
+struct NameEvent {
+  NameEventKind kind = NameEventKind::kPublished;
+  std::string name;
+  uint64_t allocation = 0;
+  pid_t pid = 0;  // the publisher, or the process that died holding the object
+};
+struct NameEvents {
+  std::vector<NameEvent> events;
+  uint64_t dropped = 0;  // lost to a full queue (1024 per client), since Subscribe
+};
 
 struct ConnectOptions {
   std::string socket_path;
@@ -218,6 +244,25 @@ class Client {
   Status HostRegister(void* ptr, size_t size, uint32_t flags = 0);
   // Unlocks and forgets a registration made at exactly ptr (no wait).
   Status HostUnregister(void* ptr);
+
+  // Named objects (docs/NAMES.md). Publish: one round trip; the name refers to
+  // the handle's allocation (the publication holds its own reference). Names
+  // are unique per broker (ALREADY_EXISTS). Without kPublishPersist the name
+  // goes when this process exits.
+  Status Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags = 0);
+  // A handle to the named allocation, as an import. Waits in the broker up to
+  // timeout_ms for the name to be published (TIMEOUT); 0: NOT_FOUND at once.
+  Result<PhysicalHandle> Lookup(const std::string& name, int timeout_ms = 0);
+  // Removes the name (and its reference); holders keep their handles.
+  Status Unpublish(const std::string& name);
+  // Names starting with prefix, sorted; at most 128.
+  Result<std::vector<NamedObjectInfo>> ListNames(const std::string& prefix = "");
+  // Events for names starting with prefix ("" for all): published,
+  // unpublished, holder died (a process holding the object ended without
+  // closing its client). Queued in the broker, 1024 at most per client.
+  Status Subscribe(const std::string& prefix);
+  // Waits up to timeout_ms for at least one event; an empty list on timeout.
+  Result<NameEvents> WaitEvents(int timeout_ms);
 
   // One round trip with no effect: a liveness check.
   Status Ping();

@@ -26,6 +26,14 @@ inline constexpr size_t kMaxEngineRegions = 512;        // per engine; one reply
 inline constexpr size_t kMaxNotifyNameBytes = 128;
 inline constexpr size_t kMaxNotifyMessageBytes = 1024;
 inline constexpr size_t kMaxNotifiesPerReply = 32;
+inline constexpr size_t kMaxObjectNameBytes = 256;
+inline constexpr size_t kMaxNamesPerReply = 128;
+inline constexpr size_t kMaxEventsPerReply = 64;
+
+// Publish flags.
+inline constexpr uint32_t kPublishReadOnly = 1u << 0;
+inline constexpr uint32_t kPublishPersist = 1u << 1;
+inline constexpr uint32_t kPublishKnownFlags = kPublishReadOnly | kPublishPersist;
 
 // Envelope flag: the sender does not wait; the broker answers only on failure.
 inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
@@ -200,6 +208,60 @@ struct EngineNotifiesReply {
   uint64_t dropped = 0;
   bool operator==(const EngineNotifiesReply&) const = default;
 };
+struct PublishRequest {
+  std::string name;
+  uint64_t allocation = 0;
+  uint32_t flags = 0;
+  bool operator==(const PublishRequest&) const = default;
+};
+struct LookupRequest {  // answered by ImportReply + fd
+  std::string name;
+  uint32_t timeout_ms = 0;
+  bool operator==(const LookupRequest&) const = default;
+};
+struct UnpublishRequest {
+  std::string name;
+  bool operator==(const UnpublishRequest&) const = default;
+};
+struct ListNamesRequest {
+  std::string prefix;
+  bool operator==(const ListNamesRequest&) const = default;
+};
+struct NamedObject {
+  std::string name;
+  uint64_t allocation = 0;
+  uint64_t size = 0;
+  bool read_only = false;
+  bool persist = false;
+  int32_t publisher_pid = 0;
+  bool operator==(const NamedObject&) const = default;
+};
+struct ListNamesReply {
+  std::vector<NamedObject> objects;
+  bool truncated = false;
+  bool operator==(const ListNamesReply&) const = default;
+};
+struct SubscribeRequest {
+  std::string prefix;
+  bool operator==(const SubscribeRequest&) const = default;
+};
+struct WaitEventsRequest {
+  uint32_t timeout_ms = 0;
+  bool operator==(const WaitEventsRequest&) const = default;
+};
+enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2 };
+struct NameEvent {
+  NameEventKind kind = NameEventKind::kPublished;
+  std::string name;
+  uint64_t allocation = 0;
+  int32_t pid = 0;
+  bool operator==(const NameEvent&) const = default;
+};
+struct EventsReply {
+  std::vector<NameEvent> events;
+  uint64_t dropped = 0;
+  bool operator==(const EventsReply&) const = default;
+};
 struct PingRequest {
   bool operator==(const PingRequest&) const = default;
 };
@@ -223,7 +285,9 @@ using Message =
                  EngineRegisterRequest, EngineRegisterReply, EngineDeregisterRequest,
                  EngineConnectRequest, EngineRegionsRequest, EngineInfoReply, EngineImportRequest,
                  EngineReleaseRequest, EngineDisconnectRequest, EngineNotifyRequest,
-                 EngineGetNotifiesRequest, EngineNotifiesReply>;
+                 EngineGetNotifiesRequest, EngineNotifiesReply, PublishRequest, LookupRequest,
+                 UnpublishRequest, ListNamesRequest, ListNamesReply, SubscribeRequest,
+                 WaitEventsRequest, EventsReply>;
 
 struct Envelope {
   uint16_t protocol_version = kProtocolVersion;

@@ -1,0 +1,71 @@
+// Client calls for named objects and their events (docs/NAMES.md).
+#include "client_core.h"
+#include "membroker/client.h"
+
+namespace membroker {
+
+namespace {
+Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
+Status CheckName(const std::string& name) {
+  if (name.empty() || name.size() > ipc::kMaxObjectNameBytes)
+    return Status(ErrorCode::kParamInvalid, "a name is 1 to 256 bytes");
+  return Status::Ok();
+}
+uint32_t Millis(int timeout_ms) { return timeout_ms < 0 ? 0 : static_cast<uint32_t>(timeout_ms); }
+}  // namespace
+
+Status Client::Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags) {
+  if (!core_) return NotConnectedClient();
+  MB_RETURN_IF_ERROR(CheckName(name));
+  if (!handle.valid() || !core_->HoldsUnfreed(handle.id()))
+    return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
+  return core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags}).status();
+}
+
+Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
+  if (!core_) return NotConnectedClient();
+  MB_RETURN_IF_ERROR(CheckName(name));
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::LookupRequest{name, Millis(timeout_ms)}));
+  auto* m = std::get_if<ipc::ImportReply>(&r.body);
+  if (m == nullptr) return Status(ErrorCode::kProtocolError, "LookupRequest got a wrong reply");
+  return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only, m->pinned,
+                     m->fixed_address);
+}
+
+Status Client::Unpublish(const std::string& name) {
+  if (!core_) return NotConnectedClient();
+  MB_RETURN_IF_ERROR(CheckName(name));
+  return core_->conn().Call(ipc::UnpublishRequest{name}).status();
+}
+
+Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix) {
+  if (!core_) return NotConnectedClient();
+  if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ListNamesRequest{prefix}));
+  auto* m = std::get_if<ipc::ListNamesReply>(&r.body);
+  if (m == nullptr) return Status(ErrorCode::kProtocolError, "ListNamesRequest got a wrong reply");
+  std::vector<NamedObjectInfo> out;
+  for (auto& o : m->objects)
+    out.push_back({std::move(o.name), o.allocation, o.size, o.read_only, o.persist, o.publisher_pid});
+  return out;
+}
+
+Status Client::Subscribe(const std::string& prefix) {
+  if (!core_) return NotConnectedClient();
+  if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
+  return core_->conn().Call(ipc::SubscribeRequest{prefix}).status();
+}
+
+Result<NameEvents> Client::WaitEvents(int timeout_ms) {
+  if (!core_) return NotConnectedClient();
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::WaitEventsRequest{Millis(timeout_ms)}));
+  auto* m = std::get_if<ipc::EventsReply>(&r.body);
+  if (m == nullptr) return Status(ErrorCode::kProtocolError, "WaitEventsRequest got a wrong reply");
+  NameEvents out;
+  out.dropped = m->dropped;
+  for (auto& e : m->events)
+    out.events.push_back({static_cast<NameEventKind>(e.kind), std::move(e.name), e.allocation, e.pid});
+  return out;
+}
+
+}  // namespace membroker

@@ -1,0 +1,189 @@
+// Named objects between real processes: publish, lookup (waiting in the
+// broker), persistence past the publisher, events with a bounded queue.
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+
+namespace membroker::testing {
+namespace {
+
+constexpr size_t kSize = 1 << 20;
+
+// Maps a handle whole and returns the first byte and a checksum-free check
+// that every byte equals `want`.
+bool AllBytesAre(Client& c, const PhysicalHandle& h, char want) {
+  auto r = c.ReserveMemAddress(h.size());
+  auto m = c.MapMem(r->base(), h.size(), 0, h);
+  if (!m.ok()) return false;
+  for (size_t i = 0; i < h.size(); ++i)
+    if (m->as<char>()[i] != want) return false;
+  return true;
+}
+
+PhysicalHandle Filled(Client& c, char fill, Reservation* r, Mapping* m) {
+  auto h = *c.MallocPhysical(kSize);
+  *r = *c.ReserveMemAddress(kSize);
+  *m = *c.MapMem(r->base(), kSize, 0, h);
+  std::memset(m->data(), fill, kSize);
+  return h;
+}
+
+TEST(Names, PublishedInOneProcessFoundInAnother) {
+  BrokerProcess broker;
+  Channel ch;
+  pid_t child = ForkChild([&] {
+    ch.AsChild();
+    if (ch.Receive() != "look") return 9;
+    auto c = *Client::Connect({broker.socket(), "consumer"});
+    auto h = c.Lookup("tensors/a", 1000);
+    if (!h.ok()) return 10;
+    if (!h->read_only()) return 11;
+    if (!AllBytesAre(c, *h, 'A')) return 12;
+    if (c.Lookup("tensors/missing").code() != ErrorCode::kNotFound) return 13;
+    if (c.Lookup("tensors/missing", 30).code() != ErrorCode::kTimeout) return 14;
+    return 0;
+  });
+  ch.AsParent();
+  auto c = *Client::Connect({broker.socket(), "producer"});
+  Reservation r;
+  Mapping m;
+  auto h = Filled(c, 'A', &r, &m);
+  ASSERT_TRUE(c.Publish("tensors/a", h, kPublishReadOnly).ok());
+  EXPECT_EQ(c.Publish("tensors/a", h).code(), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(c.Publish("", h).code(), ErrorCode::kParamInvalid);
+  ch.Send("look");
+  EXPECT_EQ(WaitChild(child), 0);
+  auto names = *c.ListNames("tensors/");
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(names[0].name, "tensors/a");
+  EXPECT_EQ(names[0].size, kSize);
+  EXPECT_TRUE(names[0].read_only);
+  EXPECT_TRUE(c.Unpublish("tensors/a").ok());
+  EXPECT_EQ(c.Unpublish("tensors/a").code(), ErrorCode::kNotFound);
+  EXPECT_TRUE(c.ListNames("tensors/")->empty());
+}
+
+TEST(Names, LookupWaitsInTheBrokerForThePublisher) {
+  BrokerProcess broker;
+  Channel ch;
+  pid_t child = ForkChild([&] {
+    ch.AsChild();
+    if (ch.Receive() != "go") return 9;
+    auto c = *Client::Connect({broker.socket(), "late-publisher"});
+    Reservation r;
+    Mapping m;
+    auto h = Filled(c, 'L', &r, &m);
+    if (!c.Publish("late", h).ok()) return 10;
+    return ch.Receive() == "exit" ? 0 : 11;
+  });
+  ch.AsParent();
+  auto c = *Client::Connect({broker.socket(), "waiter"});
+  Result<PhysicalHandle> found = Status(ErrorCode::kInternal, "not run");
+  std::thread looker([&] { found = c.Lookup("late", 10000); });
+  ASSERT_EQ(broker.WaitForStat("waiters", 1), 1u);
+  ch.Send("go");
+  looker.join();
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_TRUE(AllBytesAre(c, *found, 'L'));
+  EXPECT_EQ(broker.Stat("waiters"), 0u);
+  ch.Send("exit");
+  EXPECT_EQ(WaitChild(child), 0);
+}
+
+TEST(Names, PersistentObjectsOutliveTheirPublisherOthersDoNot) {
+  BrokerProcess broker;
+  pid_t child = ForkChild([&] {
+    auto c = *Client::Connect({broker.socket(), "loader"});
+    Reservation r1, r2;
+    Mapping m1, m2;
+    auto weights = Filled(c, 'W', &r1, &m1);
+    auto scratch = Filled(c, 'S', &r2, &m2);
+    if (!c.Publish("model/weights", weights, kPublishPersist | kPublishReadOnly).ok()) return 10;
+    if (!c.Publish("model/scratch", scratch).ok()) return 11;
+    return 0;  // exits: scratch goes, weights stay
+  });
+  ASSERT_EQ(WaitChild(child), 0);
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 1), 1u);
+  auto c = *Client::Connect({broker.socket(), "server"});
+  auto names = *c.ListNames("model/");
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(names[0].name, "model/weights");
+  EXPECT_TRUE(names[0].persist);
+  {
+    auto w = c.Lookup("model/weights");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_TRUE(AllBytesAre(c, *w, 'W'));
+  }
+  EXPECT_TRUE(c.Unpublish("model/weights").ok());
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u) << "the last reference went with the name";
+}
+
+TEST(Names, SubscribersSeePublishUnpublishAndAHolderThatDied) {
+  BrokerProcess broker;
+  Channel ch;
+  pid_t child = ForkChild([&] {
+    ch.AsChild();
+    if (ch.Receive() != "go") return 9;
+    auto c = *Client::Connect({broker.socket(), "stage"});
+    Reservation r;
+    Mapping m;
+    auto h = Filled(c, 'P', &r, &m);
+    if (!c.Publish("pipe/frame", h).ok()) return 10;
+    ch.Send("published");
+    ch.Receive();  // killed here
+    return 11;
+  });
+  ch.AsParent();
+  auto c = *Client::Connect({broker.socket(), "watcher"});
+  EXPECT_EQ(c.WaitEvents(0).code(), ErrorCode::kParamInvalid) << "no subscription yet";
+  ASSERT_TRUE(c.Subscribe("pipe/").ok());
+  ch.Send("go");
+  ASSERT_EQ(ch.Receive(), "published");
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+  std::vector<NameEvent> seen;
+  while (seen.size() < 3) {
+    auto ev = c.WaitEvents(10000);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    ASSERT_FALSE(ev->events.empty()) << "timed out waiting for events";
+    seen.insert(seen.end(), ev->events.begin(), ev->events.end());
+  }
+  EXPECT_EQ(seen[0].kind, NameEventKind::kPublished);
+  EXPECT_EQ(seen[1].kind, NameEventKind::kHolderDied);
+  EXPECT_EQ(seen[1].pid, child);
+  EXPECT_EQ(seen[2].kind, NameEventKind::kUnpublished);
+  for (const auto& e : seen) EXPECT_EQ(e.name, "pipe/frame");
+  auto none = c.WaitEvents(20);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->events.empty());
+}
+
+TEST(Names, AFullEventQueueCountsWhatItDropped) {
+  BrokerProcess broker;
+  auto watcher = *Client::Connect({broker.socket(), "slow-watcher"});
+  ASSERT_TRUE(watcher.Subscribe("").ok());
+  auto c = *Client::Connect({broker.socket(), "busy"});
+  auto h = *c.MallocPhysical(4096);
+  for (int i = 0; i < 600; ++i) {  // 1200 events for a queue of 1024
+    ASSERT_TRUE(c.Publish("n", h).ok());
+    ASSERT_TRUE(c.Unpublish("n").ok());
+  }
+  size_t received = 0;
+  uint64_t dropped = 0;
+  for (;;) {
+    auto ev = *watcher.WaitEvents(0);
+    dropped = ev.dropped;
+    if (ev.events.empty()) break;
+    received += ev.events.size();
+  }
+  EXPECT_EQ(received, 1024u);
+  EXPECT_EQ(dropped, 176u);
+}
+
+}  // namespace
+}  // namespace membroker::testing
