@@ -1,0 +1,142 @@
+#include "membroker/tensor_ring.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+
+namespace membroker {
+
+namespace {
+constexpr uint64_t kMagic = 0x4d4252494e47ull;  // "MBRING"
+constexpr size_t kAlign = 64;
+
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct SlotMeta {
+  uint64_t frame_id;
+  uint64_t bytes;
+};
+
+// Sleeps while *word == seen, at most until the deadline (shared futex: the
+// word is in memory mapped by several processes).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::steady_clock::time_point deadline) {
+  auto left = deadline - std::chrono::steady_clock::now();
+  if (left <= std::chrono::nanoseconds(0)) return;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void FutexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+}  // namespace
+
+struct TensorRing::Header {
+  uint64_t magic;
+  uint32_t slots;
+  uint32_t pad;
+  uint64_t slot_bytes;
+  uint64_t data_offset;
+  alignas(64) std::atomic<uint64_t> head;  // slots published
+  std::atomic<uint64_t> last_frame;
+  std::atomic<uint32_t> head_seq;          // futex word: bumped on every publish
+  alignas(64) std::atomic<uint64_t> tail;  // slots released
+  std::atomic<uint32_t> tail_seq;          // futex word: bumped on every release
+  alignas(64) SlotMeta meta[1];            // `slots` entries
+};
+
+size_t TensorRing::BytesFor(uint32_t slots, size_t slot_bytes) {
+  size_t header = AlignUp(offsetof(Header, meta) + sizeof(SlotMeta) * slots);
+  return header + AlignUp(slot_bytes) * slots;
+}
+
+Result<TensorRing> TensorRing::Create(void* base, size_t size, uint32_t slots, size_t slot_bytes) {
+  if (base == nullptr || slots == 0 || slot_bytes == 0 || BytesFor(slots, slot_bytes) > size)
+    return Status(ErrorCode::kParamInvalid, "the ring needs " + std::to_string(BytesFor(slots, slot_bytes)) +
+                                                " bytes; the region has " + std::to_string(size));
+  auto* h = static_cast<Header*>(base);
+  h->slots = slots;
+  h->slot_bytes = AlignUp(slot_bytes);
+  h->data_offset = AlignUp(offsetof(Header, meta) + sizeof(SlotMeta) * slots);
+  h->head.store(0);
+  h->tail.store(0);
+  h->last_frame.store(0);
+  h->head_seq.store(0);
+  h->tail_seq.store(0);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  h->magic = kMagic;  // last: Attach refuses a half-made ring
+  return TensorRing(h, static_cast<char*>(base) + h->data_offset);
+}
+
+Result<TensorRing> TensorRing::Attach(void* base, size_t size) {
+  auto* h = static_cast<Header*>(base);
+  if (base == nullptr || size < sizeof(Header) || h->magic != kMagic ||
+      BytesFor(h->slots, h->slot_bytes) > size)
+    return Status(ErrorCode::kParamInvalid, "no tensor ring at this address (or the region is too small)");
+  return TensorRing(h, static_cast<char*>(base) + h->data_offset);
+}
+
+Result<TensorRing::Slot> TensorRing::AcquireForWrite(int timeout_ms) {
+  if (h_ == nullptr) return Status(ErrorCode::kParamInvalid, "ring not attached");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    uint32_t seen = h_->tail_seq.load();
+    uint64_t head = h_->head.load();
+    if (head - h_->tail.load() < h_->slots) {
+      size_t i = head % h_->slots;
+      return Slot{head, data_ + i * h_->slot_bytes, h_->slot_bytes, 0, 0};
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status(ErrorCode::kTimeout, "the ring stayed full (is its consumer alive?)");
+    FutexWait(&h_->tail_seq, seen, deadline);
+  }
+}
+
+Status TensorRing::Publish(const Slot& slot, uint64_t frame_id, size_t bytes) {
+  if (h_ == nullptr || slot.sequence != h_->head.load() || bytes > h_->slot_bytes)
+    return Status(ErrorCode::kParamInvalid, "not the slot AcquireForWrite returned, or too many bytes");
+  h_->meta[slot.sequence % h_->slots] = SlotMeta{frame_id, bytes};
+  h_->last_frame.store(frame_id);
+  h_->head.store(slot.sequence + 1);  // release: the slot's bytes and meta are visible first
+  h_->head_seq.fetch_add(1);
+  FutexWake(&h_->head_seq);
+  return Status::Ok();
+}
+
+Result<TensorRing::Slot> TensorRing::AcquireForRead(int timeout_ms) {
+  if (h_ == nullptr) return Status(ErrorCode::kParamInvalid, "ring not attached");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    uint32_t seen = h_->head_seq.load();
+    uint64_t tail = h_->tail.load();
+    if (tail < h_->head.load()) {
+      size_t i = tail % h_->slots;
+      const SlotMeta& m = h_->meta[i];
+      return Slot{tail, data_ + i * h_->slot_bytes, h_->slot_bytes, m.frame_id, m.bytes};
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status(ErrorCode::kTimeout, "nothing was published in time (is the producer alive?)");
+    FutexWait(&h_->head_seq, seen, deadline);
+  }
+}
+
+Status TensorRing::Release(const Slot& slot) {
+  if (h_ == nullptr || slot.sequence != h_->tail.load())
+    return Status(ErrorCode::kParamInvalid, "not the slot AcquireForRead returned");
+  h_->tail.store(slot.sequence + 1);
+  h_->tail_seq.fetch_add(1);
+  FutexWake(&h_->tail_seq);
+  return Status::Ok();
+}
+
+uint64_t TensorRing::last_published_frame() const { return h_ ? h_->last_frame.load() : 0; }
+uint64_t TensorRing::published() const { return h_ ? h_->head.load() : 0; }
+uint64_t TensorRing::released() const { return h_ ? h_->tail.load() : 0; }
+uint32_t TensorRing::slots() const { return h_ ? h_->slots : 0; }
+size_t TensorRing::slot_bytes() const { return h_ ? h_->slot_bytes : 0; }
+
+}  // namespace membroker

@@ -1,0 +1,188 @@
+// In-region structures between real processes: a Boost.Interprocess heap
+// opened at another address, its robust lock surviving a holder killed with
+// SIGKILL, and the SPSC tensor ring with a consumer killed holding a slot.
+#include <csignal>
+#include <cstring>
+
+#include <boost/interprocess/containers/vector.hpp>
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "membroker/region_heap.h"
+#include "membroker/tensor_ring.h"
+
+namespace membroker::testing {
+namespace {
+
+constexpr size_t kRegion = 4 << 20;
+using IntVector = boost::interprocess::vector<int, RegionHeap::Allocator<int>>;
+
+// A published region, mapped by this process.
+struct Region {
+  PhysicalHandle handle;
+  Reservation range;
+  Mapping map;
+};
+
+Region CreateAndPublish(Client& c, const std::string& name) {
+  Region r;
+  r.handle = *c.MallocPhysical(kRegion);
+  r.range = *c.ReserveMemAddress(kRegion);
+  r.map = *c.MapMem(r.range.base(), kRegion, 0, r.handle);
+  EXPECT_TRUE(c.Publish(name, r.handle).ok());
+  return r;
+}
+
+// Maps a named region; an extra reservation first so it lands at another address.
+Result<Region> LookupAndMap(Client& c, const std::string& name, Reservation* elsewhere) {
+  *elsewhere = *c.ReserveMemAddress(kRegion);
+  Region r;
+  MB_ASSIGN_OR_RETURN(r.handle, c.Lookup(name, 5000));
+  MB_ASSIGN_OR_RETURN(r.range, c.ReserveMemAddress(kRegion));
+  MB_ASSIGN_OR_RETURN(r.map, c.MapMem(r.range.base(), kRegion, 0, r.handle));
+  return r;
+}
+
+TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "builder"});
+  Region region = CreateAndPublish(c, "heap/table");
+  auto heap = RegionHeap::Create(region.map.data(), kRegion);
+  ASSERT_TRUE(heap.ok()) << heap.status().ToString();
+  auto* v = heap->Construct<IntVector>("numbers", heap->allocator<int>());
+  ASSERT_NE(v, nullptr);
+  {
+    auto guard = heap->Lock();
+    for (int i = 0; i < 1000; ++i) v->push_back(i);
+  }
+  EXPECT_EQ(heap->Construct<IntVector>("numbers", heap->allocator<int>()), nullptr) << "names are unique";
+  uintptr_t here = reinterpret_cast<uintptr_t>(region.map.data());
+  pid_t child = ForkChild([&] {
+    auto other = *Client::Connect({broker.socket(), "reader"});
+    Reservation elsewhere;
+    auto r = LookupAndMap(other, "heap/table", &elsewhere);
+    if (!r.ok()) return 10;
+    if (reinterpret_cast<uintptr_t>(r->map.data()) == here) return 11;  // must prove address independence
+    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    if (!h.ok()) return 12;
+    auto* found = h->Find<IntVector>("numbers");
+    if (found == nullptr || found->size() != 1000) return 13;
+    long sum = 0;
+    for (int x : *found) sum += x;
+    if (sum != 999 * 1000 / 2) return 14;
+    auto guard = h->Lock();
+    found->push_back(-1);  // visible to the creator
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(child), 0);
+  EXPECT_EQ(v->size(), 1001u);
+  EXPECT_EQ(v->back(), -1);
+  EXPECT_EQ(RegionHeap::Open(static_cast<char*>(region.map.data()) + 4096, kRegion - 4096).code(),
+            ErrorCode::kParamInvalid);
+}
+
+TEST(RegionHeap, ALockHolderKilledDoesNotWedgeTheHeap) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "owner"});
+  Region region = CreateAndPublish(c, "heap/locked");
+  auto heap = *RegionHeap::Create(region.map.data(), kRegion);
+  Channel ch;
+  pid_t child = ForkChild([&] {
+    ch.AsChild();
+    auto other = *Client::Connect({broker.socket(), "holder"});
+    Reservation elsewhere;
+    auto r = LookupAndMap(other, "heap/locked", &elsewhere);
+    if (!r.ok()) return 10;
+    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    auto guard = h->Lock();
+    ch.Send("locked");
+    ch.Receive();  // killed while holding the lock
+    return 11;
+  });
+  ch.AsParent();
+  ASSERT_EQ(ch.Receive(), "locked");
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+  auto guard = heap.Lock();
+  EXPECT_TRUE(guard.previous_holder_died());
+}
+
+TEST(TensorRing, FramesCrossProcessesInOrderAndAKilledConsumerLosesNone) {
+  BrokerProcess broker;
+  constexpr uint64_t kFrames = 500;
+  constexpr size_t kSlotBytes = 64 << 10;
+  // Consumers: the first is killed holding a slot; the second finishes.
+  Channel first, second;
+  auto consumer = [&](Channel& ch, bool die_holding) {
+    return ForkChild([&ch, &broker, die_holding] {
+      ch.AsChild();
+      if (ch.Receive() != "go") return 9;
+      auto c = *Client::Connect({broker.socket(), "consumer"});
+      Reservation elsewhere;
+      auto r = LookupAndMap(c, "ring/0", &elsewhere);
+      if (!r.ok()) return 10;
+      auto ring = TensorRing::Attach(r->map.data(), kRegion);
+      if (!ring.ok()) return 11;
+      uint64_t expected = 0;
+      for (;;) {
+        auto slot = ring->AcquireForRead(10000);
+        if (!slot.ok()) return 12;
+        if (expected == 0) {
+          ch.Send("first " + std::to_string(slot->frame_id));
+          expected = slot->frame_id;
+        }
+        if (slot->frame_id != expected) return 13;
+        const auto* p = static_cast<const unsigned char*>(slot->data);
+        for (size_t i = 0; i < slot->bytes; ++i)
+          if (p[i] != static_cast<unsigned char>(slot->frame_id + i)) return 14;
+        if (die_holding && slot->frame_id == 100) {
+          ch.Send("holding 100");
+          ch.Receive();  // killed here, slot not released
+        }
+        if (!ring->Release(*slot).ok()) return 15;
+        if (slot->frame_id == kFrames) return 0;
+        ++expected;
+      }
+    });
+  };
+  pid_t c1 = consumer(first, true);
+  pid_t c2 = consumer(second, false);
+  first.AsParent();
+  second.AsParent();
+
+  auto c = *Client::Connect({broker.socket(), "producer"});
+  Region region = CreateAndPublish(c, "ring/0");
+  auto ring = TensorRing::Create(region.map.data(), kRegion, 8, kSlotBytes);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  EXPECT_EQ(TensorRing::Create(region.map.data(), kRegion, 1000, kSlotBytes).code(), ErrorCode::kParamInvalid);
+  first.Send("go");
+  uint64_t frame = 1;
+  auto produce_until = [&](uint64_t last) {
+    for (; frame <= last; ++frame) {
+      auto slot = ring->AcquireForWrite(10000);
+      ASSERT_TRUE(slot.ok()) << slot.status().ToString();
+      auto* p = static_cast<unsigned char*>(slot->data);
+      size_t bytes = kSlotBytes - frame % 100;
+      for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(frame + i);
+      ASSERT_TRUE(ring->Publish(*slot, frame, bytes).ok());
+    }
+  };
+  produce_until(100);
+  ASSERT_EQ(first.Receive(), "first 1");
+  ASSERT_EQ(first.Receive(), "holding 100");
+  ::kill(c1, SIGKILL);
+  EXPECT_EQ(WaitChild(c1), 128 + SIGKILL);
+  EXPECT_EQ(ring->released(), 99u) << "frame 100 is still held";
+  EXPECT_EQ(ring->AcquireForWrite(0).ok(), true) << "the ring is not full";
+  second.Send("go");
+  EXPECT_EQ(second.Receive(), "first 100") << "the replacement gets the slot the dead consumer held";
+  produce_until(kFrames);
+  EXPECT_EQ(WaitChild(c2), 0);
+  EXPECT_EQ(ring->released(), kFrames);
+  EXPECT_EQ(ring->last_published_frame(), kFrames);
+  EXPECT_EQ(ring->AcquireForRead(0).code(), ErrorCode::kTimeout);
+}
+
+}  // namespace
+}  // namespace membroker::testing
