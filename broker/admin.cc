@@ -56,10 +56,12 @@ const char kAdminHelp[] =
     "  list pools                pools: capacity, ready, hits, misses, refills\n"
     "  list quotas               usage and limits per uid and per client\n"
     "  list engines              transfer engines: client, regions, peers, queued notifies\n"
+    "  list names                named objects: allocation, size, read-only, persistent, publisher\n"
     "  show client ID            one client and what it holds\n"
     "  show allocation ID        one allocation and who holds it\n"
     "  kick client ID            disconnect a client; everything it held is released\n"
     "  free allocation ID        stop exporting it and drop every holder's reference\n"
+    "  unpublish NAME            remove a named object (persistent ones included)\n"
     "  config                    the effective configuration\n"
     "  help                      this list\n";
 }  // namespace
@@ -237,6 +239,30 @@ std::string Broker::AdminCommand(const std::string& line) {
       rows.push_back(std::move(r));
     }
     return RenderTable(rows, json, "no engines");
+  }
+  if (w.size() == 2 && is({"list", "names"})) {
+    std::vector<Record> rows;
+    for (const auto& [name, e] : names_) {
+      const Allocation* a = table_.Find(e.allocation);
+      Record r;
+      r.Str("name", name)
+          .Num("allocation", e.allocation)
+          .Num("size", a ? a->size : 0)
+          .Num("read_only", e.read_only)
+          .Num("persist", e.persist)
+          .Num("publisher_pid", static_cast<uint64_t>(e.publisher_pid))
+          .Num("publisher_connected", e.publisher_session != 0);
+      rows.push_back(std::move(r));
+    }
+    return RenderTable(rows, json, "no named objects");
+  }
+  if (w.size() == 2 && is({"unpublish"})) {
+    auto it = names_.find(w[1]);
+    if (it == names_.end()) return RenderError("no named object '" + w[1] + "'", json);
+    Unpublish(it, 0);
+    Record r;
+    r.Str("unpublished", w[1]);
+    return RenderRecord(r, json);
   }
   if (w.size() == 2 && is({"list", "quotas"})) {
     std::vector<Record> rows;

@@ -390,9 +390,22 @@ Status Broker::FreeAllocation(uint64_t id) {
     s->ledger.Remove(id);
     ReleaseHolding(*s, id);
   }
+  for (auto& [sid, s] : sessions_)
+    if (s->engine_holdings.Remove(id)) ReleaseHolding(*s, id, /*engine_import=*/true);
+  for (auto it = names_.begin(); it != names_.end();) {
+    auto next = std::next(it);
+    if (it->second.allocation == id) Unpublish(it, 0);
+    it = next;
+  }
   MB_INFO("allocation_freed_by_admin", "id=%llu holders=%zu", static_cast<unsigned long long>(id),
           holders.size());
   return Status::Ok();
+}
+
+size_t Broker::UnpublishAll() {
+  size_t n = names_.size();
+  while (!names_.empty()) Unpublish(names_.begin(), 0);
+  return n;
 }
 
 }  // namespace membroker::broker

@@ -87,8 +87,11 @@ class Broker {
  public:
   // Disconnects a client and releases everything it held, as a crash would.
   Status KickClient(uint64_t id);
-  // Stops exporting an allocation and drops every holder's reference.
+  // Stops exporting an allocation and drops every holder's reference (clients,
+  // engines, names).
   Status FreeAllocation(uint64_t id);
+  // Removes every named object, persistent ones included (embedding, fuzzer).
+  size_t UnpublishAll();
  private:
   // Sends a reply; fds are borrowed (duplicated only if the reply must queue).
   void Send(Session& s, uint64_t request_id, ipc::Message body, std::span<const int> fds = {});

@@ -40,7 +40,11 @@ int main(int argc, char** argv) {
       EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
       EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
       EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false}}}, EngineRegisterReply{1},
-      EngineNotifiesReply{{{"e", "n", "m"}}, 0}};
+      EngineNotifiesReply{{{"e", "n", "m"}}, 0}, PublishRequest{"p/a", 1, kPublishPersist},
+      LookupRequest{"p/a", 0}, LookupRequest{"p/b", 5}, UnpublishRequest{"p/a"},
+      ListNamesRequest{"p/"}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5},
+      ListNamesReply{{{"p/a", 1, 4096, false, true, 1}}, false},
+      EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2}}, 0}};
   int i = 0;
   for (const auto& m : msgs) {
     auto bytes = Encode({kProtocolVersion, 7, 0, m});
@@ -69,5 +73,16 @@ int main(int argc, char** argv) {
   AddRecord(&engine, Encode({kProtocolVersion, 9, 0, EngineConnectRequest{"later", 5}}));
   AddRecord(&engine, Encode({kProtocolVersion, 10, 0, EngineFinalizeRequest{}}));
   Write(std::string(argv[2]) + "/engine-session", engine);
+  // Named objects: publish, subscribe, look up, wait for events, unpublish.
+  std::vector<uint8_t> names{1};
+  AddRecord(&names, Encode({kProtocolVersion, 2, 0, MallocRequest{4096}}));
+  AddRecord(&names, Encode({kProtocolVersion, 3, 0, SubscribeRequest{""}}));
+  AddRecord(&names, Encode({kProtocolVersion, 4, 0, PublishRequest{"p/a", 1, kPublishReadOnly}}));
+  AddRecord(&names, Encode({kProtocolVersion, 5, 0, LookupRequest{"p/b", 5}}));
+  AddRecord(&names, Encode({kProtocolVersion, 6, 0, ListNamesRequest{"p/"}}));
+  AddRecord(&names, Encode({kProtocolVersion, 7, 0, WaitEventsRequest{5}}));
+  AddRecord(&names, Encode({kProtocolVersion, 8, 0, UnpublishRequest{"p/a"}}));
+  AddRecord(&names, Encode({kProtocolVersion, 9, 0, PublishRequest{"p/c", 1, kPublishPersist}}));
+  Write(std::string(argv[2]) + "/names-session", names);
   return 0;
 }

@@ -123,6 +123,24 @@ TEST(Names, PersistentObjectsOutliveTheirPublisherOthersDoNot) {
   EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u) << "the last reference went with the name";
 }
 
+TEST(Names, OperatorsListAndRemovePersistentObjects) {
+  BrokerProcess broker;
+  pid_t child = ForkChild([&] {
+    auto c = *Client::Connect({broker.socket(), "loader"});
+    auto h = *c.MallocPhysical(kSize);
+    return c.Publish("weights", h, kPublishPersist).ok() ? 0 : 10;
+  });
+  ASSERT_EQ(WaitChild(child), 0);
+  EXPECT_EQ(broker.WaitForStat("clients_connected", 0), 0u);
+  std::string list = broker.Admin("list names");
+  EXPECT_NE(list.find("weights"), std::string::npos) << list;
+  EXPECT_EQ(broker.Stat("allocations_live"), 1u);
+  EXPECT_NE(broker.Admin("unpublish weights").find("weights"), std::string::npos);
+  EXPECT_EQ(broker.Stat("allocations_live"), 0u);
+  EXPECT_EQ(broker.Stat("named_objects"), 0u);
+  EXPECT_NE(broker.Admin("unpublish weights").find("no named object"), std::string::npos);
+}
+
 TEST(Names, SubscribersSeePublishUnpublishAndAHolderThatDied) {
   BrokerProcess broker;
   Channel ch;
