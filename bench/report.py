@@ -128,6 +128,14 @@ if transfers:
                   f"{t['process_vm_readv_gbps']:.2f} | {t['sync_batch_gbps'] / floor:.2f}x | {t['batch_descs_per_s']:,.0f} |")
     md += ["", "Goals (issue 6): from 1 MiB up, broker memory at least 0.9x memcpy; 4 KiB descriptors",
            "in batches of 1000 at least 1,000,000 descriptors per second."]
+for p in (x for x in load if x["bench"] == "pipeline"):
+    md += ["", "## Pipeline demo", "",
+           f"`examples/pipeline --compare --frames {p['frames']}`: four processes (source, preprocess,",
+           "model, sink) with 1 MiB images and 4 MiB tensors, zero-copy through TensorRings in broker",
+           "memory against the same stages copying through Unix stream sockets. On 2 cores the four",
+           "stages share the CPUs with their computation.", "",
+           "| zero-copy | Unix sockets | ratio |", "| --- | --- | --- |",
+           f"| {p['zero_copy_fps']:.1f} frames/s | {p['copy_fps']:.1f} frames/s | {p['zero_copy_fps'] / p['copy_fps']:.2f}x |"]
 md += ["", "Not measured yet (issue 5): the iceoryx peer (hand-off and RouDi's crash cleanup).", ""]
 # Plots (gnuplot): p99 latency against clients, hand-off time against size.
 import os
