@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -148,6 +149,10 @@ class Broker {
   // Waiters (waiters.cc).
   Status AddWaiter(Session& s, uint64_t rid, Waiter::Kind kind, const std::string& key, uint32_t timeout_ms);
   std::vector<Waiter*> WaitersFor(Waiter::Kind kind, const std::string& key);
+  // Answers and closes every waiter of kind for key: answer() sends the reply,
+  // or returns the error to send.
+  void AnswerWaiters(Waiter::Kind kind, const std::string& key,
+                     const std::function<Status(Session&, uint64_t)>& answer);
   std::vector<Waiter*> WaitersOf(uint64_t session_id);
   void CloseWaiter(Waiter* w);
   static void OnWaiterTimeout(uv_timer_t* t);

@@ -50,13 +50,8 @@ Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
   MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
           m.name.c_str());
   // Peers that were waiting for this name connect now.
-  for (Waiter* w : WaitersFor(Waiter::Kind::kConnect, m.name)) {
-    if (Session* peer = FindSession(w->session_id)) {
-      Status st = ConnectPeer(*peer, w->request_id, e);
-      if (!st.ok()) SendError(*peer, w->request_id, st);
-    }
-    CloseWaiter(w);
-  }
+  AnswerWaiters(Waiter::Kind::kConnect, m.name,
+                [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, e); });
   return Status::Ok();
 }
 

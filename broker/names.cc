@@ -45,13 +45,8 @@ Status Broker::HandlePublish(Session& s, const ipc::PublishRequest& m) {
           static_cast<unsigned long long>(s.id), m.name.c_str(),
           static_cast<unsigned long long>(m.allocation), entry.persist ? 1 : 0);
   PostEvent(ipc::NameEventKind::kPublished, m.name, m.allocation, s.cred.pid);
-  for (Waiter* w : WaitersFor(Waiter::Kind::kLookup, m.name)) {
-    if (Session* waiting = FindSession(w->session_id)) {
-      Status st = GrantNamed(*waiting, w->request_id, entry);
-      if (!st.ok()) SendError(*waiting, w->request_id, st);
-    }
-    CloseWaiter(w);
-  }
+  AnswerWaiters(Waiter::Kind::kLookup, m.name,
+                [&](Session& waiting, uint64_t rid) { return GrantNamed(waiting, rid, entry); });
   return Status::Ok();
 }
 

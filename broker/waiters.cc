@@ -55,6 +55,17 @@ std::vector<Waiter*> Broker::WaitersFor(Waiter::Kind kind, const std::string& ke
   return out;
 }
 
+void Broker::AnswerWaiters(Waiter::Kind kind, const std::string& key,
+                           const std::function<Status(Session&, uint64_t)>& answer) {
+  for (Waiter* w : WaitersFor(kind, key)) {
+    if (Session* s = FindSession(w->session_id)) {
+      Status st = answer(*s, w->request_id);
+      if (!st.ok()) SendError(*s, w->request_id, st);
+    }
+    CloseWaiter(w);
+  }
+}
+
 std::vector<Waiter*> Broker::WaitersOf(uint64_t session_id) {
   std::vector<Waiter*> out;
   for (Waiter* w : waiters_)
