@@ -117,10 +117,17 @@ Status Broker::HandleSubscribe(Session& s, const ipc::SubscribeRequest& m) {
 }
 
 void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid) {
+  // Targets first: replying can close a session (slow reader), which would
+  // change sessions_ under the loop. Closed sessions stay allocated until
+  // their uv_close callback, so the pointers stay valid here.
+  std::vector<Session*> targets;
   for (auto& [id, s] : sessions_) {
     bool wanted = false;
     for (const auto& p : s->subscriptions) wanted |= HasPrefix(name, p);
-    if (!wanted || s->closing) continue;
+    if (wanted) targets.push_back(s);
+  }
+  for (Session* s : targets) {
+    if (s->closing) continue;
     if (s->events.size() >= kMaxQueuedEvents) {
       ++s->events_dropped;
       continue;

@@ -74,7 +74,11 @@ std::vector<Waiter*> Broker::WaitersOf(uint64_t session_id) {
 }
 
 void Broker::CloseWaiter(Waiter* w) {
-  waiters_.erase(std::remove(waiters_.begin(), waiters_.end(), w), waiters_.end());
+  // Idempotent: answering a waiter can close its session (a slow reader),
+  // which closes the session's waiters, this one included.
+  auto it = std::find(waiters_.begin(), waiters_.end(), w);
+  if (it == waiters_.end()) return;
+  waiters_.erase(it);
   if (Session* s = FindSession(w->session_id)) --s->waiters;
   uv_timer_stop(&w->timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
