@@ -71,6 +71,21 @@ for h in sorted(handoff, key=lambda h: (h["pages"], h["size"])):  # stable: meth
     err = f" ({h['error']})" if h["error"] else ""
     md.append(f"| {h['pages']} | {human(h['size'])} | {h['method']}{err} | {fmt(h['median_us'])} | "
               f"{h['gb_per_s']:.2f} | {vs_copy} | {vs_floor} |")
+steps = [x for x in load if x["bench"] == "handoff_steps"]
+if steps:
+    md += ["", "### Where membroker's hand-off time goes (4 KiB pages)", "",
+           "`bench_handoff_steps`: the membroker flow above, each step timed on its own side (median",
+           "µs): the producer's export round trip, the consumer's wake-up by the control message,",
+           "its import round trip, reserve, map, first read of every page, and teardown (unmap,",
+           "release, one-way free); beside it the same first read of a fresh memfd mapping.", "",
+           "| size | export RTT | wake-up | import RTT | reserve | map | read | teardown | memfd read |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in steps:
+        md.append(f"| {human(x['size'])} | {x['export_us']:.0f} | {x['wakeup_us']:.0f} | {x['import_us']:.0f} | "
+                  f"{x['reserve_us']:.0f} | {x['map_us']:.0f} | {x['read_us']:.0f} | {x['teardown_us']:.0f} | "
+                  f"{x['memfd_read_us']:.0f} |")
+    md += ["", "memfd+fd pays one wake-up and the read; membroker adds two broker round trips (export,",
+           "import) and the reserve/map calls. Compare the round trips with Ping in the control-path table."]
 md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPACKET echo server", "",
        "The peer is a one-process poll() echo server driven by the same client processes.", "",
        "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs |",
