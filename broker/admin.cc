@@ -114,7 +114,7 @@ Record Broker::StatsRecord() const {
 
 Record Broker::ClientRecord(const Session& s) const {
   uint64_t bytes = 0, allocations = 0, imports = 0;
-  for (uint64_t aid : s.ledger.ids()) {
+  for (uint64_t aid : s.ledger.Ids()) {
     const Allocation* a = table_.Find(aid);
     if (a == nullptr) continue;
     bytes += a->size;
@@ -286,7 +286,7 @@ std::string Broker::AdminCommand(const std::string& line) {
     Session* s = FindSession(id);
     if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
     Record r = ClientRecord(*s);
-    std::vector<uint64_t> ids(s->ledger.ids().begin(), s->ledger.ids().end());
+    std::vector<uint64_t> ids = s->ledger.Ids();
     std::sort(ids.begin(), ids.end());
     std::string held;
     for (uint64_t aid : ids) held += (held.empty() ? "" : ",") + std::to_string(aid);

@@ -171,6 +171,10 @@ class Broker {
   // Drops session s's reference to an allocation and settles its charges.
   // engine_import: the reference an engine took with EngineImport.
   void ReleaseHolding(Session& s, uint64_t allocation_id, bool engine_import = false);
+  // Gives s one more reference to a, recorded in `into` (its ledger or its
+  // engine's holdings) and charged as an import, and sends the ImportReply
+  // carrying fd.
+  Status GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Ledger& into);
   // Drops one reference; the allocation goes when the last one does.
   void DropReference(uint64_t allocation_id);
   Status Charge(Session& s, const Usage& delta);

@@ -105,7 +105,7 @@ Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineR
                     "allocation " + std::to_string(m.allocation) + " is not held by this client");
     if (m.offset % kRegionAlign || m.offset > a->size || m.length > a->size - m.offset)
       return Status(ErrorCode::kParamInvalid, "offset and length fall outside the allocation");
-    read_only = s.read_only_holdings.count(m.allocation) == 1;
+    read_only = s.ledger.ReadOnly(m.allocation);
   } else {
     auto host = s.host_regs.upper_bound(m.address);
     if (host == s.host_regs.begin() ||
@@ -182,26 +182,15 @@ Status Broker::HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImp
   if (!registered || a == nullptr || m.allocation == 0)
     return Status(ErrorCode::kNotFound, "allocation " + std::to_string(m.allocation) +
                                             " is not registered by engine \"" + m.remote + "\"");
-  if (s.engine_holdings.Holds(m.allocation))
-    return Status(ErrorCode::kAlreadyExists, "this client's engine already holds allocation " +
-                                                 std::to_string(m.allocation));
   Session* owner = FindSession(e.session_id);
   // What the owner may only read, its peers may only read too.
   const bool read_only = m.allocation != e.control_allocation && owner != nullptr &&
-                         owner->read_only_holdings.count(m.allocation) == 1;
+                         owner->ledger.ReadOnly(m.allocation);
   ipc::UniqueFd ro;
   if (read_only) {
     MB_ASSIGN_OR_RETURN(ro, ipc::ReopenReadOnly(a->fd.get()));
   }
-  MB_RETURN_IF_ERROR(Charge(s, Usage{0, 0, 0, 1}));
-  s.engine_holdings.Add(a->id);
-  table_.AddHolder(a->id);
-  table_.CountImport();
-  int fd = read_only ? ro.get() : a->fd.get();
-  Send(s, rid,
-       ipc::ImportReply{a->id, a->size, a->page_size, read_only, a->pinned, a->fixed_address},
-       std::span<const int>(&fd, 1));
-  return Status::Ok();
+  return GrantImport(s, rid, *a, read_only ? ro.get() : a->fd.get(), read_only, s.engine_holdings);
 }
 
 Status Broker::HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& m) {

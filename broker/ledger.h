@@ -5,29 +5,38 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 namespace membroker::broker {
 
 class Ledger {
  public:
-  // False if the client already holds id.
-  bool Add(uint64_t id) { return held_.insert(id).second; }
+  // False if the client already holds id. read_only: held through a read-only
+  // export or named object, so whoever it is shared with onward may only read.
+  bool Add(uint64_t id, bool read_only = false) { return held_.emplace(id, read_only).second; }
   // False if the client does not hold id.
   bool Remove(uint64_t id) { return held_.erase(id) == 1; }
   bool Holds(uint64_t id) const { return held_.count(id) == 1; }
+  bool ReadOnly(uint64_t id) const {
+    auto it = held_.find(id);
+    return it != held_.end() && it->second;
+  }
   size_t size() const { return held_.size(); }
-  const std::unordered_set<uint64_t>& ids() const { return held_; }
+  std::vector<uint64_t> Ids() const {
+    std::vector<uint64_t> ids;
+    for (const auto& [id, read_only] : held_) ids.push_back(id);
+    return ids;
+  }
   // Empties the ledger and returns what it held, for release on disconnect.
   std::vector<uint64_t> TakeAll() {
-    std::vector<uint64_t> ids(held_.begin(), held_.end());
+    std::vector<uint64_t> ids = Ids();
     held_.clear();
     return ids;
   }
 
  private:
-  std::unordered_set<uint64_t> held_;
+  std::unordered_map<uint64_t, bool> held_;  // allocation id -> read-only
 };
 
 }  // namespace membroker::broker

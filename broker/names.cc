@@ -27,7 +27,7 @@ Status Broker::HandlePublish(Session& s, const ipc::PublishRequest& m) {
                   "allocation " + std::to_string(m.allocation) + " is not held by this client");
   if (names_.count(m.name))
     return Status(ErrorCode::kAlreadyExists, "\"" + m.name + "\" is already published");
-  const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.read_only_holdings.count(m.allocation);
+  const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
   NamedEntry e;
   if (read_only) {
     MB_ASSIGN_OR_RETURN(e.read_only_fd, ipc::ReopenReadOnly(a->fd.get()));
@@ -54,20 +54,9 @@ Status Broker::GrantNamed(Session& s, uint64_t rid, const NamedEntry& e) {
   if (e.uid != s.cred.uid)
     return Status(ErrorCode::kPermissionDenied,
                   "\"" + e.name + "\" was published by another user (uid " + std::to_string(e.uid) + ")");
-  if (s.ledger.Holds(e.allocation))
-    return Status(ErrorCode::kAlreadyExists,
-                  "this client already holds allocation " + std::to_string(e.allocation));
   const Allocation* a = table_.Find(e.allocation);
   if (a == nullptr) return Status(ErrorCode::kNotFound, "\"" + e.name + "\" is gone");
-  MB_RETURN_IF_ERROR(Charge(s, Usage{0, 0, 0, 1}));
-  s.ledger.Add(a->id);
-  table_.AddHolder(a->id);
-  table_.CountImport();
-  if (e.read_only) s.read_only_holdings.insert(a->id);
-  int fd = e.read_only ? e.read_only_fd.get() : a->fd.get();
-  Send(s, rid, ipc::ImportReply{a->id, a->size, a->page_size, e.read_only, a->pinned, a->fixed_address},
-       std::span<const int>(&fd, 1));
-  return Status::Ok();
+  return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->fd.get(), e.read_only, s.ledger);
 }
 
 Status Broker::HandleLookup(Session& s, uint64_t rid, const ipc::LookupRequest& m) {

@@ -317,7 +317,6 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
 void Broker::ReleaseHolding(Session& s, uint64_t id, bool engine_import) {
   Allocation* a = table_.Find(id);
   if (a == nullptr) return;
-  if (!engine_import) s.read_only_holdings.erase(id);
   if (a->creator == s.id && !engine_import)
     s.usage -= a->charge;  // the uid stays charged while the allocation lives
   else
@@ -357,22 +356,24 @@ Status Broker::HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& 
   MB_ASSIGN_OR_RETURN(const ExportEntry* e,
                       table_.CheckImport(m.token, Importer{s.id, s.cred.pid, s.cred.uid,
                                                            ipc::PidfdAlive(s.pidfd.get())}));
-  if (s.ledger.Holds(e->allocation))
+  const Allocation* a = table_.Find(e->allocation);
+  bool read_only = e->read_only_fd.valid();
+  return GrantImport(s, rid, *a, read_only ? e->read_only_fd.get() : a->fd.get(), read_only, s.ledger);
+}
+
+Status Broker::GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only,
+                           Ledger& into) {
+  if (into.Holds(a.id))
     return Status(ErrorCode::kAlreadyExists, "this client already holds allocation " +
-                                                 std::to_string(e->allocation) +
-                                                 " (import it once and share the handle)");
-  if (s.ledger.size() >= kMaxHoldingsPerClient)
+                                                 std::to_string(a.id) +
+                                                 " (take it once and share the handle)");
+  if (into.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
   MB_RETURN_IF_ERROR(Charge(s, Usage{0, 0, 0, 1}));
-  const Allocation* a = table_.Find(e->allocation);
-  s.ledger.Add(a->id);
-  table_.AddHolder(a->id);
+  into.Add(a.id, read_only);
+  table_.AddHolder(a.id);
   table_.CountImport();
-  bool read_only = e->read_only_fd.valid();
-  if (read_only) s.read_only_holdings.insert(a->id);
-  int fd = read_only ? e->read_only_fd.get() : a->fd.get();
-  Send(s, rid,
-       ipc::ImportReply{a->id, a->size, a->page_size, read_only, a->pinned, a->fixed_address},
+  Send(s, rid, ipc::ImportReply{a.id, a.size, a.page_size, read_only, a.pinned, a.fixed_address},
        std::span<const int>(&fd, 1));
   return Status::Ok();
 }

@@ -44,7 +44,6 @@ struct Session {
   Ledger ledger;
   Usage usage;                            // charged to this client (see accounting.h)
   std::map<uint64_t, uint64_t> host_regs;  // HostRegister: address -> size
-  std::unordered_set<uint64_t> read_only_holdings;  // imported through a read-only export
   // Transfer engine (engines.h): this client's engine name (empty: none), the
   // engines it is connected to (name -> slot) and the regions of theirs it
   // imported, held apart from the ledger so both can hold one allocation.
