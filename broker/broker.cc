@@ -402,6 +402,17 @@ Status Broker::FreeAllocation(uint64_t id) {
   return Status::Ok();
 }
 
+bool Broker::ReapIfExited(uint64_t session_id) {
+  Session* s = FindSession(session_id);
+  if (s == nullptr || ipc::PidfdAlive(s->pidfd.get())) return false;
+  // Its last requests (a Goodbye, say) are already there: serve them, so it
+  // closes for the right reason. Bounded: a child it forked may still hold
+  // the socket open, so its end may never come.
+  for (int i = 0; i < 64 && !s->closing; ++i) ReadFrames(*s);
+  if (!s->closing) CloseSession(*s, CloseReason::kPeerClosed, "its process has exited");
+  return true;
+}
+
 size_t Broker::UnpublishAll() {
   size_t n = names_.size();
   while (!names_.empty()) Unpublish(names_.begin(), 0);

@@ -99,6 +99,9 @@ class Broker {
   void CloseAfterReply(Session& s);
   void SendError(Session& s, uint64_t request_id, const Status& st);
   Session* FindSession(uint64_t id);
+  // True if the session's process has exited: its remaining frames and the
+  // end of its socket are read now, so the names it held are free at once.
+  bool ReapIfExited(uint64_t session_id);
   bool Admits(const Session& s) const;
 
   // Requests (requests.cc). Each returns the Status to report on failure.

@@ -34,7 +34,7 @@ Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
     return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine + "\"");
   if (m.name.empty() || m.name.find('\0') != std::string::npos)
     return Status(ErrorCode::kParamInvalid, "an engine name must be non-empty text");
-  if (auto it = engines_.find(m.name); it != engines_.end())
+  if (auto it = engines_.find(m.name); it != engines_.end() && !ReapIfExited(it->second.session_id))
     return Status(ErrorCode::kAlreadyExists,
                   "engine name \"" + m.name + "\" is in use by client " +
                       std::to_string(it->second.session_id));
@@ -158,7 +158,10 @@ Status Broker::ConnectPeer(Session& peer, uint64_t rid, Engine& e) {
 Status Broker::HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m) {
   if (s.engine.empty()) return NoEngine();
   if (m.remote.empty()) return Status(ErrorCode::kParamInvalid, "remote engine name is empty");
-  if (auto it = engines_.find(m.remote); it != engines_.end()) return ConnectPeer(s, rid, it->second);
+  // An engine whose process has exited (its socket's end not read yet) is
+  // absent: the connect waits for the name's next owner.
+  if (auto it = engines_.find(m.remote); it != engines_.end() && !ReapIfExited(it->second.session_id))
+    return ConnectPeer(s, rid, it->second);
   if (m.timeout_ms == 0)
     return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");
   return AddWaiter(s, rid, Waiter::Kind::kConnect, m.remote, m.timeout_ms);

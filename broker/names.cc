@@ -25,7 +25,9 @@ Status Broker::HandlePublish(Session& s, const ipc::PublishRequest& m) {
   if (!s.ledger.Holds(m.allocation) || a == nullptr)
     return Status(ErrorCode::kInvalidHandle,
                   "allocation " + std::to_string(m.allocation) + " is not held by this client");
-  if (names_.count(m.name))
+  if (auto it = names_.find(m.name);
+      it != names_.end() && !(it->second.publisher_session != 0 && !it->second.persist &&
+                              ReapIfExited(it->second.publisher_session)))
     return Status(ErrorCode::kAlreadyExists, "\"" + m.name + "\" is already published");
   const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
   NamedEntry e;

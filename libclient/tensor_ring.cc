@@ -1,12 +1,9 @@
 #include "membroker/tensor_ring.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
-#include <climits>
+
+#include "futex.h"
 
 namespace membroker {
 
@@ -21,17 +18,8 @@ struct SlotMeta {
   uint64_t bytes;
 };
 
-// Sleeps while *word == seen, at most until the deadline (shared futex: the
-// word is in memory mapped by several processes).
-void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::steady_clock::time_point deadline) {
-  auto left = deadline - std::chrono::steady_clock::now();
-  if (left <= std::chrono::nanoseconds(0)) return;
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-void FutexWake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+void WaitUntil(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::steady_clock::time_point deadline) {
+  detail::FutexWait(word, seen, deadline - std::chrono::steady_clock::now());
 }
 }  // namespace
 
@@ -92,7 +80,7 @@ Result<TensorRing::Slot> TensorRing::AcquireForWrite(int timeout_ms) {
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, "the ring stayed full (is its consumer alive?)");
-    FutexWait(&h_->tail_seq, seen, deadline);
+    WaitUntil(&h_->tail_seq, seen, deadline);
   }
 }
 
@@ -103,7 +91,7 @@ Status TensorRing::Publish(const Slot& slot, uint64_t frame_id, size_t bytes) {
   h_->last_frame.store(frame_id);
   h_->head.store(slot.sequence + 1);  // release: the slot's bytes and meta are visible first
   h_->head_seq.fetch_add(1);
-  FutexWake(&h_->head_seq);
+  detail::FutexWakeAll(&h_->head_seq);
   return Status::Ok();
 }
 
@@ -120,7 +108,7 @@ Result<TensorRing::Slot> TensorRing::AcquireForRead(int timeout_ms) {
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, "nothing was published in time (is the producer alive?)");
-    FutexWait(&h_->head_seq, seen, deadline);
+    WaitUntil(&h_->head_seq, seen, deadline);
   }
 }
 
@@ -129,7 +117,7 @@ Status TensorRing::Release(const Slot& slot) {
     return Status(ErrorCode::kParamInvalid, "not the slot AcquireForRead returned");
   h_->tail.store(slot.sequence + 1);
   h_->tail_seq.fetch_add(1);
-  FutexWake(&h_->tail_seq);
+  detail::FutexWakeAll(&h_->tail_seq);
   return Status::Ok();
 }
 

@@ -13,10 +13,8 @@
 // refreshes its regions from the broker) or DeregisterMem sees it busy.
 #include "membroker/transfer_engine.h"
 
-#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -34,6 +32,7 @@
 #include <unordered_map>
 
 #include "client_core.h"
+#include "futex.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/protocol.h"
 
@@ -62,13 +61,6 @@ struct ControlBlock {
 static_assert(sizeof(ControlBlock) == 4096);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t value, long timeout_ns) {
-  timespec ts{0, timeout_ns};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, value, &ts, nullptr, 0);
-}
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
 bool PidAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 Status NotInitialized() {
@@ -158,6 +150,9 @@ struct Peer {
   std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
   std::atomic<bool> lost{false};
 };
+
+// One check: the pidfd where there is one (a pid can be reused), the pid otherwise.
+bool PeerAlive(const Peer& p) { return p.pidfd.valid() ? ipc::PidfdAlive(p.pidfd.get()) : PidAlive(p.pid); }
 
 struct CopySegment {
   char* dst;
@@ -295,7 +290,7 @@ void TransferEngine::Impl::WaitForPeers() {
     for (;;) {
       uint32_t busy = slot.busy.load();
       if (busy == 0 || !PidAlive(slot.pid.load())) break;
-      FutexWait(&slot.busy, busy, 10'000'000);  // re-checks the pid every 10 ms
+      detail::FutexWait(&slot.busy, busy, std::chrono::milliseconds(10));  // re-checks the pid every 10 ms
     }
   }
   control_->draining.fetch_sub(1);
@@ -388,44 +383,35 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
     if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + remote + "\"");
     (void)Disconnect(remote, timeout_ms);  // the old peer went away: start over
   }
-  const auto deadline = DeadlineAfter(timeout_ms);
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max<int64_t>(left, 1))});
-    if (!reply.ok()) return reply.status();
-    auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
-    if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply");
-    auto peer = std::make_shared<Peer>();
-    peer->name = remote;
-    peer->pid = info->pid;
-    peer->slot = info->slot;
-    peer->control_allocation = info->control_allocation;
-    auto pidfd = ipc::PidfdOpenIfSupported(info->pid);
-    if (pidfd.ok()) peer->pidfd = std::move(*pidfd);
-    if (!pidfd.ok() || !PidAlive(info->pid) || !ipc::PidfdAlive(peer->pidfd.get())) {
-      // The broker has not yet seen that engine's process exit: try again.
-      (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
-      if (Clock::now() >= deadline)
-        return Status(ErrorCode::kTimeout, "engine \"" + remote + "\" did not come back in time");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      continue;
-    }
-    size_t size = 0;
-    auto control = MapImported(remote, info->control_allocation, &size);
-    if (!control.ok()) {
-      (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
-      return control.status();
-    }
-    peer->control = static_cast<ControlBlock*>(*control);
-    ControlSlot& slot = peer->control->slots[peer->slot % 63];
-    slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
-    slot.pid.store(::getpid());
-    {
-      std::lock_guard<std::mutex> lk(peers_mu_);
-      peers_[remote] = std::move(peer);
-    }
-    return Status::Ok();
+  // The broker answers only with an engine whose process it knows is alive,
+  // waiting up to timeout_ms for one to appear.
+  auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max(timeout_ms, 0))});
+  if (!reply.ok()) return reply.status();
+  auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
+  if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply");
+  auto peer = std::make_shared<Peer>();
+  peer->name = remote;
+  peer->pid = info->pid;
+  peer->slot = info->slot;
+  peer->control_allocation = info->control_allocation;
+  auto pidfd = ipc::PidfdOpenIfSupported(info->pid);
+  if (pidfd.ok()) peer->pidfd = std::move(*pidfd);
+  Status st = pidfd.ok() && PeerAlive(*peer)
+                  ? Status::Ok()
+                  : Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" exited while connecting");
+  size_t size = 0;
+  Result<void*> control = st.ok() ? MapImported(remote, info->control_allocation, &size) : st;
+  if (!control.ok()) {
+    (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
+    return control.status();
   }
+  peer->control = static_cast<ControlBlock*>(*control);
+  ControlSlot& slot = peer->control->slots[peer->slot % 63];
+  slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
+  slot.pid.store(::getpid());
+  std::lock_guard<std::mutex> lk(peers_mu_);
+  peers_[remote] = std::move(peer);
+  return Status::Ok();
 }
 
 Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
@@ -493,7 +479,7 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (op != READ && op != WRITE) return Status(ErrorCode::kParamInvalid, "op must be READ or WRITE");
   std::shared_ptr<Peer> peer = FindPeer(remote);
   if (peer == nullptr) return NotConnected(remote);
-  if (peer->lost.load() || !ipc::PidfdAlive(peer->pidfd.get()) || !PidAlive(peer->pid)) {
+  if (peer->lost.load() || !PeerAlive(*peer)) {
     peer->lost.store(true);
     return Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" (pid " +
                                                 std::to_string(peer->pid) + ") has exited");
@@ -523,7 +509,7 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
       else
         retry = true;
     }
-    if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) FutexWakeAll(&slot.busy);
+    if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) detail::FutexWakeAll(&slot.busy);
     if (!retry || attempt == 2) return st;
     MB_RETURN_IF_ERROR(Refresh(*peer));
   }
