@@ -5,6 +5,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/memfd.h"
+#include "membroker/ipc/ranges.h"
 
 namespace membroker::broker {
 
@@ -92,10 +93,7 @@ Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineR
   if (e.regions.size() >= ipc::kMaxEngineRegions)
     return Status(ErrorCode::kResourceExhausted,
                   "an engine registers at most " + std::to_string(ipc::kMaxEngineRegions) + " ranges");
-  auto next = e.regions.lower_bound(m.address);
-  if ((next != e.regions.end() && next->first < m.address + m.length) ||
-      (next != e.regions.begin() &&
-       std::prev(next)->first + std::prev(next)->second.length > m.address))
+  if (ipc::Overlaps(e.regions, m.address, m.length, [](const ipc::EngineRegion& r) { return r.length; }))
     return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
   bool read_only = false;
   if (m.allocation != 0) {
@@ -107,9 +105,7 @@ Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineR
       return Status(ErrorCode::kParamInvalid, "offset and length fall outside the allocation");
     read_only = s.ledger.ReadOnly(m.allocation);
   } else {
-    auto host = s.host_regs.upper_bound(m.address);
-    if (host == s.host_regs.begin() ||
-        std::prev(host)->first + std::prev(host)->second < m.address + m.length)
+    if (ipc::Containing(s.host_regs, m.address, m.length, [](uint64_t n) { return n; }) == s.host_regs.end())
       return Status(ErrorCode::kParamInvalid,
                     "the range is neither broker memory nor inside one HostRegister range");
   }

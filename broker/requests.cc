@@ -8,6 +8,7 @@
 #include "log.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/pidfd.h"
+#include "membroker/ipc/ranges.h"
 
 namespace membroker::broker {
 
@@ -385,9 +386,7 @@ Status Broker::HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m)
   if (m.address + m.size < m.address) return Status(ErrorCode::kParamInvalid, "range overflows");
   if (m.flags != 0)
     return Status(ErrorCode::kParamInvalid, "unknown host register flags " + std::to_string(m.flags));
-  auto next = s.host_regs.lower_bound(m.address);
-  if ((next != s.host_regs.end() && next->first < m.address + m.size) ||
-      (next != s.host_regs.begin() && std::prev(next)->first + std::prev(next)->second > m.address))
+  if (ipc::Overlaps(s.host_regs, m.address, m.size, [](uint64_t n) { return n; }))
     return Status(ErrorCode::kOverlap, "range overlaps memory this client already registered");
   MB_RETURN_IF_ERROR(Charge(s, Usage{0, m.size, 0, 0}));
   s.host_regs[m.address] = m.size;

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include "membroker/ipc/memfd.h"
+#include "membroker/ipc/ranges.h"
 #include "membroker/ipc/syscall.h"
 
 namespace membroker::detail {
@@ -147,12 +148,8 @@ Status ClientCore::Release(void* base_ptr, bool force) {
 }
 
 ReservationState* ClientCore::FindReservation(uintptr_t va, size_t size) {
-  auto it = reservations_.upper_bound(va);
-  if (it == reservations_.begin()) return nullptr;
-  --it;
-  uintptr_t base = it->first;
-  if (va < base || va + size < va || va + size > base + it->second.size) return nullptr;
-  return &it->second;
+  auto it = ipc::Containing(reservations_, va, size, [](const ReservationState& r) { return r.size; });
+  return it == reservations_.end() ? nullptr : &it->second;
 }
 
 Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint64_t handle,
@@ -183,14 +180,9 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
   if (r == nullptr)
     return Status(ErrorCode::kOutOfRange,
                   "range " + Hex(va) + "+" + std::to_string(size) + " is not inside one reservation");
-  auto next = r->mappings.lower_bound(va);
-  if (next != r->mappings.end() && next->first < va + size)
-    return Status(ErrorCode::kOverlap, "range overlaps the mapping at " + Hex(next->first));
-  if (next != r->mappings.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.size > va)
-      return Status(ErrorCode::kOverlap, "range overlaps the mapping at " + Hex(prev->first));
-  }
+  if (ipc::Overlaps(r->mappings, va, size, [](const MappingState& m) { return m.size; }))
+    return Status(ErrorCode::kOverlap, "range " + Hex(va) + "+" + std::to_string(size) +
+                                           " overlaps a mapping in this reservation");
   int prot = PROT_READ | (h->second.read_only ? 0 : PROT_WRITE);
   void* out = nullptr;
   MB_RETURN_IF_ERROR(ipc::CheckedCall(
@@ -294,10 +286,7 @@ Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
 }
 
 Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const {
-  auto next = engine_ranges_.lower_bound(va);
-  bool hit = (next != engine_ranges_.end() && next->first < va + size) ||
-             (next != engine_ranges_.begin() && std::prev(next)->first + std::prev(next)->second > va);
-  if (!hit) return Status::Ok();
+  if (!ipc::Overlaps(engine_ranges_, va, size, [](size_t n) { return n; })) return Status::Ok();
   return Status(ErrorCode::kBusy, "range " + Hex(va) + "+" + std::to_string(size) +
                                       " is registered with a transfer engine and cannot be " + what +
                                       " (DeregisterMem it first)");
@@ -308,19 +297,15 @@ Result<EngineRange> ClientCore::LockEngineRange(uintptr_t va, size_t size) {
   EngineRange found;
   bool ok = false;
   if (ReservationState* r = FindReservation(va, size)) {
-    auto m = r->mappings.upper_bound(va);
-    if (m != r->mappings.begin()) {
-      --m;
-      if (m->first <= va && va + size <= m->first + m->second.size) {
-        auto held = handles_.find(m->second.handle);
-        found = EngineRange{m->second.handle, m->second.offset + (va - m->first),
-                            held != handles_.end() && held->second.read_only};
-        ok = true;
-      }
+    auto m = ipc::Containing(r->mappings, va, size, [](const MappingState& m) { return m.size; });
+    if (m != r->mappings.end()) {
+      auto held = handles_.find(m->second.handle);
+      found = EngineRange{m->second.handle, m->second.offset + (va - m->first),
+                          held != handles_.end() && held->second.read_only};
+      ok = true;
     }
   } else {
-    auto h = host_regs_.upper_bound(va);
-    ok = h != host_regs_.begin() && std::prev(h)->first + std::prev(h)->second >= va + size;
+    ok = ipc::Containing(host_regs_, va, size, [](size_t n) { return n; }) != host_regs_.end();
   }
   if (!ok)
     return Status(ErrorCode::kParamInvalid,

@@ -35,6 +35,7 @@
 #include "futex.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/protocol.h"
+#include "membroker/ipc/ranges.h"
 
 namespace membroker {
 
@@ -305,9 +306,7 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
     return Status(ErrorCode::kParamInvalid,
                   "addr and len must be non-zero multiples of 4096");
   std::unique_lock<std::shared_mutex> lk(local_mu_);
-  auto next = local_.lower_bound(mem.addr);
-  if ((next != local_.end() && next->first < mem.addr + mem.len) ||
-      (next != local_.begin() && std::prev(next)->first + std::prev(next)->second.len > mem.addr))
+  if (ipc::Overlaps(local_, mem.addr, mem.len, [](const LocalRegion& r) { return r.len; }))
     return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
   MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->LockEngineRange(mem.addr, mem.len));
   auto reply = core_->conn().Call(ipc::EngineRegisterRequest{mem.addr, mem.len, where.handle, where.offset});
@@ -488,13 +487,11 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
-    auto it = local_.upper_bound(d.local_addr);
-    bool inside = d.len > 0 && d.local_addr + d.len > d.local_addr && it != local_.begin() &&
-                  std::prev(it)->first + std::prev(it)->second.len >= d.local_addr + d.len;
-    if (!inside)
+    auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.len; });
+    if (d.len == 0 || it == local_.end())
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
                                                   ": local range is empty or not inside memory this engine registered");
-    if (op == READ && std::prev(it)->second.read_only)
+    if (op == READ && it->second.read_only)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
   }
   ControlSlot& slot = peer->control->slots[peer->slot % 63];
@@ -522,9 +519,9 @@ Status TransferEngine::Impl::ResolveAndCopy(Peer& peer, TransferOp op,
   std::vector<iovec> local_iov, remote_iov;
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
-    auto it = peer.regions.upper_bound(d.remote_addr);
-    const ipc::EngineRegion* r = it == peer.regions.begin() ? nullptr : &std::prev(it)->second;
-    if (r == nullptr || d.remote_addr + d.len > r->address + r->length || d.remote_addr + d.len < d.remote_addr) {
+    auto it = ipc::Containing(peer.regions, d.remote_addr, d.len, [](const ipc::EngineRegion& r) { return r.length; });
+    const ipc::EngineRegion* r = it == peer.regions.end() ? nullptr : &it->second;
+    if (r == nullptr) {
       *retry = true;  // maybe registered since our last refresh
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
                                                   ": remote range is not inside memory engine \"" +
