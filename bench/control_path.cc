@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 
 #include "membroker/client.h"
+#include "raw_fd.h"
 
 using namespace membroker;
 
@@ -35,25 +36,13 @@ struct Echo {
     if (pid == 0) {
       ::close(sv[0]);
       char buf[256];
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
       for (;;) {
-        iovec iov{buf, sizeof(buf)};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof(control);
-        ssize_t n = ::recvmsg(sv[1], &msg, MSG_CMSG_CLOEXEC);
+        int fd = -1;
+        ssize_t n = bench::RawRecv(sv[1], buf, sizeof(buf), &fd);
         if (n <= 0) _exit(0);
         // Echo the bytes and any fd back, as the broker's reply carries one.
-        if (msg.msg_controllen == 0) msg.msg_control = nullptr;
-        iov.iov_len = static_cast<size_t>(n);
-        ::sendmsg(sv[1], &msg, 0);
-        if (msg.msg_control) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
-          ::close(fd);
-        }
+        bench::RawSend(sv[1], buf, static_cast<size_t>(n), fd);
+        if (fd >= 0) ::close(fd);
       }
     }
     ::close(sv[1]);
@@ -67,33 +56,10 @@ struct Echo {
 
 void RoundTrip(int fd, int send_fd) {
   char buf[64] = {1};
-  iovec iov{buf, 48};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (send_fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &send_fd, sizeof(int));
-  }
-  ::sendmsg(fd, &msg, 0);
-  msghdr in{};
-  iovec iov2{buf, sizeof(buf)};
-  in.msg_iov = &iov2;
-  in.msg_iovlen = 1;
-  in.msg_control = control;
-  in.msg_controllen = sizeof(control);
-  ::recvmsg(fd, &in, MSG_CMSG_CLOEXEC);
-  if (in.msg_controllen > 0) {
-    int got;
-    std::memcpy(&got, CMSG_DATA(CMSG_FIRSTHDR(&in)), sizeof(int));
-    ::close(got);
-  }
+  bench::RawSend(fd, buf, 48, send_fd);
+  int got = -1;
+  bench::RawRecv(fd, buf, sizeof(buf), &got);
+  if (got >= 0) ::close(got);
 }
 
 void BM_Floor_SeqpacketRoundTrip(benchmark::State& state) {

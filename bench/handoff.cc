@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "membroker/client.h"
+#include "raw_fd.h"
 
 using namespace membroker;
 namespace bip = boost::interprocess;
@@ -62,33 +63,11 @@ struct Msg {
 void SendMsg(int sock, const std::string& text, int fd = -1) {
   Msg m;
   std::snprintf(m.text, sizeof(m.text), "%s", text.c_str());
-  iovec iov{m.text, sizeof(m.text)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr h{};
-  h.msg_iov = &iov;
-  h.msg_iovlen = 1;
-  if (fd >= 0) {
-    h.msg_control = control;
-    h.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&h);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
-  if (::sendmsg(sock, &h, 0) < 0) std::exit(3);
+  if (bench::RawSend(sock, m.text, sizeof(m.text), fd) < 0) std::exit(3);
 }
 Msg RecvMsg(int sock) {
   Msg m;
-  iovec iov{m.text, sizeof(m.text)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr h{};
-  h.msg_iov = &iov;
-  h.msg_iovlen = 1;
-  h.msg_control = control;
-  h.msg_controllen = sizeof(control);
-  if (::recvmsg(sock, &h, MSG_CMSG_CLOEXEC) <= 0) std::exit(0);
-  if (h.msg_controllen > 0) std::memcpy(&m.fd, CMSG_DATA(CMSG_FIRSTHDR(&h)), sizeof(int));
+  if (bench::RawRecv(sock, m.text, sizeof(m.text), &m.fd) <= 0) std::exit(0);
   return m;
 }
 
