@@ -25,7 +25,6 @@ namespace {
 Status Empty(const char* what) {
   return Status(ErrorCode::kInvalidHandle, std::string(what) + " is empty (moved from or released)");
 }
-Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
 }  // namespace
 
 Result<Client> Client::Connect(const ConnectOptions& options) {
@@ -44,12 +43,12 @@ uint64_t Client::client_id() const { return core_ ? core_->client_id() : 0; }
 
 Result<size_t> Client::GetAllocationGranularity(const AllocationProp& prop,
                                                 GranularityOption option) const {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   return core_->Granularity(prop.page_policy, option);
 }
 
 Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp& prop) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   uint32_t flags = (prop.pinned ? ipc::kMallocPinned : 0) |
                    (prop.same_address ? ipc::kMallocSameAddress : 0);
@@ -87,7 +86,7 @@ Status Client::FreePhysical(PhysicalHandle& handle) {
 
 Result<Reservation> Client::ReserveMemAddress(size_t size, size_t alignment, void* expected_addr,
                                               uint32_t flags) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(void* base, core_->Reserve(size, alignment, expected_addr, flags));
   Reservation r;
   r.core_ = core_;
@@ -105,7 +104,7 @@ Status Client::ReleaseMemAddress(Reservation& reservation) {
 
 Result<Mapping> Client::MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle,
                                uint32_t flags) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (!handle.core_) return Empty("PhysicalHandle");
   if (handle.core_ != core_)
     return Status(ErrorCode::kInvalidHandle, "handle belongs to another Client");
@@ -125,12 +124,12 @@ Status Client::UnmapMem(Mapping& mapping) {
 }
 
 Status Client::MemSetAccess(void* va, size_t size, Access access) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   return core_->SetAccess(va, size, access);
 }
 
 Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle, uint32_t flags) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (!handle.core_) return Empty("PhysicalHandle");
   if (!handle.core_->HoldsUnfreed(handle.id_)) return Empty("PhysicalHandle");
   MB_ASSIGN_OR_RETURN(detail::Reply r,
@@ -141,7 +140,7 @@ Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle
 }
 
 Status Client::SetPidToShareableHandle(const std::string& token, std::span<const pid_t> pids) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (pids.size() > ipc::kMaxPidsPerRequest)
     return Status(ErrorCode::kParamInvalid, "at most 1024 pids per call");
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::SetPidRequest{
@@ -150,7 +149,7 @@ Status Client::SetPidToShareableHandle(const std::string& token, std::span<const
 }
 
 Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& token) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (token.empty() || token.size() > ipc::kMaxTokenBytes)
     return Status(ErrorCode::kParamInvalid, "token is empty or too long");
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ImportRequest{token}));
@@ -177,12 +176,12 @@ Result<void*> Client::MallocHost(size_t size) {
 }
 
 Status Client::FreeHost(void* ptr) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   return core_->FreeHostAlloc(ptr);
 }
 
 Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   auto addr = reinterpret_cast<uintptr_t>(ptr);
   if (ptr == nullptr || size == 0 || addr % 4096 != 0 || size % 4096 != 0)
     return Status(ErrorCode::kParamInvalid,
@@ -201,14 +200,14 @@ Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
 }
 
 Status Client::HostUnregister(void* ptr) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(size_t size, core_->TakeHostRegistration(ptr));
   ::munlock(ptr, size);
   return core_->conn().Notify(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
 }
 
 Status Client::Ping() {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::PingRequest{}));
   return Status::Ok();
 }

@@ -47,6 +47,9 @@ struct ReservationState {
   std::map<uintptr_t, MappingState> mappings;  // by start address
 };
 
+// What every Client call returns on a default-constructed (never connected) Client.
+inline Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
+
 class ClientCore {
  public:
   explicit ClientCore(ipc::UniqueFd sock) : conn_(std::move(sock)) {}

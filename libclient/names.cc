@@ -5,7 +5,6 @@
 namespace membroker {
 
 namespace {
-Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
 Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > ipc::kMaxObjectNameBytes)
     return Status(ErrorCode::kParamInvalid, "a name is 1 to 256 bytes");
@@ -15,7 +14,7 @@ uint32_t Millis(int timeout_ms) { return timeout_ms < 0 ? 0 : static_cast<uint32
 }  // namespace
 
 Status Client::Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
   if (!handle.valid() || !core_->HoldsUnfreed(handle.id()))
     return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
@@ -23,7 +22,7 @@ Status Client::Publish(const std::string& name, const PhysicalHandle& handle, ui
 }
 
 Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::LookupRequest{name, Millis(timeout_ms)}));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
@@ -33,13 +32,13 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
 }
 
 Status Client::Unpublish(const std::string& name) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
   return core_->conn().Call(ipc::UnpublishRequest{name}).status();
 }
 
 Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ListNamesRequest{prefix}));
   auto* m = std::get_if<ipc::ListNamesReply>(&r.body);
@@ -51,13 +50,13 @@ Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix
 }
 
 Status Client::Subscribe(const std::string& prefix) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
   return core_->conn().Call(ipc::SubscribeRequest{prefix}).status();
 }
 
 Result<NameEvents> Client::WaitEvents(int timeout_ms) {
-  if (!core_) return NotConnectedClient();
+  if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::WaitEventsRequest{Millis(timeout_ms)}));
   auto* m = std::get_if<ipc::EventsReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "WaitEventsRequest got a wrong reply");
