@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <benchmark/benchmark.h>
 
@@ -22,8 +23,10 @@ using namespace membroker;
 
 namespace {
 
-std::string g_socket;
-pid_t g_broker = -1;
+// Two brokers: one without pools, one whose pools serve the pooled cases.
+std::string g_socket, g_pool_socket;
+pid_t g_broker = -1, g_pool_broker = -1;
+constexpr int kPoolCount[] = {1000, 64, 8};  // 4 KiB, 2 MiB, 64 MiB
 
 // An echo process on a socketpair: the bare round trip a broker request cannot beat.
 struct Echo {
@@ -86,10 +89,10 @@ void BM_Floor_MemfdSyscalls(benchmark::State& state) {
     ::close(fd);
   }
 }
-BENCHMARK(BM_Floor_MemfdSyscalls)->Arg(4096)->Arg(2 << 20)->UseRealTime();
+BENCHMARK(BM_Floor_MemfdSyscalls)->Arg(4096)->Arg(2 << 20)->Arg(64 << 20)->UseRealTime();
 
-Client Connect() {
-  auto c = Client::Connect({g_socket, "bench"});
+Client Connect(const std::string& socket = g_socket) {
+  auto c = Client::Connect({socket, "bench"});
   if (!c.ok()) {
     std::fprintf(stderr, "bench: %s\n", c.status().ToString().c_str());
     std::exit(1);
@@ -116,20 +119,25 @@ void BM_Broker_MallocFree(benchmark::State& state) {
     if (!h.ok()) state.SkipWithError(h.status().ToString().c_str());
   }  // the release is one-way: it costs no round trip
 }
-BENCHMARK(BM_Broker_MallocFree)->Arg(4096)->Arg(2 << 20)->UseRealTime();
+BENCHMARK(BM_Broker_MallocFree)->Arg(4096)->Arg(2 << 20)->Arg(64 << 20)->UseRealTime();
 
-// An 8 KiB pool is configured in StartBroker: these come ready-made.
+// The pool broker keeps kPoolCount allocations of each size ready and refills
+// on its worker threads; the iteration counts stay within what is ready at the
+// start, so every request is a pool hit.
 void BM_Broker_MallocPooled(benchmark::State& state) {
-  Client c = Connect();
+  Client c = Connect(g_pool_socket);
+  const size_t size = static_cast<size_t>(state.range(0));
   for (auto _ : state) {
-    auto h = c.MallocPhysical(8192);
+    auto h = c.MallocPhysical(size);
     if (!h.ok() || !h->from_pool()) {
       state.SkipWithError(h.ok() ? "not served from the pool" : h.status().ToString().c_str());
       break;
     }
   }
 }
-BENCHMARK(BM_Broker_MallocPooled)->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(4096)->Iterations(kPoolCount[0])->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(2 << 20)->Iterations(kPoolCount[1])->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(64 << 20)->Iterations(kPoolCount[2])->UseRealTime();
 
 void BM_Broker_Export(benchmark::State& state) {
   Client c = Connect();
@@ -205,17 +213,18 @@ BENCHMARK(BM_Consumer_ImportMapTouch)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-void StartBroker(const std::string& binary) {
-  char tmpl[] = "/tmp/membroker-bench.XXXXXX";
-  std::string dir = ::mkdtemp(tmpl);
-  g_socket = dir + "/b.sock";
+pid_t StartBroker(const std::string& binary, const std::string& socket, std::vector<std::string> extra) {
   int ready[2];
   ::pipe(ready);
-  g_broker = ::fork();
-  if (g_broker == 0) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
     ::dup2(ready[1], 3);
-    ::execl(binary.c_str(), binary.c_str(), "--socket", g_socket.c_str(), "--ready-fd", "3",
-            "--pool", "8K:normal:256", "--log-level", "warn", nullptr);
+    std::vector<std::string> args{binary, "--socket", socket, "--ready-fd", "3", "--log-level", "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(binary.c_str(), argv.data());
     _exit(127);
   }
   ::close(ready[1]);
@@ -225,6 +234,7 @@ void StartBroker(const std::string& binary) {
     std::exit(1);
   }
   ::close(ready[0]);
+  return pid;
 }
 
 }  // namespace
@@ -233,11 +243,22 @@ int main(int argc, char** argv) {
   std::string broker = MEMBROKER_BROKER_BINARY;
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--broker")) broker = argv[i + 1];
-  StartBroker(broker);
+  char tmpl[] = "/tmp/membroker-bench.XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  g_socket = dir + "/b.sock";
+  g_pool_socket = dir + "/pool.sock";
+  g_broker = StartBroker(broker, g_socket, {});
+  g_pool_broker = StartBroker(broker, g_pool_socket,
+                              {"--pool", "4K:normal:" + std::to_string(kPoolCount[0]), "--pool",
+                               "2M:normal:" + std::to_string(kPoolCount[1]), "--pool",
+                               "64M:normal:" + std::to_string(kPoolCount[2])});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  ::kill(g_broker, SIGTERM);
-  ::waitpid(g_broker, nullptr, 0);
+  for (pid_t pid : {g_broker, g_pool_broker}) {
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+  }
+  ::rmdir(dir.c_str());
   return 0;
 }

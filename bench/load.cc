@@ -141,7 +141,10 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
       std::sort(lat.begin(), lat.end());
       std::string line = std::to_string(lat.size());
       size_t step = std::max<size_t>(1, lat.size() / 2000);
-      for (size_t i = 0; i < lat.size(); i += step) line += " " + std::to_string(lat[i]);
+      for (size_t i = 0; i < lat.size(); i += step) {
+        line += ' ';
+        line += std::to_string(lat[i]);
+      }
       line += "\n";
       // One file per client: lines this long would interleave in a shared pipe.
       FILE* f = std::fopen((g_dir + "/out." + std::to_string(c)).c_str(), "w");
@@ -209,6 +212,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: load --broker PATH_TO_membrokerd [--quick]\n");
     return 2;
   }
+  // The broker and the clients hold one fd per allocation and per import (the
+  // scale run keeps 100,000 live): raise the limit as far as we may.
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  rlimit want{262144, 262144};
+  if (rl.rlim_max >= want.rlim_max || ::setrlimit(RLIMIT_NOFILE, &want) != 0) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  ::getrlimit(RLIMIT_NOFILE, &rl);
   char tmpl[] = "/tmp/membroker-load.XXXXXX";
   g_dir = ::mkdtemp(tmpl);
   const double secs = quick ? 1.0 : 3.0;
@@ -218,8 +231,7 @@ int main(int argc, char** argv) {
     Broker b;
     std::string echo_path = g_dir + "/echo.sock";
     pid_t echo = StartEchoServer(echo_path);
-    std::vector<int> counts = quick ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 4, 16, 64, 256};
-    for (int n : counts) {
+    for (int n : {1, 4, 16, 64, 256}) {
       LoadResult broker = ClosedLoop(n, secs, [&] {
         auto c = Client::Connect({b.socket, "load"});
         if (!c.ok()) {
@@ -268,11 +280,24 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  // 3. Crash cleanup: SIGKILL a client holding N allocations.
+  // 3. Crash cleanup: SIGKILL a client holding N allocations of its own and M
+  // imports of buffers a surviving client exported.
   {
     Broker b;
-    for (int n : {1, 100, 10000}) {
-      int reps = n >= 10000 ? (quick ? 3 : 10) : (quick ? 10 : 50);
+    auto survivor = std::move(*Client::Connect({b.socket, "survivor"}));
+    // 10,000 allocations plus 10,000 imports would need more fds than this
+    // machine's hard limit (20,000, not raisable without CAP_SYS_RESOURCE) lets
+    // the broker or the client hold, so the largest mixed case is 5,000 + 5,000.
+    const std::pair<int, int> cases[] = {{1, 1}, {100, 100}, {5000, 5000}, {10000, 0}};
+    for (auto [n, imports] : cases) {
+      int reps = n >= 5000 ? (quick ? 3 : 10) : (quick ? 10 : 50);
+      std::vector<PhysicalHandle> exported;
+      std::vector<std::string> tokens;
+      for (int i = 0; i < imports; ++i) {
+        exported.push_back(std::move(*survivor.MallocPhysical(4096)));
+        tokens.push_back(*survivor.ExportToShareableHandle(exported.back(), kExportNoPidCheck));
+      }
+      const uint64_t survivor_allocations = exported.size();
       std::vector<double> ms;
       for (int r = 0; r < reps; ++r) {
         int ready[2];
@@ -283,6 +308,7 @@ int main(int argc, char** argv) {
           auto c = Client::Connect({b.socket, "doomed"});
           std::vector<PhysicalHandle> held;
           for (int i = 0; i < n; ++i) held.push_back(std::move(*c->MallocPhysical(4096)));
+          for (const std::string& t : tokens) held.push_back(std::move(*c->ImportFromShareableHandle(t)));
           (void)c->Ping();
           (void)!::write(ready[1], "r", 1);
           ::pause();
@@ -294,27 +320,25 @@ int main(int argc, char** argv) {
         ::close(ready[0]);
         auto t0 = Clock::now();
         ::kill(pid, SIGKILL);
-        while (b.Stat("allocations_live") != 0) {
+        // The session closes in one step: its allocations and its imports go together.
+        while (b.Stat("allocations_live") != survivor_allocations || b.Stat("clients_connected") != 1) {
         }
         ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         ::waitpid(pid, nullptr, 0);
       }
       std::sort(ms.begin(), ms.end());
-      std::printf("{\"bench\": \"crash_cleanup\", \"allocations\": %d, \"runs\": %zu, \"p50_ms\": %.3f, "
+      std::printf("{\"bench\": \"crash_cleanup\", \"allocations\": %d, \"imports\": %d, \"runs\": %zu, \"p50_ms\": %.3f, "
                   "\"p99_ms\": %.3f}\n",
-                  n, ms.size(), ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
+                  n, imports, ms.size(), ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
       std::fflush(stdout);
     }
   }
   // 4. Scale: broker memory per idle client and per allocation, and request
   // latency with many live allocations against an empty broker.
   {
-    rlimit rl{};
-    ::getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-    const int clients = quick ? 200 : 1000;
-    const int allocations = static_cast<int>(std::min<rlim_t>(quick ? 20000 : 100000, rl.rlim_cur - 2000));
+    const int clients = 1000;
+    // One memfd per allocation in the broker: the fd limit caps the count.
+    const int allocations = static_cast<int>(std::min<rlim_t>(100000, rl.rlim_cur - 2000));
     Broker b;
     auto rss = [&] {
       std::ifstream in("/proc/" + std::to_string(b.pid) + "/status");
@@ -375,13 +399,13 @@ int main(int argc, char** argv) {
     // drift show up as a difference between the two empty figures.
     auto [after_p50, after_p99] = ping_latency(probe);
     auto [after_malloc_p50, after_malloc_p99] = malloc_latency(probe);
-    std::printf("{\"bench\": \"scale\", \"clients\": %d, \"bytes_per_idle_client\": %.0f, "
+    std::printf("{\"bench\": \"scale\", \"fd_limit\": %llu, \"clients\": %d, \"bytes_per_idle_client\": %.0f, "
                 "\"allocations\": %zu, \"bytes_per_allocation\": %.0f, \"empty_p50_us\": %.1f, "
                 "\"empty_p99_us\": %.1f, \"full_p50_us\": %.1f, \"full_p99_us\": %.1f, "
                 "\"after_p50_us\": %.1f, \"after_p99_us\": %.1f, \"empty_malloc_p50_us\": %.1f, "
                 "\"empty_malloc_p99_us\": %.1f, \"full_malloc_p50_us\": %.1f, \"full_malloc_p99_us\": %.1f, "
                 "\"after_malloc_p50_us\": %.1f, \"after_malloc_p99_us\": %.1f}\n",
-                clients, (with_clients - base) / double(clients), live,
+                static_cast<unsigned long long>(rl.rlim_cur), clients, (with_clients - base) / double(clients), live,
                 live == 0 ? 0.0 : (with_allocs - before_allocs) / double(live), empty_p50, empty_p99,
                 full_p50, full_p99, after_p50, after_p99, empty_malloc_p50, empty_malloc_p99,
                 full_malloc_p50, full_malloc_p99, after_malloc_p50, after_malloc_p99);

@@ -40,6 +40,7 @@ struct BrokerCounters {
   uint64_t errors_sent = 0;
   uint64_t protocol_errors = 0;
   uint64_t bytes_pending = 0;    // reserved for allocations being created
+  uint64_t bytes_returning = 0;  // freed allocations whose pages a worker is returning
   uint64_t quota_rejections = 0;
 };
 
@@ -58,12 +59,13 @@ class Broker {
   size_t live_allocations() const { return table_.all().size(); }
   size_t live_sessions() const { return sessions_.size(); }
   // True when nothing is held or charged: no session, allocation, charge,
-  // same-address range or pending creation (the fuzzer checks it after each input).
+  // same-address range, pending creation or pending return of freed pages (the
+  // fuzzer checks it after each input).
   bool Idle() const {
     const Usage& u = accounting_.total();
     return sessions_.empty() && table_.all().empty() && table_.export_count() == 0 &&
            u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
-           window_.used() == 0 && counters_.bytes_pending == 0 &&
+           window_.used() == 0 && counters_.bytes_pending == 0 && counters_.bytes_returning == 0 &&
            engines_.empty() && waiters_.empty() && names_.empty();
   }
 
@@ -194,6 +196,7 @@ class Broker {
 
   friend struct MallocWork;
   friend struct RefillWork;
+  friend struct ReturnWork;
   friend struct AdminConnection;
 
   Options options_;

@@ -48,6 +48,16 @@ struct RefillWork {
   std::optional<Result<ipc::PhysicalMemory>> result;
 };
 
+// The last fd (and pin) of a freed allocation: closing it returns the pages to
+// the kernel, which takes milliseconds for large ones, so it happens here.
+struct ReturnWork {
+  uv_work_t req{};
+  Broker* broker = nullptr;
+  uint64_t size = 0;
+  ipc::LockedMapping lock;
+  ipc::UniqueFd fd;
+};
+
 void Broker::CloseAfterReply(Session& s) {
   if (s.outbound.empty())
     CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted,
@@ -334,6 +344,29 @@ void Broker::DropReference(uint64_t id) {
   if (gone->fixed_address) window_.Free(gone->fixed_address);
   if (gone->pool >= 0) --pools_[gone->pool].in_use;
   // Its memory goes back to the kernel here; never to another tenant (pool.h).
+  // Freeing the 4 KiB pages of a large allocation (the final close, unless a
+  // client still has the fd open) would stall every other client for
+  // milliseconds: a worker does it. Huge pages are few and quick to free, and
+  // go back at once, so a client that frees one may allocate it again at once.
+  if (gone->size <= options_.inline_alloc_bytes || gone->page_size != ipc::kNormalPageSize) return;
+  auto* w = new ReturnWork();
+  w->req.data = w;
+  w->broker = this;
+  w->size = gone->size;
+  w->lock = std::move(gone->lock);
+  w->fd = std::move(gone->fd);
+  counters_.bytes_returning += w->size;
+  uv_queue_work(
+      &loop_, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<ReturnWork*>(r->data);
+        w->lock = ipc::LockedMapping();
+        w->fd.reset();
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<ReturnWork> w(static_cast<ReturnWork*>(r->data));
+        w->broker->counters_.bytes_returning -= w->size;
+      });
 }
 
 Status Broker::HandleFree(Session& s, const ipc::FreeRequest& m) {

@@ -124,6 +124,7 @@ TEST(Crash, SigkillAtRandomPointsLeavesNothingBehind) {
   }
   EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);  // the bystander
   EXPECT_EQ(b.WaitForStat("bytes_pending", 0), 0u);       // worker-pool allocations done
+  EXPECT_EQ(b.WaitForStat("bytes_returning", 0), 0u);     // and freed large ones closed
   EXPECT_EQ(b.Stat("allocations_live"), live_before);
   EXPECT_EQ(b.Stat("bytes_allocated"), size_t{1} << 20);
   EXPECT_EQ(b.FdCount(), fds_before);

@@ -106,6 +106,21 @@ TEST(HugePages, HugeOnlyIsGrantedAndImportersMapHugePages) {
   EXPECT_TRUE(c.MapMem(r->at(k2M), 4 << 20, 0, *h).ok());
 }
 
+TEST(HugePages, FreedHugePagesAreFreeAgainWhenTheFreeIsServed) {
+  RESERVE_OR_SKIP(pool, k2M, 2);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  AllocationProp prop{PagePolicy::kHugeOnly};
+  for (int round = 0; round < 3; ++round) {  // each round takes every reserved page
+    auto h = c.MallocPhysical(4 << 20, prop);
+    ASSERT_TRUE(h.ok()) << "round " << round << ": " << h.status().ToString();
+    EXPECT_EQ(b.Stat("free_hugepages_2m"), 0u);
+    ASSERT_TRUE(c.FreePhysical(*h).ok());
+    ASSERT_TRUE(c.Ping().ok());
+    EXPECT_EQ(b.Stat("free_hugepages_2m"), 2u);
+  }
+}
+
 TEST(HugePages, HugeOnlyFailsClearlyWhenThePoolIsEmpty) {
   RESERVE_OR_SKIP(pool, k2M, 0);
   BrokerProcess b;

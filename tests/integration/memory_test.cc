@@ -281,6 +281,30 @@ TEST(Pools, PooledSizesAreServedFromReadyMemoryAndRefilled) {
   EXPECT_EQ(b.Stat("allocations_live"), 1u);  // other_size
 }
 
+// ---- freeing ----------------------------------------------------------------------
+
+TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  ASSERT_TRUE(c.Ping().ok());
+  const size_t fds_before = b.FdCount();
+  constexpr size_t kSize = 64 << 20;  // above --inline-alloc-bytes: returned by a worker
+  {
+    auto h = c.MallocPhysical(kSize);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    auto r = c.ReserveMemAddress(kSize);
+    auto m = c.MapMem(r->base(), kSize, 0, *h);
+    ASSERT_TRUE(m.ok());
+    std::memset(m->data(), 0x5a, kSize);  // pages the kernel must free
+  }  // unmap, release, free (the broker holds the last reference)
+  ASSERT_TRUE(c.Ping().ok());
+  EXPECT_EQ(b.Stat("allocations_live"), 0u);
+  EXPECT_EQ(b.Stat("bytes_allocated"), 0u);  // counted free at once
+  EXPECT_EQ(b.WaitForStat("bytes_returning", 0), 0u);
+  EXPECT_EQ(b.FdCount(), fds_before);
+  EXPECT_TRUE(c.Ping().ok());
+}
+
 // ---- quotas -----------------------------------------------------------------------
 
 TEST(Quotas, PerClientLimitsGiveQuotaExceededAndChangeNothing) {

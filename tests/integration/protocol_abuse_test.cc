@@ -77,6 +77,7 @@ class Abuse : public ::testing::Test {
     EXPECT_TRUE(bystander.Ping().ok());
     EXPECT_EQ(broker.WaitForStat("clients_connected", 1), 1u);
     EXPECT_EQ(broker.Stat("allocations_live"), 1u);
+    EXPECT_EQ(broker.WaitForStat("bytes_returning", 0), 0u);  // large frees closed by a worker
     EXPECT_EQ(broker.FdCount(), fds_before);
   }
   BrokerProcess broker;
