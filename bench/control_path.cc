@@ -6,12 +6,15 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -26,7 +29,8 @@ namespace {
 // Two brokers: one without pools, one whose pools serve the pooled cases.
 std::string g_socket, g_pool_socket;
 pid_t g_broker = -1, g_pool_broker = -1;
-constexpr int kPoolCount[] = {1000, 64, 8};  // 4 KiB, 2 MiB, 64 MiB
+// Iterations of each pooled case (4 KiB, 2 MiB, 64 MiB); each pool holds as many.
+constexpr int kPooledIterations[] = {1000, 64, 8};
 
 // An echo process on a socketpair: the bare round trip a broker request cannot beat.
 struct Echo {
@@ -79,6 +83,47 @@ void BM_Floor_SeqpacketRoundTripWithFd(benchmark::State& state) {
 }
 BENCHMARK(BM_Floor_SeqpacketRoundTripWithFd)->UseRealTime();
 
+// The floor for connect + handshake: connect to a listening SEQPACKET socket,
+// one round trip, close; the server accepts, echoes one message and closes.
+void BM_Floor_ConnectRoundTrip(benchmark::State& state) {
+  char tmpl[] = "/tmp/membroker-floor.XXXXXX";
+  std::string path = std::string(::mkdtemp(tmpl)) + "/echo.sock";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 64) != 0) {
+    state.SkipWithError("bind/listen failed");
+    return;
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    char buf[256];
+    for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+      ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+      if (n > 0) ::send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+      ::close(c);
+    }
+    _exit(0);
+  }
+  ::close(lfd);
+  for (auto _ : state) {
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      state.SkipWithError("connect failed");
+      ::close(fd);
+      break;
+    }
+    RoundTrip(fd, -1);
+    ::close(fd);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ::unlink(path.c_str());
+  ::rmdir(path.substr(0, path.rfind('/')).c_str());
+}
+BENCHMARK(BM_Floor_ConnectRoundTrip)->UseRealTime();
+
 void BM_Floor_MemfdSyscalls(benchmark::State& state) {
   const size_t size = static_cast<size_t>(state.range(0));
   for (auto _ : state) {
@@ -121,10 +166,44 @@ void BM_Broker_MallocFree(benchmark::State& state) {
 }
 BENCHMARK(BM_Broker_MallocFree)->Arg(4096)->Arg(2 << 20)->Arg(64 << 20)->UseRealTime();
 
-// The pool broker keeps kPoolCount allocations of each size ready and refills
-// on its worker threads; the iteration counts stay within what is ready at the
-// start, so every request is a pool hit.
+// One admin command to the pool broker; returns its whole answer.
+std::string PoolBrokerAdmin(const std::string& command) {
+  std::string path = g_pool_socket + ".admin", out;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    std::string line = command + "\n";
+    (void)!::write(fd, line.data(), line.size());
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// True when every pool is full and no freed memory is still being returned:
+// the broker's workers are idle, as a pool's refills would be between bursts.
+bool PoolBrokerQuiet() {
+  std::string pools = PoolBrokerAdmin("list pools --json");
+  for (size_t at = 0; (at = pools.find("\"capacity\": ", at)) != std::string::npos;) {
+    unsigned long capacity = std::strtoul(pools.c_str() + at + 12, nullptr, 10);
+    size_t r = pools.find("\"ready\": ", at);
+    if (r == std::string::npos || std::strtoul(pools.c_str() + r + 9, nullptr, 10) != capacity) return false;
+    at = r;
+  }
+  return PoolBrokerAdmin("stats --json").find("\"bytes_returning\": 0,") != std::string::npos;
+}
+
+// The pool broker keeps kPooledIterations allocations of each size ready and
+// refills them on its worker threads. Each run starts once the refills of the
+// previous one are done, so every request is a pool hit and no refill competes
+// for the CPUs while it is timed.
 void BM_Broker_MallocPooled(benchmark::State& state) {
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       !PoolBrokerQuiet() && std::chrono::steady_clock::now() < deadline;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Client c = Connect(g_pool_socket);
   const size_t size = static_cast<size_t>(state.range(0));
   for (auto _ : state) {
@@ -135,9 +214,9 @@ void BM_Broker_MallocPooled(benchmark::State& state) {
     }
   }
 }
-BENCHMARK(BM_Broker_MallocPooled)->Arg(4096)->Iterations(kPoolCount[0])->UseRealTime();
-BENCHMARK(BM_Broker_MallocPooled)->Arg(2 << 20)->Iterations(kPoolCount[1])->UseRealTime();
-BENCHMARK(BM_Broker_MallocPooled)->Arg(64 << 20)->Iterations(kPoolCount[2])->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(4096)->Iterations(kPooledIterations[0])->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(2 << 20)->Iterations(kPooledIterations[1])->UseRealTime();
+BENCHMARK(BM_Broker_MallocPooled)->Arg(64 << 20)->Iterations(kPooledIterations[2])->UseRealTime();
 
 void BM_Broker_Export(benchmark::State& state) {
   Client c = Connect();
@@ -249,9 +328,9 @@ int main(int argc, char** argv) {
   g_pool_socket = dir + "/pool.sock";
   g_broker = StartBroker(broker, g_socket, {});
   g_pool_broker = StartBroker(broker, g_pool_socket,
-                              {"--pool", "4K:normal:" + std::to_string(kPoolCount[0]), "--pool",
-                               "2M:normal:" + std::to_string(kPoolCount[1]), "--pool",
-                               "64M:normal:" + std::to_string(kPoolCount[2])});
+                              {"--pool", "4K:normal:" + std::to_string(kPooledIterations[0]), "--pool",
+                               "2M:normal:" + std::to_string(kPooledIterations[1]), "--pool",
+                               "64M:normal:" + std::to_string(kPooledIterations[2])});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -1,5 +1,7 @@
 // The request handlers: every inbound frame is decoded (verified) here and
 // answered with exactly one reply, or none for a successful one-way request.
+#include <sys/resource.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <optional>
@@ -29,6 +31,16 @@ Result<ipc::PhysicalMemory> MakeMemory(const std::string& name, uint64_t size,
   MB_ASSIGN_OR_RETURN(ipc::PhysicalMemory mem, ipc::CreatePhysicalMemory(name, size, policy));
   if (flags & ipc::kMallocPinned) MB_RETURN_IF_ERROR(ipc::Pin(&mem));
   return mem;
+}
+// Worker threads create, zero and return memory: bulk work that must not take
+// a CPU from the loop thread, which serves every client. Nice 10 per thread
+// (Linux threads have their own nice value) lets the loop preempt them.
+void LowerWorkerPriority() {
+  thread_local bool lowered = false;
+  if (!lowered) {
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    lowered = true;
+  }
 }
 }  // namespace
 
@@ -273,6 +285,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
   uv_queue_work(
       &loop_, &w->req,
       [](uv_work_t* r) {
+        LowerWorkerPriority();
         auto* w = static_cast<MallocWork*>(r->data);
         w->result = MakeMemory(w->name, w->size, w->pending.policy, w->pending.flags);
       },
@@ -359,6 +372,7 @@ void Broker::DropReference(uint64_t id) {
   uv_queue_work(
       &loop_, &w->req,
       [](uv_work_t* r) {
+        LowerWorkerPriority();
         auto* w = static_cast<ReturnWork*>(r->data);
         w->lock = ipc::LockedMapping();
         w->fd.reset();
@@ -468,6 +482,7 @@ void Broker::RefillPool(size_t index) {
     uv_queue_work(
         &loop_, &w->req,
         [](uv_work_t* r) {
+          LowerWorkerPriority();
           auto* w = static_cast<RefillWork*>(r->data);
           const PoolSpec& spec = w->broker->pools_[w->pool].spec;
           w->result = ipc::CreatePhysicalMemory("membroker:pool", spec.size, spec.policy);

@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <chrono>
 
@@ -303,6 +305,21 @@ TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
   EXPECT_EQ(b.WaitForStat("bytes_returning", 0), 0u);
   EXPECT_EQ(b.FdCount(), fds_before);
   EXPECT_TRUE(c.Ping().ok());
+  // The worker that created and returned it runs at nice 10; the loop thread at 0.
+  int loop_nice = -100, worker_nice = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(b.pid()) + "/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Fields after the command name (which ends at the last ')'): nice is the 17th.
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 0; i < 17; ++i) rest >> field;
+    int nice = std::stoi(field);
+    if (task.path().filename() == std::to_string(b.pid())) loop_nice = nice;
+    worker_nice = std::max(worker_nice, nice);
+  }
+  EXPECT_EQ(loop_nice, 0);
+  EXPECT_EQ(worker_nice, 10) << "no worker thread at nice 10";
 }
 
 // ---- quotas -----------------------------------------------------------------------
