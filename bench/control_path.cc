@@ -20,6 +20,8 @@
 #include <benchmark/benchmark.h>
 
 #include "membroker/client.h"
+#include "broker_launch.h"
+#include "membroker/ipc/admin_client.h"
 #include "raw_fd.h"
 
 using namespace membroker;
@@ -166,21 +168,9 @@ void BM_Broker_MallocFree(benchmark::State& state) {
 }
 BENCHMARK(BM_Broker_MallocFree)->Arg(4096)->Arg(2 << 20)->Arg(64 << 20)->UseRealTime();
 
-// One admin command to the pool broker; returns its whole answer.
 std::string PoolBrokerAdmin(const std::string& command) {
-  std::string path = g_pool_socket + ".admin", out;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string line = command + "\n";
-    (void)!::write(fd, line.data(), line.size());
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  auto reply = ipc::AskAdmin(g_pool_socket + ".admin", command);
+  return reply.ok() ? *reply : "";
 }
 
 // True when every pool is full and no freed memory is still being returned:
@@ -292,30 +282,6 @@ BENCHMARK(BM_Consumer_ImportMapTouch)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-pid_t StartBroker(const std::string& binary, const std::string& socket, std::vector<std::string> extra) {
-  int ready[2];
-  ::pipe(ready);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(ready[1], 3);
-    std::vector<std::string> args{binary, "--socket", socket, "--ready-fd", "3", "--log-level", "warn"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  ::close(ready[1]);
-  char buf[64];
-  if (::read(ready[0], buf, sizeof(buf)) <= 0) {
-    std::fprintf(stderr, "bench: broker %s did not start\n", binary.c_str());
-    std::exit(1);
-  }
-  ::close(ready[0]);
-  return pid;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,11 +292,13 @@ int main(int argc, char** argv) {
   std::string dir = ::mkdtemp(tmpl);
   g_socket = dir + "/b.sock";
   g_pool_socket = dir + "/pool.sock";
-  g_broker = StartBroker(broker, g_socket, {});
-  g_pool_broker = StartBroker(broker, g_pool_socket,
-                              {"--pool", "4K:normal:" + std::to_string(kPooledIterations[0]), "--pool",
-                               "2M:normal:" + std::to_string(kPooledIterations[1]), "--pool",
-                               "64M:normal:" + std::to_string(kPooledIterations[2])});
+  g_broker = bench::LaunchBroker(broker, {"--socket", g_socket, "--log-level", "warn"});
+  std::vector<std::string> pool_args{"--socket", g_pool_socket, "--log-level", "warn"};
+  const char* pool_sizes[] = {"4K", "2M", "64M"};
+  for (int i = 0; i < 3; ++i)
+    pool_args.insert(pool_args.end(),
+                     {"--pool", std::string(pool_sizes[i]) + ":normal:" + std::to_string(kPooledIterations[i])});
+  g_pool_broker = bench::LaunchBroker(broker, pool_args);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

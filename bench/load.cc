@@ -28,7 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include "broker_launch.h"
 #include "membroker/client.h"
+#include "membroker/ipc/admin_client.h"
 
 using namespace membroker;
 using Clock = std::chrono::steady_clock;
@@ -43,41 +45,22 @@ struct Broker {
   Broker() {
     socket = g_dir + "/b.sock";
     admin = g_dir + "/b.admin";
-    int ready[2];
-    if (::pipe(ready) != 0) std::exit(1);
-    pid = ::fork();
-    if (pid == 0) {
-      ::dup2(ready[1], 3);
-      ::execl(g_binary.c_str(), g_binary.c_str(), "--socket", socket.c_str(), "--admin-socket",
-              admin.c_str(), "--ready-fd", "3", "--log-level", "error", "--max-clients", "4096", nullptr);
-      _exit(127);
-    }
-    ::close(ready[1]);
-    char buf[64];
-    if (::read(ready[0], buf, sizeof(buf)) <= 0) std::exit(1);
-    ::close(ready[0]);
+    pid = bench::LaunchBroker(g_binary, {"--socket", socket, "--admin-socket", admin, "--log-level", "error",
+                                         "--max-clients", "4096"});
   }
   ~Broker() {
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
   }
-  std::string Admin(const std::string& cmd) const {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strncpy(a.sun_path, admin.c_str(), sizeof(a.sun_path) - 1);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "";
-    std::string line = cmd + "\n", out;
-    (void)!::write(fd, line.data(), line.size());
-    char buf[8192];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-    ::close(fd);
-    return out;
+  std::string StatsJson() const {
+    auto reply = ipc::AskAdmin(admin, "stats --json");
+    return reply.ok() ? *reply : "";
   }
-  uint64_t Stat(const std::string& key) const {
-    std::string j = Admin("stats --json"), k = "\"" + key + "\": ";
-    size_t at = j.find(k);
-    return at == std::string::npos ? UINT64_MAX : std::strtoull(j.c_str() + at + k.size(), nullptr, 10);
+  // One numeric field of a `stats --json` answer.
+  static uint64_t Field(const std::string& json, const std::string& key) {
+    std::string k = "\"" + key + "\": ";
+    size_t at = json.find(k);
+    return at == std::string::npos ? UINT64_MAX : std::strtoull(json.c_str() + at + k.size(), nullptr, 10);
   }
 };
 
@@ -328,7 +311,9 @@ int main(int argc, char** argv) {
         if (pidfd >= 0) ::poll(&pfd, 1, -1);
         auto exited = Clock::now();
         // The session closes in one step: its allocations and its imports go together.
-        while (b.Stat("allocations_live") != survivor_allocations || b.Stat("clients_connected") != 1) {
+        for (std::string stats;
+             stats = b.StatsJson(), Broker::Field(stats, "allocations_live") != survivor_allocations ||
+                                        Broker::Field(stats, "clients_connected") != 1;) {
         }
         ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         exit_ms.push_back(std::chrono::duration<double, std::milli>(exited - t0).count());

@@ -134,15 +134,15 @@ Result<std::vector<gid_t>> GetPeerGroups(int sock) {
   return Status(ErrorCode::kInternal, "SO_PEERGROUPS kept growing");
 }
 
-Result<UniqueFd> ConnectSeqpacket(const std::string& path) {
+Result<UniqueFd> ConnectUnix(const std::string& path, int type) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path))
     return Status(ErrorCode::kParamInvalid, "socket path too long: " + path);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int raw = -1;
-  MB_RETURN_IF_ERROR(CheckedCall("socket", "AF_UNIX, SOCK_SEQPACKET", &raw, [] {
-    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  MB_RETURN_IF_ERROR(CheckedCall("socket", "AF_UNIX", &raw, [type] {
+    return ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   }));
   UniqueFd fd(raw);
   MB_RETURN_IF_ERROR(CheckedCall<int>("connect", path, nullptr, [&] {

@@ -1,14 +1,12 @@
 // membrokerctl: talks to membrokerd's admin socket.
 //   membrokerctl --admin-socket PATH [--json] COMMAND [ARGS]
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "membroker/ipc/admin_client.h"
 
 namespace {
 
@@ -95,37 +93,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "membrokerctl: --admin-socket PATH is required\n");
     return 2;
   }
-  sockaddr_un addr{};
-  if (admin.size() >= sizeof(addr.sun_path)) {
-    std::fprintf(stderr, "membrokerctl: admin socket path too long\n");
-    return 2;
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, admin.c_str(), admin.size() + 1);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::fprintf(stderr, "membrokerctl: cannot connect to %s: %s\n", admin.c_str(), std::strerror(errno));
+  std::string line = cmd + (arg.empty() ? "" : " " + arg) + (json ? " --json" : "");
+  auto answer = membroker::ipc::AskAdmin(admin, line);
+  if (!answer.ok()) {
+    if (answer.code() == membroker::ErrorCode::kParamInvalid) {  // the path cannot be a socket
+      std::fprintf(stderr, "membrokerctl: %s\n", answer.status().message().c_str());
+      return 2;
+    }
+    if (answer.code() == membroker::ErrorCode::kProtocolError)  // connected, but no answer
+      std::fprintf(stderr, "membrokerctl: %s\n", answer.status().message().c_str());
+    else
+      std::fprintf(stderr, "membrokerctl: cannot connect to %s: %s\n", admin.c_str(),
+                   answer.status().message().c_str());
     return 1;
   }
-  std::string line = cmd + (arg.empty() ? "" : " " + arg) + (json ? " --json" : "") + "\n";
-  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-    std::fprintf(stderr, "membrokerctl: write: %s\n", std::strerror(errno));
-    return 1;
-  }
-  std::string reply;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+  const std::string& reply = *answer;
   bool failed = reply.rfind("error:", 0) == 0 || reply.rfind("{\"error\"", 0) == 0;
-  if (reply.empty()) {
-    std::fprintf(stderr, "membrokerctl: the broker closed the connection without a reply\n");
-    return 1;
-  }
   std::fputs(reply.c_str(), failed ? stderr : stdout);
   return failed ? 1 : 0;
 }

@@ -3,9 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include "membroker/ipc/admin_client.h"
 
 namespace membroker::testing {
 
@@ -106,19 +106,8 @@ int BrokerProcess::Stop() {
 }
 
 std::string BrokerProcess::Admin(const std::string& command) const {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, admin_.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  std::string line = command + "\n";
-  (void)!::write(fd, line.data(), line.size());
-  std::string reply = ReadAllFromFd(fd);
-  ::close(fd);
-  return reply;
+  auto reply = ipc::AskAdmin(admin_, command);
+  return reply.ok() ? *reply : "";
 }
 
 uint64_t BrokerProcess::Stat(const std::string& key) const {

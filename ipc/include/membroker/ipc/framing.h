@@ -3,6 +3,8 @@
 // truncated control data is a protocol error; fds that arrived with it are closed.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <sys/types.h>
 
 #include <cstddef>
@@ -46,7 +48,9 @@ Result<PeerCred> GetPeerCred(int sock);
 // The peer's supplementary groups at connect time (SO_PEERGROUPS).
 Result<std::vector<gid_t>> GetPeerGroups(int sock);
 
-// Creates a SOCK_SEQPACKET socket connected to path (blocking, close-on-exec).
-Result<UniqueFd> ConnectSeqpacket(const std::string& path);
+// Creates a Unix socket of `type` (SOCK_SEQPACKET, SOCK_STREAM) connected to
+// path (blocking, close-on-exec).
+Result<UniqueFd> ConnectUnix(const std::string& path, int type);
+inline Result<UniqueFd> ConnectSeqpacket(const std::string& path) { return ConnectUnix(path, SOCK_SEQPACKET); }
 
 }  // namespace membroker::ipc
