@@ -6,9 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 #include <chrono>
 
@@ -40,7 +38,9 @@ TEST(Pinned, BrokerLocksThePagesAndCountsThem) {
   auto h = c.MallocPhysical(1 << 20, prop);
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   EXPECT_TRUE(h->pinned());
-  if (kMlockObservable) EXPECT_EQ(LockedBytes(b.pid()), locked_before + (1 << 20));
+  if (kMlockObservable) {
+    EXPECT_EQ(LockedBytes(b.pid()), locked_before + (1 << 20));
+  }
   EXPECT_EQ(b.Stat("pinned_bytes"), 1u << 20);
   // Pinned memory is shared like any allocation.
   auto token = c.ExportToShareableHandle(*h, kExportNoPidCheck);
@@ -55,7 +55,9 @@ TEST(Pinned, BrokerLocksThePagesAndCountsThem) {
   ASSERT_TRUE(c.FreePhysical(*h).ok());
   ASSERT_TRUE(c.Ping().ok());
   EXPECT_EQ(b.Stat("pinned_bytes"), 0u);
-  if (kMlockObservable) EXPECT_EQ(LockedBytes(b.pid()), locked_before);
+  if (kMlockObservable) {
+    EXPECT_EQ(LockedBytes(b.pid()), locked_before);
+  }
 }
 
 TEST(Pinned, BudgetIsEnforcedWithAClearError) {
@@ -104,7 +106,9 @@ TEST(HostRegister, PinsOwnMemoryAndIsRecorded) {
   std::memset(buf, 1, 16 * kPage);
   uint64_t locked_before = LockedBytes(::getpid());
   ASSERT_TRUE(c.HostRegister(buf, 16 * kPage).ok());
-  if (kMlockObservable) EXPECT_GE(LockedBytes(::getpid()), locked_before + 16 * kPage);
+  if (kMlockObservable) {
+    EXPECT_GE(LockedBytes(::getpid()), locked_before + 16 * kPage);
+  }
   EXPECT_EQ(b.Stat("host_registered_bytes"), 16 * kPage);
   EXPECT_EQ(b.Stat("pinned_bytes"), 16 * kPage);
   // Overlaps, misalignment, unknown flags: clear errors, nothing changes.
@@ -306,18 +310,9 @@ TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
   EXPECT_EQ(b.FdCount(), fds_before);
   EXPECT_TRUE(c.Ping().ok());
   // The worker that created and returned it runs at nice 10; the loop thread at 0.
-  int loop_nice = -100, worker_nice = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(b.pid()) + "/task")) {
-    std::ifstream in(task.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // Fields after the command name (which ends at the last ')'): nice is the 17th.
-    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-    std::string field;
-    for (int i = 0; i < 17; ++i) rest >> field;
-    int nice = std::stoi(field);
-    if (task.path().filename() == std::to_string(b.pid())) loop_nice = nice;
-    worker_nice = std::max(worker_nice, nice);
-  }
+  std::map<pid_t, int> nice = ThreadNiceValues(b.pid());
+  int loop_nice = nice.count(b.pid()) ? nice[b.pid()] : -100, worker_nice = 0;
+  for (const auto& [tid, n] : nice) worker_nice = std::max(worker_nice, n);
   EXPECT_EQ(loop_nice, 0);
   EXPECT_EQ(worker_nice, 10) << "no worker thread at nice 10";
 }

@@ -1,11 +1,14 @@
-// Reading what the kernel says about a process: locked memory, and the RSS and
-// page size of one mapping.
+// Reading what the kernel says about a process: locked memory, the RSS and
+// page size of one mapping, and its threads' nice values.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -56,6 +59,21 @@ inline MappingInfo SmapsOf(const void* addr) {
     if (line.rfind("KernelPageSize:", 0) == 0) info.kernel_page_size = std::stoull(line.substr(15)) * 1024;
   }
   return info;
+}
+
+// The nice value of each thread of a process, by thread id.
+inline std::map<pid_t, int> ThreadNiceValues(pid_t pid) {
+  std::map<pid_t, int> nice;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // The fields after the command name (which ends at the last ')'): nice is the 17th.
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 0; i < 17; ++i) rest >> field;
+    nice[static_cast<pid_t>(std::stol(task.path().filename().string()))] = std::stoi(field);
+  }
+  return nice;
 }
 
 }  // namespace membroker::testing
