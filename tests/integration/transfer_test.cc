@@ -344,7 +344,9 @@ TEST_P(TransferTest, PeerKilledDuringABatch) {
     }
     // Copies through a mapping of broker memory may finish after the death;
     // cross-memory attach to a dead process cannot.
-    if (GetParam()) EXPECT_LT(completed, 8);
+    if (GetParam()) {
+      EXPECT_LT(completed, 8);
+    }
     EXPECT_EQ(local.engine->TransferSync("server", READ, {{buf, server->addr, 4096}}).code(),
               ErrorCode::kNotConnected);
     // The name comes back with a new process; the survivor connects again.
