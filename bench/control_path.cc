@@ -1,8 +1,12 @@
 // Control-path latency of the broker against its physical floor, measured in
 // the same run: a bare SOCK_SEQPACKET round trip to an echo process (with and
 // without one fd), and the raw syscalls an allocation needs.
+// With --paired ROUNDS, instead: the round-trip operations interleaved call by
+// call with their floors (medians; --one-cpu pins everything to CPU 0).
 //   bench/control_path [--broker PATH_TO_membrokerd] [google benchmark flags]
+//   bench/control_path [--broker PATH] --paired ROUNDS [--one-cpu]
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -10,9 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,56 +91,73 @@ void BM_Floor_SeqpacketRoundTripWithFd(benchmark::State& state) {
 }
 BENCHMARK(BM_Floor_SeqpacketRoundTripWithFd)->UseRealTime();
 
-// The floor for connect + handshake: connect to a listening SEQPACKET socket,
-// one round trip, close; the server accepts, echoes one message and closes.
-void BM_Floor_ConnectRoundTrip(benchmark::State& state) {
-  char tmpl[] = "/tmp/membroker-floor.XXXXXX";
-  std::string path = std::string(::mkdtemp(tmpl)) + "/echo.sock";
+// The floor for connect + handshake: a listening SEQPACKET socket whose
+// process accepts, echoes one message and closes; a sample is connect, one
+// round trip, close.
+struct ListeningEcho {
+  std::string path;
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 64) != 0) {
-    state.SkipWithError("bind/listen failed");
-    return;
-  }
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    char buf[256];
-    for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
-      ssize_t n = ::recv(c, buf, sizeof(buf), 0);
-      if (n > 0) ::send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
-      ::close(c);
+  pid_t pid = -1;
+  ListeningEcho() {
+    char tmpl[] = "/tmp/membroker-floor.XXXXXX";
+    path = std::string(::mkdtemp(tmpl)) + "/echo.sock";
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 64) != 0) {
+      std::perror("bench: echo bind/listen");
+      std::exit(1);
     }
-    _exit(0);
+    pid = ::fork();
+    if (pid == 0) {
+      char buf[256];
+      for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+        ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n > 0) ::send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+        ::close(c);
+      }
+      _exit(0);
+    }
+    ::close(lfd);
   }
-  ::close(lfd);
-  for (auto _ : state) {
+  ~ListeningEcho() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ::unlink(path.c_str());
+    ::rmdir(path.substr(0, path.rfind('/')).c_str());
+  }
+  bool ConnectRoundTrip() const {
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (ok) RoundTrip(fd, -1);
+    ::close(fd);
+    return ok;
+  }
+};
+
+void BM_Floor_ConnectRoundTrip(benchmark::State& state) {
+  ListeningEcho echo;
+  for (auto _ : state) {
+    if (!echo.ConnectRoundTrip()) {
       state.SkipWithError("connect failed");
-      ::close(fd);
       break;
     }
-    RoundTrip(fd, -1);
-    ::close(fd);
   }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  ::unlink(path.c_str());
-  ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 BENCHMARK(BM_Floor_ConnectRoundTrip)->UseRealTime();
 
+// The system calls a MallocPhysical needs: create, size, populate, seal.
+void MemfdSyscalls(size_t size) {
+  int fd = ::memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ::ftruncate(fd, static_cast<off_t>(size));
+  ::fallocate(fd, 0, 0, static_cast<off_t>(size));
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  ::close(fd);
+}
+
 void BM_Floor_MemfdSyscalls(benchmark::State& state) {
   const size_t size = static_cast<size_t>(state.range(0));
-  for (auto _ : state) {
-    int fd = ::memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ::ftruncate(fd, static_cast<off_t>(size));
-    ::fallocate(fd, 0, 0, static_cast<off_t>(size));
-    ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-    ::close(fd);
-  }
+  for (auto _ : state) MemfdSyscalls(size);
 }
 BENCHMARK(BM_Floor_MemfdSyscalls)->Arg(4096)->Arg(2 << 20)->Arg(64 << 20)->UseRealTime();
 
@@ -282,6 +305,82 @@ BENCHMARK(BM_Consumer_ImportMapTouch)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// --paired ROUNDS: each operation against its floor, interleaved call by call
+// (floor, operation, next pair, ...; the order flips every round) and timed one
+// call at a time, so both see the same machine at the same moment. Prints one
+// JSON line per operation with both medians and p99s. Means over whole runs,
+// as above, move with every stall of this VM; medians of interleaved calls
+// hold still.
+struct Pair {
+  const char* op;
+  const char* floor;
+  std::function<void()> run_op, run_floor;
+  std::vector<double> op_us, floor_us;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(v.size() * q))];
+}
+
+int RunPaired(int rounds, bool one_cpu) {
+  Echo echo;
+  ListeningEcho listening;
+  int memfd = ::memfd_create("x", MFD_CLOEXEC);
+  Client c = Connect(), importer = Connect(), pooled = Connect(g_pool_socket);
+  auto held = c.MallocPhysical(4096);
+  auto token = c.ExportToShareableHandle(*held, kExportNoPidCheck);
+  uint64_t pool_misses = 0;
+  std::vector<Pair> pairs;
+  pairs.push_back({"connect", "connect + round trip", [] { (void)Connect(); },
+                   [&] { (void)listening.ConnectRoundTrip(); }, {}, {}});
+  pairs.push_back({"ping", "round trip", [&] { (void)c.Ping(); }, [&] { RoundTrip(echo.fd, -1); }, {}, {}});
+  pairs.push_back({"malloc_4k", "round trip with fd + memfd syscalls", [&] { (void)c.MallocPhysical(4096); },
+                   [&] {
+                     MemfdSyscalls(4096);
+                     RoundTrip(echo.fd, memfd);
+                   },
+                   {}, {}});
+  pairs.push_back({"malloc_4k_pooled", "round trip with fd",
+                   [&] {
+                     auto h = pooled.MallocPhysical(4096);
+                     if (!h.ok() || !h->from_pool()) ++pool_misses;
+                   },
+                   [&] { RoundTrip(echo.fd, memfd); }, {}, {}});
+  pairs.push_back({"export", "round trip",
+                   [&] { (void)c.ExportToShareableHandle(*held, kExportNoPidCheck); },
+                   [&] { RoundTrip(echo.fd, -1); }, {}, {}});
+  pairs.push_back({"import", "round trip with fd", [&] { (void)importer.ImportFromShareableHandle(*token); },
+                   [&] { RoundTrip(echo.fd, memfd); }, {}, {}});
+  auto time_us = [](const std::function<void()>& f) {
+    auto t = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
+  };
+  for (int r = 0; r < rounds; ++r) {
+    for (Pair& p : pairs) {
+      if (r % 2 == 0) {
+        p.floor_us.push_back(time_us(p.run_floor));
+        p.op_us.push_back(time_us(p.run_op));
+      } else {
+        p.op_us.push_back(time_us(p.run_op));
+        p.floor_us.push_back(time_us(p.run_floor));
+      }
+    }
+  }
+  ::close(memfd);
+  for (const Pair& p : pairs) {
+    double op50 = Percentile(p.op_us, 0.5), floor50 = Percentile(p.floor_us, 0.5);
+    std::printf("{\"bench\": \"paired\", \"one_cpu\": %s, \"op\": \"%s\", \"floor\": \"%s\", \"rounds\": %d, "
+                "\"op_p50_us\": %.1f, \"op_p99_us\": %.1f, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
+                "\"ratio_p50\": %.3f%s}\n",
+                one_cpu ? "true" : "false", p.op, p.floor, rounds, op50, Percentile(p.op_us, 0.99), floor50, Percentile(p.floor_us, 0.99),
+                op50 / floor50,
+                std::strcmp(p.op, "malloc_4k_pooled") ? "" : (", \"pool_misses\": " + std::to_string(pool_misses)).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -292,6 +391,18 @@ int main(int argc, char** argv) {
   std::string dir = ::mkdtemp(tmpl);
   g_socket = dir + "/b.sock";
   g_pool_socket = dir + "/pool.sock";
+  int paired = 0;
+  bool one_cpu = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--paired") && i + 1 < argc) paired = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
+  }
+  if (one_cpu) {  // this process, the brokers and the echo processes all on CPU 0
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) std::perror("bench: sched_setaffinity");
+  }
   g_broker = bench::LaunchBroker(broker, {"--socket", g_socket, "--log-level", "warn"});
   std::vector<std::string> pool_args{"--socket", g_pool_socket, "--log-level", "warn"};
   const char* pool_sizes[] = {"4K", "2M", "64M"};
@@ -299,9 +410,13 @@ int main(int argc, char** argv) {
     pool_args.insert(pool_args.end(),
                      {"--pool", std::string(pool_sizes[i]) + ":normal:" + std::to_string(kPooledIterations[i])});
   g_pool_broker = bench::LaunchBroker(broker, pool_args);
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  if (paired > 0) {
+    RunPaired(paired, one_cpu);
+  } else {
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  }
   for (pid_t pid : {g_broker, g_pool_broker}) {
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
