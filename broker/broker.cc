@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "log.h"
 #include "membroker/ipc/pidfd.h"
@@ -355,12 +356,19 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
   const char* why = kReasons[static_cast<int>(reason)];
   if (reason == CloseReason::kPeerClosed) why = s.said_goodbye ? "clean" : "crash";
   if (reason == CloseReason::kPeerClosed && !s.said_goodbye) ++counters_.clients_crashed;
+  // What this frees is closed together, by a worker when it is more than one
+  // large allocation's worth: thousands of memfds take tens of milliseconds to
+  // close, which the loop's other clients should not wait for.
+  ReturnBatch freed;
+  ReturnBatch* outer = std::exchange(return_batch_, &freed);
   EndEngineSession(s, /*all=*/true);
   EndNamesSession(s, /*crashed=*/!s.said_goodbye);
   for (Waiter* w : WaitersOf(s.id)) CloseWaiter(w);
   std::vector<uint64_t> held = s.ledger.TakeAll();
   counters_.released_on_disconnect += held.size();
   for (uint64_t id : held) ReleaseHolding(s, id);
+  return_batch_ = outer;
+  if (freed.bytes > options_.inline_alloc_bytes) ReturnOnWorker(std::move(freed));
   for (const auto& [addr, size] : s.host_regs) Uncharge(&s, s.cred.uid, Usage{0, size, 0, 0});
   s.host_regs.clear();
   MB_INFO("disconnect", "client=%llu pid=%d name=\"%s\" reason=%s released=%zu%s%s%s",

@@ -44,6 +44,19 @@ struct BrokerCounters {
   uint64_t quota_rejections = 0;
 };
 
+// Freed allocations' fds and pins, to be closed together on a worker.
+struct ReturnBatch {
+  uint64_t bytes = 0;
+  std::vector<ipc::LockedMapping> locks;
+  std::vector<ipc::UniqueFd> fds;
+  void Add(Allocation&& a) {
+    bytes += a.size;
+    locks.push_back(std::move(a.lock));
+    fds.push_back(std::move(a.fd));
+  }
+  bool empty() const { return fds.empty(); }
+};
+
 class Broker {
  public:
   static Result<std::unique_ptr<Broker>> Create(Options options);
@@ -182,6 +195,8 @@ class Broker {
   Status GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Ledger& into);
   // Drops one reference; the allocation goes when the last one does.
   void DropReference(uint64_t allocation_id);
+  // Closes the batch's fds on a worker, counted in bytes_returning meanwhile.
+  void ReturnOnWorker(ReturnBatch batch);
   Status Charge(Session& s, const Usage& delta);
   void Uncharge(Session* s, uid_t uid, const Usage& delta);
   void FillPools();
@@ -219,6 +234,9 @@ class Broker {
   std::vector<Waiter*> waiters_;
   std::map<std::string, NamedEntry> names_;
   uint64_t next_region_id_ = 1;
+  // While a session closes: where DropReference gathers what it frees, so one
+  // worker closes it all (see CloseSession).
+  ReturnBatch* return_batch_ = nullptr;
 };
 
 // Closes every admin connection on loop except the listener (at shutdown).

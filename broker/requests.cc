@@ -60,14 +60,13 @@ struct RefillWork {
   std::optional<Result<ipc::PhysicalMemory>> result;
 };
 
-// The last fd (and pin) of a freed allocation: closing it returns the pages to
-// the kernel, which takes milliseconds for large ones, so it happens here.
+// Freed allocations whose last fd (and pin) a worker closes: that returns the
+// pages to the kernel, which takes milliseconds for a large allocation or for
+// the thousands a crashed client may leave.
 struct ReturnWork {
   uv_work_t req{};
   Broker* broker = nullptr;
-  uint64_t size = 0;
-  ipc::LockedMapping lock;
-  ipc::UniqueFd fd;
+  ReturnBatch batch;
 };
 
 void Broker::CloseAfterReply(Session& s) {
@@ -357,29 +356,37 @@ void Broker::DropReference(uint64_t id) {
   if (gone->fixed_address) window_.Free(gone->fixed_address);
   if (gone->pool >= 0) --pools_[gone->pool].in_use;
   // Its memory goes back to the kernel here; never to another tenant (pool.h).
-  // Freeing the 4 KiB pages of a large allocation (the final close, unless a
-  // client still has the fd open) would stall every other client for
-  // milliseconds: a worker does it. Huge pages are few and quick to free, and
-  // go back at once, so a client that frees one may allocate it again at once.
-  if (gone->size <= options_.inline_alloc_bytes || gone->page_size != ipc::kNormalPageSize) return;
+  // Closing the last fd of 4 KiB pages frees them one by one: for a large
+  // allocation, or for everything a closing session held, a worker does it so
+  // the loop keeps serving. Huge pages are few and quick to free, and go back
+  // at once, so a client that frees one may allocate it again at once.
+  if (gone->page_size != ipc::kNormalPageSize) return;
+  if (return_batch_ != nullptr) {
+    return_batch_->Add(std::move(*gone));
+  } else if (gone->size > options_.inline_alloc_bytes) {
+    ReturnBatch one;
+    one.Add(std::move(*gone));
+    ReturnOnWorker(std::move(one));
+  }
+}
+
+void Broker::ReturnOnWorker(ReturnBatch batch) {
   auto* w = new ReturnWork();
   w->req.data = w;
   w->broker = this;
-  w->size = gone->size;
-  w->lock = std::move(gone->lock);
-  w->fd = std::move(gone->fd);
-  counters_.bytes_returning += w->size;
+  w->batch = std::move(batch);
+  counters_.bytes_returning += w->batch.bytes;
   uv_queue_work(
       &loop_, &w->req,
       [](uv_work_t* r) {
         LowerWorkerPriority();
         auto* w = static_cast<ReturnWork*>(r->data);
-        w->lock = ipc::LockedMapping();
-        w->fd.reset();
+        w->batch.locks.clear();
+        w->batch.fds.clear();
       },
       [](uv_work_t* r, int) {
         std::unique_ptr<ReturnWork> w(static_cast<ReturnWork*>(r->data));
-        w->broker->counters_.bytes_returning -= w->size;
+        w->broker->counters_.bytes_returning -= w->batch.bytes;
       });
 }
 

@@ -90,6 +90,7 @@ TEST(Crash, SigkillWhileHoldingManyAllocationsReleasesAll) {
   EXPECT_EQ(b.Stat("bytes_allocated"), 0u);
   EXPECT_EQ(b.Stat("clients_crashed"), 1u);
   EXPECT_EQ(b.Stat("released_on_disconnect"), 100u);
+  EXPECT_EQ(b.WaitForStat("bytes_returning", 0), 0u);  // 6.4 MiB: closed by a worker
   EXPECT_EQ(b.FdCount(), fds_before);
 }
 
