@@ -54,7 +54,6 @@ struct ReturnBatch {
     locks.push_back(std::move(a.lock));
     fds.push_back(std::move(a.fd));
   }
-  bool empty() const { return fds.empty(); }
 };
 
 class Broker {
