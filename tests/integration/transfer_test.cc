@@ -323,14 +323,19 @@ TEST_P(TransferTest, PeerKilledDuringABatch) {
   {
     auto server = std::make_unique<ServerChild>(broker.socket(), "server", GetParam());
     auto successor = std::make_unique<ServerChild>(broker.socket(), "server", GetParam(), /*deferred=*/true);
-    Local local(broker, "client", 64 * kSize);
+    // 8 requests of 32 MiB each (distinct local bytes: requests run concurrently).
+    // Large enough that the copy threads, which take both CPUs, cannot finish
+    // them all before this thread gets to send the SIGKILL (with 8 MiB each
+    // they once did, on a loaded machine).
+    constexpr size_t kPerRequest = 32;
+    Local local(broker, "client", 8 * kPerRequest * kSize);
     ASSERT_TRUE(local.engine->Connect("server", 5000).ok());
     auto buf = reinterpret_cast<uintptr_t>(local.buf);
-    // 8 requests of 8 MiB each (distinct local bytes: requests run concurrently).
     std::vector<TransferReq> reqs(8);
     for (size_t r = 0; r < reqs.size(); ++r) {
       std::vector<TransferOpDesc> batch;
-      for (size_t i = 0; i < 8; ++i) batch.push_back({buf + (r * 8 + i) * kSize, server->addr, kSize});
+      for (size_t i = 0; i < kPerRequest; ++i)
+        batch.push_back({buf + (r * kPerRequest + i) * kSize, server->addr, kSize});
       ASSERT_TRUE(local.engine->TransferAsync("server", READ, batch, reqs[r], 60000).ok());
     }
     ::kill(server->pid, SIGKILL);
