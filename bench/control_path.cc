@@ -4,7 +4,7 @@
 // With --paired ROUNDS, instead: the round-trip operations interleaved call by
 // call with their floors (medians; --one-cpu pins everything to CPU 0).
 //   bench/control_path [--broker PATH_TO_membrokerd] [google benchmark flags]
-//   bench/control_path [--broker PATH] --paired ROUNDS [--one-cpu]
+//   bench/control_path [--broker PATH] --paired ROUNDS [--one-cpu] [--only OP]
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -315,15 +316,30 @@ struct Pair {
   const char* op;
   const char* floor;
   std::function<void()> run_op, run_floor;
-  std::vector<double> op_us, floor_us;
+  pid_t op_server, floor_server;  // the broker, or the echo process
+  std::vector<double> op_us = {}, floor_us = {};
 };
+
+// Microseconds a process has run, from the scheduler's own accounting
+// (nanosecond resolution, unlike the tick-based times in /proc/PID/stat).
+double CpuTimeUs(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/schedstat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  unsigned long long ns = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%llu", &ns) != 1) ns = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(ns) / 1000.0;
+}
 
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(v.size() * q))];
 }
 
-int RunPaired(int rounds, bool one_cpu) {
+int RunPaired(int rounds, bool one_cpu, const std::string& only) {
   Echo echo;
   ListeningEcho listening;
   int memfd = ::memfd_create("x", MFD_CLOEXEC);
@@ -333,30 +349,39 @@ int RunPaired(int rounds, bool one_cpu) {
   uint64_t pool_misses = 0;
   std::vector<Pair> pairs;
   pairs.push_back({"connect", "connect + round trip", [] { (void)Connect(); },
-                   [&] { (void)listening.ConnectRoundTrip(); }, {}, {}});
-  pairs.push_back({"ping", "round trip", [&] { (void)c.Ping(); }, [&] { RoundTrip(echo.fd, -1); }, {}, {}});
+                   [&] { (void)listening.ConnectRoundTrip(); }, g_broker, listening.pid});
+  pairs.push_back({"ping", "round trip", [&] { (void)c.Ping(); }, [&] { RoundTrip(echo.fd, -1); }, g_broker,
+                   echo.pid});
   pairs.push_back({"malloc_4k", "round trip with fd + memfd syscalls", [&] { (void)c.MallocPhysical(4096); },
                    [&] {
                      MemfdSyscalls(4096);
                      RoundTrip(echo.fd, memfd);
                    },
-                   {}, {}});
+                   g_broker, echo.pid});
   pairs.push_back({"malloc_4k_pooled", "round trip with fd",
                    [&] {
                      auto h = pooled.MallocPhysical(4096);
                      if (!h.ok() || !h->from_pool()) ++pool_misses;
                    },
-                   [&] { RoundTrip(echo.fd, memfd); }, {}, {}});
+                   [&] { RoundTrip(echo.fd, memfd); }, g_pool_broker, echo.pid});
   pairs.push_back({"export", "round trip",
                    [&] { (void)c.ExportToShareableHandle(*held, kExportNoPidCheck); },
-                   [&] { RoundTrip(echo.fd, -1); }, {}, {}});
+                   [&] { RoundTrip(echo.fd, -1); }, g_broker, echo.pid});
   pairs.push_back({"import", "round trip with fd", [&] { (void)importer.ImportFromShareableHandle(*token); },
-                   [&] { RoundTrip(echo.fd, memfd); }, {}, {}});
+                   [&] { RoundTrip(echo.fd, memfd); }, g_broker, echo.pid});
+  if (!only.empty())
+    std::erase_if(pairs, [&](const Pair& p) { return only != p.op; });
   auto time_us = [](const std::function<void()>& f) {
     auto t = std::chrono::steady_clock::now();
     f();
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count();
   };
+  // With one pair, each server's CPU time over the whole run is that pair's.
+  // (Reading it around every call instead moved where the scheduler put the
+  // echo process and halved the floor: the probe changed what it measured.)
+  std::map<pid_t, double> cpu_before;
+  for (const Pair& p : pairs)
+    for (pid_t pid : {p.op_server, p.floor_server}) cpu_before[pid] = CpuTimeUs(pid);
   for (int r = 0; r < rounds; ++r) {
     for (Pair& p : pairs) {
       if (r % 2 == 0) {
@@ -368,15 +393,20 @@ int RunPaired(int rounds, bool one_cpu) {
       }
     }
   }
+  auto server_cpu_per_call = [&](pid_t pid) { return (CpuTimeUs(pid) - cpu_before[pid]) / rounds; };
   ::close(memfd);
   for (const Pair& p : pairs) {
     double op50 = Percentile(p.op_us, 0.5), floor50 = Percentile(p.floor_us, 0.5);
+    std::string extra;
+    if (pairs.size() == 1)
+      extra += ", \"op_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.op_server)) +
+               ", \"floor_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.floor_server));
+    if (!std::strcmp(p.op, "malloc_4k_pooled")) extra += ", \"pool_misses\": " + std::to_string(pool_misses);
     std::printf("{\"bench\": \"paired\", \"one_cpu\": %s, \"op\": \"%s\", \"floor\": \"%s\", \"rounds\": %d, "
                 "\"op_p50_us\": %.1f, \"op_p99_us\": %.1f, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
                 "\"ratio_p50\": %.3f%s}\n",
-                one_cpu ? "true" : "false", p.op, p.floor, rounds, op50, Percentile(p.op_us, 0.99), floor50, Percentile(p.floor_us, 0.99),
-                op50 / floor50,
-                std::strcmp(p.op, "malloc_4k_pooled") ? "" : (", \"pool_misses\": " + std::to_string(pool_misses)).c_str());
+                one_cpu ? "true" : "false", p.op, p.floor, rounds, op50, Percentile(p.op_us, 0.99), floor50,
+                Percentile(p.floor_us, 0.99), op50 / floor50, extra.c_str());
   }
   return 0;
 }
@@ -393,7 +423,9 @@ int main(int argc, char** argv) {
   g_pool_socket = dir + "/pool.sock";
   int paired = 0;
   bool one_cpu = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[i + 1];
     if (!std::strcmp(argv[i], "--paired") && i + 1 < argc) paired = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
   }
@@ -411,7 +443,7 @@ int main(int argc, char** argv) {
                      {"--pool", std::string(pool_sizes[i]) + ":normal:" + std::to_string(kPooledIterations[i])});
   g_pool_broker = bench::LaunchBroker(broker, pool_args);
   if (paired > 0) {
-    RunPaired(paired, one_cpu);
+    RunPaired(paired, one_cpu, only);
   } else {
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
