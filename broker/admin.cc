@@ -53,7 +53,7 @@ const char kAdminHelp[] =
     "  metrics                   the same in the Prometheus text format\n"
     "  list clients              connected clients\n"
     "  list allocations          live allocations\n"
-    "  list pools                pools: capacity, ready, hits, misses, refills\n"
+    "  list pools                pools: capacity, ready, refilling, hits, misses, refills\n"
     "  list quotas               usage and limits per uid and per client\n"
     "  list engines              transfer engines: client, regions, peers, queued notifies\n"
     "  list names                named objects: allocation, size, read-only, persistent, publisher\n"
@@ -215,6 +215,7 @@ std::string Broker::AdminCommand(const std::string& line) {
           .Num("page_size", ipc::GranularityFor(p.spec.policy).minimum)
           .Num("capacity", p.spec.count)
           .Num("ready", p.ready.size())
+          .Num("refilling", p.refilling)
           .Num("in_use", p.in_use)
           .Num("hits", p.hits)
           .Num("misses", p.misses)

@@ -104,6 +104,8 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (int rc = uv_loop_init(&b->loop_); rc != 0)
     return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
   b->loop_.data = b.get();
+  uv_timer_init(&b->loop_, &b->background_timer_);
+  b->background_timer_.data = b.get();
   MB_RETURN_IF_ERROR(b->Listen());
   MB_RETURN_IF_ERROR(b->ListenAdmin());
   b->FillPools();  // before READY: a ready broker serves pooled sizes at once
@@ -189,6 +191,8 @@ void Broker::Stop() {
     CloseSession(*s, CloseReason::kBrokerStopping);
   }
   CloseAdminConnections(&loop_, reinterpret_cast<uv_handle_t*>(&admin_pipe_));
+  RunBackground();  // deferred returns go now; refills do not (stopping_)
+  uv_close(reinterpret_cast<uv_handle_t*>(&background_timer_), nullptr);
 }
 
 void Broker::OnListenReadable(uv_poll_t* h, int status, int) {

@@ -6,6 +6,7 @@
 
 #include <uv.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -196,6 +197,11 @@ class Broker {
   void DropReference(uint64_t allocation_id);
   // Closes the batch's fds on a worker, counted in bytes_returning meanwhile.
   void ReturnOnWorker(ReturnBatch batch);
+  // Pool refills and single frees' returns wait until takes and frees pause
+  // (--background-delay-ms), so a burst does not share the CPUs with the
+  // workers creating and zeroing memory behind it.
+  void DeferBackground();
+  void RunBackground();
   Status Charge(Session& s, const Usage& delta);
   void Uncharge(Session* s, uid_t uid, const Usage& delta);
   void FillPools();
@@ -228,6 +234,9 @@ class Broker {
   Accounting accounting_;
   AddressWindow window_;
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
+  uv_timer_t background_timer_{};
+  ReturnBatch deferred_returns_;  // counted in bytes_returning already
+  std::chrono::steady_clock::time_point background_deadline_;  // valid while the timer runs
   BrokerCounters counters_;
   std::map<std::string, Engine> engines_;  // by name
   std::vector<Waiter*> waiters_;

@@ -24,6 +24,8 @@ const char kUsage[] =
     "  --quota-uid UID:SPEC     per-uid quota for UID, or 'default:SPEC' for every other uid\n"
     "  --pool SIZE:POLICY:COUNT keep COUNT allocations of SIZE ready (POLICY: normal, huge-first,\n"
     "                           huge, huge1g); repeatable\n"
+    "  --background-delay-ms MS pool refills and returns of freed pages wait until takes and\n"
+    "                           frees pause for MS (at most 10*MS); 0: at once (default 1)\n"
     "  --va-window BASE:SIZE    address window for same-address allocations (hex BASE)\n"
     "  --socket-group GROUP     group owning the client socket (mode 0660), name or number\n"
     "  --allow-uid UID          also admit clients of this uid (repeatable; the broker's own\n"
@@ -72,6 +74,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "max-clients") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a positive count");
     o->max_clients = n;
+  } else if (key == "background-delay-ms") {
+    if (!ParseSize(value, &n) || n > 60000) return Bad(key, value, "milliseconds, 0 to 60000");
+    o->background_delay_ms = static_cast<uint32_t>(n);
   } else if (key == "quota-client") {
     return o->quota_client.Parse(value);
   } else if (key == "quota-uid") {

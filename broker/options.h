@@ -29,6 +29,9 @@ struct Options {
   size_t max_outbound_frames = 1024;    // a client that does not read is dropped
   size_t max_inflight_per_client = 64;  // concurrent slow requests per client
   uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
+  // Pool refills and returns of freed pages wait until takes and frees have
+  // paused this long (and at most ten times as long); 0 starts them at once.
+  uint32_t background_delay_ms = 1;
   QuotaLimits quota_client;
   QuotaLimits quota_uid_default;
   std::vector<std::pair<uid_t, QuotaLimits>> quota_uid;

@@ -1,7 +1,7 @@
 // Pool: allocations of one size class and page policy created ahead of time,
 // so MallocPhysical of that size takes a ready memfd instead of creating and
 // reserving memory on the request path. The broker refills a pool on its
-// worker threads after every take.
+// worker threads once takes pause (Broker::DeferBackground).
 //
 // Memory is never recycled from one holder to the next: a process that once
 // received an allocation's fd can keep a copy of it (dup, /proc/PID/fd) and

@@ -4,7 +4,9 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "broker.h"
 #include "log.h"
@@ -53,11 +55,17 @@ struct MallocWork {
   std::optional<Result<ipc::PhysicalMemory>> result;
 };
 
+// Creates `count` allocations for one pool: up to 64 MiB of them per work
+// item, so refilling a pool of small allocations costs one worker wake-up and
+// one completion per batch rather than per allocation.
 struct RefillWork {
+  static constexpr uint64_t kBatchBytes = 64ull << 20;
   uv_work_t req{};
   Broker* broker = nullptr;
   size_t pool = 0;
-  std::optional<Result<ipc::PhysicalMemory>> result;
+  uint32_t count = 0;
+  std::vector<ipc::PhysicalMemory> created;
+  uint32_t failures = 0;
 };
 
 // Freed allocations whose last fd (and pin) a worker closes: that returns the
@@ -259,7 +267,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
     pool.ready.pop_front();
     p.pool = static_cast<int>(i);
     FinishMalloc(p, std::move(mem));
-    RefillPool(i);
+    DeferBackground();  // the refill
     return Status::Ok();
   }
 
@@ -364,9 +372,34 @@ void Broker::DropReference(uint64_t id) {
   if (return_batch_ != nullptr) {
     return_batch_->Add(std::move(*gone));
   } else if (gone->size > options_.inline_alloc_bytes) {
-    ReturnBatch one;
-    one.Add(std::move(*gone));
-    ReturnOnWorker(std::move(one));
+    counters_.bytes_returning += gone->size;
+    deferred_returns_.Add(std::move(*gone));
+    DeferBackground();
+  }
+}
+
+void Broker::DeferBackground() {
+  const uint64_t delay = options_.background_delay_ms;
+  if (delay == 0 || stopping_) {
+    RunBackground();
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&background_timer_)))
+    background_deadline_ = now + std::chrono::milliseconds(10 * delay);
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(background_deadline_ - now).count();
+  uv_timer_start(
+      &background_timer_, [](uv_timer_t* t) { static_cast<Broker*>(t->data)->RunBackground(); },
+      static_cast<uint64_t>(std::clamp<int64_t>(left, 0, static_cast<int64_t>(delay))), 0);
+}
+
+void Broker::RunBackground() {
+  uv_timer_stop(&background_timer_);
+  for (size_t i = 0; i < pools_.size(); ++i) RefillPool(i);
+  if (!deferred_returns_.fds.empty()) {
+    counters_.bytes_returning -= deferred_returns_.bytes;  // ReturnOnWorker counts them again
+    ReturnOnWorker(std::exchange(deferred_returns_, ReturnBatch{}));
   }
 }
 
@@ -485,25 +518,33 @@ void Broker::RefillPool(size_t index) {
     w->req.data = w;
     w->broker = this;
     w->pool = index;
-    ++pool.refilling;
+    const uint64_t needed = pool.spec.count - pool.ready.size() - pool.refilling;
+    w->count = static_cast<uint32_t>(
+        std::clamp<uint64_t>(RefillWork::kBatchBytes / pool.spec.size, 1, needed));
+    pool.refilling += w->count;
     uv_queue_work(
         &loop_, &w->req,
         [](uv_work_t* r) {
           LowerWorkerPriority();
           auto* w = static_cast<RefillWork*>(r->data);
           const PoolSpec& spec = w->broker->pools_[w->pool].spec;
-          w->result = ipc::CreatePhysicalMemory("membroker:pool", spec.size, spec.policy);
+          for (uint32_t i = 0; i < w->count; ++i) {
+            auto mem = ipc::CreatePhysicalMemory("membroker:pool", spec.size, spec.policy);
+            if (!mem.ok()) {
+              w->failures = w->count - i;
+              break;
+            }
+            w->created.push_back(std::move(*mem));
+          }
         },
         [](uv_work_t* r, int) {
           std::unique_ptr<RefillWork> w(static_cast<RefillWork*>(r->data));
           Pool& pool = w->broker->pools_[w->pool];
-          --pool.refilling;
-          if (w->result && w->result->ok() && !w->broker->stopping_) {
-            pool.ready.push_back(std::move(**w->result));
-            ++pool.refills;
-          } else {
-            ++pool.refill_failures;  // retried on the next take
-          }
+          pool.refilling -= w->count;
+          pool.refill_failures += w->failures;  // retried on the next refill
+          if (w->broker->stopping_) return;
+          pool.refills += w->created.size();
+          for (auto& mem : w->created) pool.ready.push_back(std::move(mem));
         });
   }
 }

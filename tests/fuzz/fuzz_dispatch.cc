@@ -35,6 +35,7 @@ broker::Broker* TheBroker(std::string* socket_path) {
     o.admin_socket_path = dir + "/admin.sock";
     o.max_bytes = 64 << 20;
     o.inline_alloc_bytes = o.max_bytes;  // no worker threads: deterministic
+    o.background_delay_ms = 0;           // and no timers
     o.log_level = 0;                     // errors only: a log line per input would dominate
     auto r = broker::Broker::Create(o);
     if (!r.ok()) {

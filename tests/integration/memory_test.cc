@@ -317,6 +317,34 @@ TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
   EXPECT_EQ(worker_nice, 10) << "no worker thread at nice 10";
 }
 
+// With a delay no test outlives, what waits for a pause is seen waiting: pool
+// refills and the return of a freed large allocation's pages. A broker that
+// stops returns what waited.
+TEST(Free, RefillsAndReturnsWaitForAPauseInTakesAndFrees) {
+  BrokerProcess b({"--pool", "64K:normal:2", "--background-delay-ms", "60000"});
+  Client c = ConnectOrDie(b);
+  ASSERT_TRUE(c.Ping().ok());
+  const size_t fds_before = b.FdCount();
+  auto t1 = c.MallocPhysical(64 << 10), t2 = c.MallocPhysical(64 << 10), t3 = c.MallocPhysical(64 << 10);
+  ASSERT_TRUE(t1.ok() && t2.ok() && t3.ok());
+  EXPECT_TRUE(t1->from_pool() && t2->from_pool());
+  EXPECT_FALSE(t3->from_pool());  // empty, and not refilled while takes go on
+  std::string pools = b.Admin("list pools --json");
+  EXPECT_NE(pools.find("\"ready\": 0,"), std::string::npos) << pools;
+  EXPECT_NE(pools.find("\"refilling\": 0,"), std::string::npos) << pools;
+  EXPECT_NE(pools.find("\"refills\": 0,"), std::string::npos) << pools;
+  constexpr size_t kSize = 8 << 20;  // above --inline-alloc-bytes
+  {
+    auto h = c.MallocPhysical(kSize);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+  }  // freed: counted free at once, its pages wait
+  ASSERT_TRUE(c.Ping().ok());
+  EXPECT_EQ(b.Stat("bytes_allocated"), 3u * (64 << 10));
+  EXPECT_EQ(b.Stat("bytes_returning"), kSize);
+  EXPECT_EQ(b.FdCount(), fds_before + 2);  // the take that missed, and the freed memfd still open
+  EXPECT_EQ(b.Stop(), 0);
+}
+
 // ---- quotas -----------------------------------------------------------------------
 
 TEST(Quotas, PerClientLimitsGiveQuotaExceededAndChangeNothing) {
