@@ -182,6 +182,7 @@ class Broker {
     uid_t uid = 0;
     ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
     uint32_t flags = 0;
+    uint32_t export_flags = 0;  // with ipc::kMallocExport
     Usage charged;
     int pool = -1;
   };

@@ -246,18 +246,23 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
                   "size " + std::to_string(m.size) + " exceeds the per-allocation limit");
   if (m.flags & ~ipc::kMallocKnownFlags)
     return Status(ErrorCode::kParamInvalid, "unknown malloc flags " + std::to_string(m.flags));
+  if (m.export_flags & ~ipc::kExportKnownFlags)
+    return Status(ErrorCode::kParamInvalid, "unknown export flags " + std::to_string(m.export_flags));
+  if (m.export_flags != 0 && !(m.flags & ipc::kMallocExport))
+    return Status(ErrorCode::kParamInvalid, "export flags without the export malloc flag");
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
   // Charge the largest size the policy may produce; settled in FinishMalloc.
   uint64_t reserve = ipc::RoundUp(m.size, ipc::PreferredPageSize(m.policy, m.size));
   if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
   const bool pinned = m.flags & ipc::kMallocPinned;
-  PendingMalloc p{s.id, rid, s.cred.uid, m.policy, m.flags, Usage{reserve, pinned ? reserve : 0, 1, 0}, -1};
+  PendingMalloc p{s.id, rid, s.cred.uid, m.policy, m.flags, m.export_flags,
+                  Usage{reserve, pinned ? reserve : 0, 1, 0}, -1};
   MB_RETURN_IF_ERROR(Charge(s, p.charged));
 
   for (size_t i = 0; i < pools_.size(); ++i) {
     Pool& pool = pools_[i];
-    if (!pool.Matches(m.size, m.policy, m.flags & ~ipc::kMallocSameAddress)) continue;
+    if (!pool.Matches(m.size, m.policy, m.flags & ~(ipc::kMallocSameAddress | ipc::kMallocExport))) continue;
     if (pool.ready.empty()) {
       ++pool.misses;
       break;
@@ -334,6 +339,18 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
   a.pool = p.pool;
   if (p.pool >= 0) ++pools_[p.pool].in_use;
   s->ledger.Add(a.id);
+  std::string token;
+  if (p.flags & ipc::kMallocExport) {
+    // Exported in the same round trip; if that fails, so does the allocation.
+    auto exported = table_.Export(a.id, s->id, s->cred.uid, p.export_flags);
+    if (!exported.ok()) {
+      s->ledger.Remove(a.id);
+      ReleaseHolding(*s, a.id);
+      SendError(*s, p.request_id, exported.status());
+      return;
+    }
+    token = std::move(*exported);
+  }
   MB_DEBUG("alloc", "client=%llu id=%llu size=%llu page_size=%llu pinned=%d pool=%d",
            static_cast<unsigned long long>(s->id), static_cast<unsigned long long>(a.id),
            static_cast<unsigned long long>(a.size), static_cast<unsigned long long>(a.page_size),
@@ -341,7 +358,7 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
   int fd = a.fd.get();
   Send(*s, p.request_id,
        ipc::MallocReply{a.id, a.size, a.page_size, a.fell_back, a.pinned, a.fixed_address,
-                        p.pool >= 0},
+                        p.pool >= 0, std::move(token)},
        std::span<const int>(&fd, 1));
 }
 

@@ -62,7 +62,7 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
   MB_RETURN_IF_ERROR(CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] {
     return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   }));
-  return PhysicalMemory{std::move(fd), rounded, page_size, false};
+  return PhysicalMemory{std::move(fd), rounded, page_size, false, {}};
 }
 
 }  // namespace

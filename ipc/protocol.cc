@@ -35,13 +35,15 @@ struct Encoder {
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const MallocRequest& m) {
     return {w::Message_MallocRequest,
-            w::CreateMallocRequest(b, m.size, static_cast<w::PagePolicy>(m.policy), m.flags)
+            w::CreateMallocRequest(b, m.size, static_cast<w::PagePolicy>(m.policy), m.flags,
+                                   m.export_flags)
                 .Union()};
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const MallocReply& m) {
+    auto token = m.token.empty() ? fb::Offset<fb::String>() : b.CreateString(m.token);
     return {w::Message_MallocReply,
             w::CreateMallocReply(b, m.handle, m.size, m.page_size, m.fell_back, m.pinned,
-                                 m.fixed_address, m.from_pool)
+                                 m.fixed_address, m.from_pool, token)
                 .Union()};
   }
   std::pair<w::Message, fb::Offset<void>> operator()(const FreeRequest& m) {
@@ -259,12 +261,13 @@ Result<Message> DecodeBody(const w::Envelope* env) {
       auto m = env->body_as_MallocRequest();
       if (!ValidPolicy(m->policy())) return Malformed("unknown page policy");
       return Message(
-          MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags()});
+          MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags(), m->export_flags()});
     }
     case w::Message_MallocReply: {
       auto m = env->body_as_MallocReply();
       return Message(MallocReply{m->handle(), m->size(), m->page_size(), m->fell_back(),
-                                 m->pinned(), m->fixed_address(), m->from_pool()});
+                                 m->pinned(), m->fixed_address(), m->from_pool(),
+                                 m->token() ? m->token()->str() : std::string()});
     }
     case w::Message_FreeRequest:
       return Message(FreeRequest{env->body_as_FreeRequest()->handle()});

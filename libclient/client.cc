@@ -51,16 +51,20 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   if (!core_) return detail::NotConnectedClient();
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   uint32_t flags = (prop.pinned ? ipc::kMallocPinned : 0) |
-                   (prop.same_address ? ipc::kMallocSameAddress : 0);
-  MB_ASSIGN_OR_RETURN(detail::Reply r,
-                      core_->conn().Call(ipc::MallocRequest{
-                          size, static_cast<ipc::PagePolicy>(prop.page_policy), flags}));
+                   (prop.same_address ? ipc::kMallocSameAddress : 0) |
+                   (prop.exported ? ipc::kMallocExport : 0);
+  MB_ASSIGN_OR_RETURN(
+      detail::Reply r,
+      core_->conn().Call(ipc::MallocRequest{size, static_cast<ipc::PagePolicy>(prop.page_policy), flags,
+                                            prop.exported ? prop.export_flags : 0}));
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,
                                  /*read_only=*/false, m->pinned, m->fixed_address);
   h.fell_back_ = m->fell_back;
   h.from_pool_ = m->from_pool;
+  h.export_token_ = std::move(m->token);
+  h.export_flags_ = prop.export_flags;
   return h;
 }
 
@@ -132,6 +136,8 @@ Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle
   if (!core_) return detail::NotConnectedClient();
   if (!handle.core_) return Empty("PhysicalHandle");
   if (!handle.core_->HoldsUnfreed(handle.id_)) return Empty("PhysicalHandle");
+  // Exported when it was made, with these flags: the broker has it already.
+  if (!handle.export_token_.empty() && flags == handle.export_flags_) return handle.export_token_;
   MB_ASSIGN_OR_RETURN(detail::Reply r,
                       handle.core_->conn().Call(ipc::ExportRequest{handle.id_, flags}));
   auto* m = std::get_if<ipc::ExportReply>(&r.body);
@@ -235,6 +241,8 @@ PhysicalHandle& PhysicalHandle::operator=(PhysicalHandle&& o) noexcept {
     fell_back_ = o.fell_back_;
     from_pool_ = o.from_pool_;
     fixed_address_ = o.fixed_address_;
+    export_token_ = std::move(o.export_token_);
+    export_flags_ = o.export_flags_;
   }
   return *this;
 }

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
       MallocReply{1, 4096, 4096}, ImportReply{1, 4096, 4096, true}, ExportReply{"t"},
       HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}},
       MallocRequest{8192, PagePolicy::kNormalOnly, kMallocPinned | kMallocSameAddress},
+      MallocRequest{4096, PagePolicy::kNormalOnly, kMallocExport, kExportNoPidCheck | kExportReadOnly},
       RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000},
       EngineInitRequest{"e", 1}, EngineFinalizeRequest{}, EngineRegisterRequest{0x10000, 4096, 1, 0},
       EngineRegisterRequest{0x10000, 8192, 0, 0}, EngineDeregisterRequest{1},

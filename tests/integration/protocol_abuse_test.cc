@@ -185,6 +185,14 @@ TEST_F(Abuse, BadSizesAndFlags) {
   MallocRequest bad_flags{4096, ipc::PagePolicy::kNormalOnly, 0x80};
   ASSERT_TRUE(raw.SendMsg(bad_flags).ok());
   EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  MallocRequest bad_export_flags{4096, ipc::PagePolicy::kNormalOnly, ipc::kMallocExport, 0x80};
+  ASSERT_TRUE(raw.SendMsg(bad_export_flags).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  MallocRequest export_flags_alone{4096, ipc::PagePolicy::kNormalOnly, 0, ipc::kExportNoPidCheck};
+  ASSERT_TRUE(raw.SendMsg(export_flags_alone).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  EXPECT_EQ(broker.Stat("allocations_live"), 1u);  // the bystander's
+  EXPECT_EQ(broker.Stat("exports_live"), 0u);
   SetPidRequest bad_pid{"x", {-5}};
   ASSERT_TRUE(raw.SendMsg(bad_pid).ok());
   EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kNotFound);

@@ -67,6 +67,58 @@ TEST_F(Sharing, WriteInOneProcessReadInAnother) {
   EXPECT_EQ(mapping.as<char>()[kSize - 1], 'B');
 }
 
+// prop.exported: the token comes with the allocation; exporting again with the
+// same flags asks the broker nothing, other flags make a second export.
+TEST_F(Sharing, ExportedWhenMadeTheTokenComesInTheSameRoundTrip) {
+  AllocationProp prop;
+  prop.exported = true;
+  prop.export_flags = kExportNoPidCheck;
+  auto h = client.MallocPhysical(kSize, prop);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_EQ(h->export_token().size(), 32u);
+  EXPECT_EQ(broker.Stat("exports_live"), 1u);
+  const uint64_t requests = broker.Stat("requests");
+  auto same = client.ExportToShareableHandle(*h, kExportNoPidCheck);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, h->export_token());
+  EXPECT_EQ(broker.Stat("requests"), requests) << "the same export must not ask the broker";
+  auto other = client.ExportToShareableHandle(*h, kExportNoPidCheck | kExportReadOnly);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, h->export_token());
+  EXPECT_EQ(broker.Stat("exports_live"), 2u);
+  {
+    auto r = client.ReserveMemAddress(kSize);
+    auto m = client.MapMem(r->base(), kSize, 0, *h);
+    ASSERT_TRUE(m.ok());
+    std::memset(m->data(), 'E', kSize);
+  }
+  std::string t = h->export_token(), s = broker.socket();
+  pid_t pid = ForkChild([&] { return ImportAndCheck(s, t, 'E', 0); });
+  EXPECT_EQ(WaitChild(pid), 0);
+  // Unknown export flags: refused before anything is made or charged.
+  const uint64_t live = broker.Stat("allocations_live");
+  prop.export_flags = 0x80;
+  EXPECT_EQ(client.MallocPhysical(kSize, prop).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(broker.Stat("allocations_live"), live);
+  // Freed: its exports go with it.
+  *h = PhysicalHandle();
+  ASSERT_TRUE(client.Ping().ok());
+  EXPECT_EQ(broker.Stat("exports_live"), 0u);
+}
+
+TEST(SharingFromAPool, PooledAllocationsCanBeExportedWhenTaken) {
+  BrokerProcess broker({"--pool", "1M:normal:1"});
+  auto c = Client::Connect({broker.socket(), "exporter"});
+  ASSERT_TRUE(c.ok());
+  AllocationProp prop;
+  prop.exported = true;
+  auto h = c->MallocPhysical(kSize, prop);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_TRUE(h->from_pool());
+  EXPECT_EQ(h->export_token().size(), 32u);
+  EXPECT_EQ(broker.Stat("exports_live"), 1u);
+}
+
 TEST_F(Sharing, PidAllowListAdmitsOnlyTheNamedProcess) {
   auto token = client.ExportToShareableHandle(handle);
   ASSERT_TRUE(token.ok());

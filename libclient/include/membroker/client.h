@@ -62,6 +62,12 @@ struct AllocationProp {
   // (handle.fixed_address()), so raw pointers stored inside it stay valid
   // everywhere (CANN's VA-consistency attribute).
   bool same_address = false;
+  // Export it in the same round trip, with these ExportToShareableHandle
+  // flags: handle.export_token() holds the token, and ExportToShareableHandle
+  // with the same flags returns it without asking the broker (like CUDA's
+  // requestedHandleTypes). For producers that share every buffer they make.
+  bool exported = false;
+  uint32_t export_flags = 0;
 };
 
 // ReserveMemAddress flags.
@@ -123,6 +129,8 @@ class PhysicalHandle {
   bool from_pool() const { return from_pool_; }  // served from a broker pool
   // Where every process must map a same-address allocation; nullptr otherwise.
   void* fixed_address() const { return reinterpret_cast<void*>(fixed_address_); }
+  // The token of an allocation made with prop.exported; empty otherwise.
+  const std::string& export_token() const { return export_token_; }
 
  private:
   friend class Client;
@@ -135,6 +143,8 @@ class PhysicalHandle {
   bool fell_back_ = false;
   bool from_pool_ = false;
   uint64_t fixed_address_ = 0;
+  std::string export_token_;
+  uint32_t export_flags_ = 0;  // the flags export_token_ was made with
 };
 
 class Reservation {

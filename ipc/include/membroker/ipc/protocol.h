@@ -41,7 +41,8 @@ inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
 // Malloc flags.
 inline constexpr uint32_t kMallocPinned = 1u << 0;
 inline constexpr uint32_t kMallocSameAddress = 1u << 1;
-inline constexpr uint32_t kMallocKnownFlags = kMallocPinned | kMallocSameAddress;
+inline constexpr uint32_t kMallocExport = 1u << 2;  // export it too (export_flags), token in the reply
+inline constexpr uint32_t kMallocKnownFlags = kMallocPinned | kMallocSameAddress | kMallocExport;
 
 // Export flags.
 inline constexpr uint32_t kExportNoPidCheck = 1u << 0;
@@ -74,6 +75,7 @@ struct MallocRequest {
   uint64_t size = 0;
   PagePolicy policy = PagePolicy::kNormalOnly;
   uint32_t flags = 0;
+  uint32_t export_flags = 0;
   bool operator==(const MallocRequest&) const = default;
 };
 struct MallocReply {  // + the allocation's fd
@@ -84,6 +86,7 @@ struct MallocReply {  // + the allocation's fd
   bool pinned = false;
   uint64_t fixed_address = 0;
   bool from_pool = false;
+  std::string token;
   bool operator==(const MallocReply&) const = default;
 };
 struct FreeRequest {
