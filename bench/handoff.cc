@@ -1,6 +1,7 @@
 // Producer -> consumer hand-off of one buffer, the consumer reading every
 // byte, measured side by side for membroker and the tools users pick instead:
-//   membroker      export, import, map, read (the broker is on the control path)
+//   membroker      import, map, read (the broker is on the control path; the producer
+//                  exports each buffer when it makes it, prop.exported)
 //   memfd+fd       a hand-rolled memfd passed with SCM_RIGHTS: the floor for membroker
 //   socket-copy    the bytes copied through a Unix stream socket
 //   shm_open       a POSIX shared memory file per buffer
@@ -94,6 +95,8 @@ class BrokerMethod : public Method {
   void* Prepare(size_t size, int) override {
     if (!producer_.connected()) producer_ = std::move(*Client::Connect({g_socket, "handoff-producer"}));
     AllocationProp prop{g_huge ? PagePolicy::kHugeOnly : PagePolicy::kNormalOnly};
+    prop.exported = true;  // the token comes with the allocation: no export round trip
+    prop.export_flags = kExportNoPidCheck;
     auto h = producer_.MallocPhysical(size, prop);
     if (!h.ok()) {
       std::fprintf(stderr, "handoff: membroker: %s\n", h.status().ToString().c_str());

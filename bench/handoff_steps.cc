@@ -1,6 +1,7 @@
 // Where membroker's hand-off time goes: the same producer -> consumer flow as
 // bench_handoff's "membroker" method, with each step timed on its own side
-// (median over the iterations): the producer's export round trip; the
+// (median over the iterations): the producer's export (local: it exported
+// each buffer when it made it); the
 // consumer's wake-up, import round trip, reserve, map, first read of every
 // page, and teardown (unmap, release, one-way free). Beside it, the same
 // read of a hand-rolled memfd mapping, so the fault cost is visible.
@@ -93,7 +94,10 @@ int main(int argc, char** argv) {
     std::vector<double> steps[kSteps];
     std::vector<double> memfd_read;
     for (int i = 0; i < iterations; ++i) {
-      auto h = *producer.MallocPhysical(size);
+      AllocationProp prop;
+      prop.exported = true;  // as bench_handoff's producer: the export step is local
+      prop.export_flags = kExportNoPidCheck;
+      auto h = *producer.MallocPhysical(size, prop);
       auto r = *producer.ReserveMemAddress(h.size());
       auto m = *producer.MapMem(r.base(), h.size(), 0, h);
       std::memset(m.data(), i + 1, size);

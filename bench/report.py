@@ -105,7 +105,9 @@ if server_cpu:
         md.append(f"| {p['op']} | {1 if p['one_cpu'] else 2} | {p['op_p50_us']:.0f} / {p['floor_p50_us']:.0f} | "
                   f"{p['op_server_cpu_us']:.1f} | {p['floor_server_cpu_us']:.1f} |")
 md += ["", "## Producer -> consumer hand-off (consumer reads every byte)", "",
-       "Time from the producer holding a filled buffer to the consumer having read its last byte.", "",
+       "Time from the producer holding a filled buffer to the consumer having read its last byte.",
+       "membroker's producer allocates with `prop.exported`, so the token comes with the",
+       "allocation and the hand-off pays the consumer's import round trip only.", "",
        "| pages | size | method | µs per buffer | GB/s | speed-up over socket copy | time vs memfd+fd floor |",
        "| --- | --- | --- | --- | --- | --- | --- |"]
 by = {(h["pages"], h["size"], h["method"]): h for h in handoff}
@@ -123,17 +125,18 @@ steps = [x for x in load if x["bench"] == "handoff_steps"]
 if steps:
     md += ["", "### Where membroker's hand-off time goes (4 KiB pages)", "",
            "`bench_handoff_steps`: the membroker flow above, each step timed on its own side (median",
-           "µs): the producer's export round trip, the consumer's wake-up by the control message,",
+           "µs): the producer's export (local: it exported the buffer when it allocated it,",
+           "`prop.exported`), the consumer's wake-up by the control message,",
            "its import round trip, reserve, map, first read of every page, and teardown (unmap,",
            "release, one-way free); beside it the same first read of a fresh memfd mapping.", "",
-           "| size | export RTT | wake-up | import RTT | reserve | map | read | teardown | memfd read |",
+           "| size | export | wake-up | import RTT | reserve | map | read | teardown | memfd read |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in steps:
         md.append(f"| {human(x['size'])} | {x['export_us']:.0f} | {x['wakeup_us']:.0f} | {x['import_us']:.0f} | "
                   f"{x['reserve_us']:.0f} | {x['map_us']:.0f} | {x['read_us']:.0f} | {x['teardown_us']:.0f} | "
                   f"{x['memfd_read_us']:.0f} |")
-    md += ["", "memfd+fd pays one wake-up and the read; membroker adds two broker round trips (export,",
-           "import) and the reserve/map calls. Compare the round trips with Ping in the control-path table."]
+    md += ["", "memfd+fd pays one wake-up and the read; membroker adds the import's broker round trip",
+           "and the reserve/map calls. Compare the round trip with Ping in the control-path table."]
 md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPACKET echo server", "",
        "The peer is a one-process poll() echo server driven by the same client processes.", "",
        "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs |",
@@ -301,12 +304,13 @@ def copy_ceiling(size, pages):
 def round_trips(size, pages, gap_us):
     st = next((x for x in steps if x["size"] == size), None) if pages == "4K" else None
     if not st:
-        return ("two broker round trips (export, import) and reserve/map beside the floor's one message; "
-                "not broken down by step at this size")
+        return ("the import's broker round trip and reserve/map beside the floor's one message (the producer "
+                "exported when it allocated); not broken down by step at this size")
     extra = st["export_us"] + st["import_us"] + st["reserve_us"] + st["map_us"]
-    text = (f"two broker round trips and reserve/map beside the floor's one message: export "
-            f"{st['export_us']:.0f} + import {st['import_us']:.0f} + reserve {st['reserve_us']:.0f} + map "
-            f"{st['map_us']:.0f} = {extra:.0f} µs (steps table) of a {gap_us:.0f} µs gap")
+    text = (f"the import's broker round trip and reserve/map beside the floor's one message (the producer "
+            f"exported when it allocated): export {st['export_us']:.0f} + import {st['import_us']:.0f} + reserve "
+            f"{st['reserve_us']:.0f} + map {st['map_us']:.0f} = {extra:.0f} µs (steps table) of a "
+            f"{gap_us:.0f} µs gap")
     if extra < gap_us / 2:
         text += ("; the rest is not accounted for by the steps (their read equals a bare memfd's read) "
                  "and not profiled: runs of this size differ by tens of percent here")
