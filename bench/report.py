@@ -279,7 +279,7 @@ for name, v, floor_name, floor in rows:
     two, one = paired_of(name, False), paired_of(name, True)
     ratio = two["ratio_p50"] if two else (None if v is None else v / floor)
     limit = wake_ups(two, one)
-    if pooled and v is not None:
+    if pooled and v is not None and two is None:
         takes = int(next(o[1] for o in ops if o[0] == name).split("iterations:")[1].split("/")[0])
         span_ms = takes * v / 1000
         if span_ms > 10:
