@@ -90,7 +90,7 @@ Record Broker::StatsRecord() const {
       .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
       .Num("bytes_allocated", t.bytes_live)
       .Num("bytes_pending", counters_.bytes_pending)
-      .Num("bytes_returning", counters_.bytes_returning)
+      .Num("bytes_returning", BytesReturning())
       .Num("bytes_budget", options_.max_bytes)
       .Num("pinned_bytes", accounting_.total().pinned_bytes)
       .Num("pinned_budget", options_.max_pinned_bytes)

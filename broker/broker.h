@@ -6,7 +6,6 @@
 
 #include <uv.h>
 
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -41,7 +40,7 @@ struct BrokerCounters {
   uint64_t errors_sent = 0;
   uint64_t protocol_errors = 0;
   uint64_t bytes_pending = 0;    // reserved for allocations being created
-  uint64_t bytes_returning = 0;  // freed allocations whose pages a worker is returning
+  uint64_t bytes_returning = 0;  // freed allocations whose pages a worker is returning now
   uint64_t quota_rejections = 0;
 };
 
@@ -78,9 +77,12 @@ class Broker {
     const Usage& u = accounting_.total();
     return sessions_.empty() && table_.all().empty() && table_.export_count() == 0 &&
            u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
-           window_.used() == 0 && counters_.bytes_pending == 0 && counters_.bytes_returning == 0 &&
+           window_.used() == 0 && counters_.bytes_pending == 0 && BytesReturning() == 0 &&
            engines_.empty() && waiters_.empty() && names_.empty();
   }
+
+  // Freed bytes not yet back with the kernel: on a worker, or waiting for a pause.
+  uint64_t BytesReturning() const { return counters_.bytes_returning + deferred_returns_.bytes; }
 
   // Admin commands ("stats", "list clients", ... with optional --json).
   std::string AdminCommand(const std::string& line);
@@ -236,8 +238,8 @@ class Broker {
   AddressWindow window_;
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
   uv_timer_t background_timer_{};
-  ReturnBatch deferred_returns_;  // counted in bytes_returning already
-  std::chrono::steady_clock::time_point background_deadline_;  // valid while the timer runs
+  ReturnBatch deferred_returns_;      // frees waiting for a pause
+  uint64_t background_deadline_ = 0;  // uv_now() by which they start; valid while the timer runs
   BrokerCounters counters_;
   std::map<std::string, Engine> engines_;  // by name
   std::vector<Waiter*> waiters_;

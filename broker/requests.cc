@@ -389,7 +389,6 @@ void Broker::DropReference(uint64_t id) {
   if (return_batch_ != nullptr) {
     return_batch_->Add(std::move(*gone));
   } else if (gone->size > options_.inline_alloc_bytes) {
-    counters_.bytes_returning += gone->size;
     deferred_returns_.Add(std::move(*gone));
     DeferBackground();
   }
@@ -401,21 +400,19 @@ void Broker::DeferBackground() {
     RunBackground();
     return;
   }
-  const auto now = std::chrono::steady_clock::now();
+  const uint64_t now = uv_now(&loop_);
   if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&background_timer_)))
-    background_deadline_ = now + std::chrono::milliseconds(10 * delay);
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(background_deadline_ - now).count();
+    background_deadline_ = now + 10 * delay;
+  const uint64_t left = background_deadline_ > now ? background_deadline_ - now : 0;
   uv_timer_start(
       &background_timer_, [](uv_timer_t* t) { static_cast<Broker*>(t->data)->RunBackground(); },
-      static_cast<uint64_t>(std::clamp<int64_t>(left, 0, static_cast<int64_t>(delay))), 0);
+      std::min(left, delay), 0);
 }
 
 void Broker::RunBackground() {
   uv_timer_stop(&background_timer_);
   for (size_t i = 0; i < pools_.size(); ++i) RefillPool(i);
   if (!deferred_returns_.fds.empty()) {
-    counters_.bytes_returning -= deferred_returns_.bytes;  // ReturnOnWorker counts them again
     ReturnOnWorker(std::exchange(deferred_returns_, ReturnBatch{}));
   }
 }
