@@ -30,6 +30,7 @@
 #include "broker_launch.h"
 #include "membroker/ipc/admin_client.h"
 #include "raw_fd.h"
+#include "schedstat.h"
 
 using namespace membroker;
 
@@ -320,19 +321,8 @@ struct Pair {
   std::vector<double> op_us = {}, floor_us = {};
 };
 
-// Microseconds a process has run, from the scheduler's own accounting
-// (nanosecond resolution, unlike the tick-based times in /proc/PID/stat).
-double CpuTimeUs(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/schedstat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "r");
-  unsigned long long ns = 0;
-  if (f != nullptr) {
-    if (std::fscanf(f, "%llu", &ns) != 1) ns = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(ns) / 1000.0;
-}
+// Microseconds a process has run.
+double CpuTimeUs(pid_t pid) { return bench::ReadSchedStat("/proc/" + std::to_string(pid) + "/schedstat").cpu_us; }
 
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());

@@ -34,6 +34,7 @@
 #include "broker_launch.h"
 #include "membroker/client.h"
 #include "membroker/ipc/admin_client.h"
+#include "schedstat.h"
 
 using namespace membroker;
 using Clock = std::chrono::steady_clock;
@@ -99,11 +100,8 @@ pid_t StartEchoServer(const std::string& path) {
   return pid;
 }
 
-// Runs `clients` processes doing `op` in a closed loop for `seconds`; returns
-// requests per second and the p99 latency in µs (from every client's samples).
-// The scheduler's accounting for the broker's threads (/proc/PID/task/TID/
-// schedstat: ns on a CPU, ns waiting on a run queue): the loop thread is the
-// main one, the rest are libuv's workers.
+// The broker's threads as the scheduler saw them: the loop thread is the main
+// one, the rest are libuv's workers.
 struct ThreadTimes {
   double loop_wait_us = 0, worker_cpu_us = 0;
 };
@@ -114,18 +112,18 @@ ThreadTimes BrokerThreadTimes(pid_t pid) {
   if (d == nullptr) return t;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    std::ifstream f(dir + "/" + e->d_name + "/schedstat");
-    unsigned long long cpu = 0, wait = 0;
-    if (!(f >> cpu >> wait)) continue;
+    bench::SchedStat st = bench::ReadSchedStat(dir + "/" + e->d_name + "/schedstat");
     if (std::atoi(e->d_name) == pid)
-      t.loop_wait_us = wait / 1e3;
+      t.loop_wait_us = st.wait_us;
     else
-      t.worker_cpu_us += cpu / 1e3;
+      t.worker_cpu_us += st.cpu_us;
   }
   ::closedir(d);
   return t;
 }
 
+// Runs `clients` processes doing `op` in a closed loop for `seconds`; returns
+// requests per second and the p99 latency in µs (from every client's samples).
 struct LoadResult {
   double rps = 0, p50_us = 0, p99_us = 0;
 };
