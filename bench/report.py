@@ -244,14 +244,20 @@ def goal(area, target, value, ok, limit):
     else:
         goal_rows.append((area, target, value, "met" if ok else "**missed**", "" if ok else limit))
 instr = {i["op"]: i["per_request"] for i in load if i["bench"] == "instructions"}
-def connect_limit(fallback):
-    alone = {p["one_cpu"]: p for p in server_cpu if p["op"] == "connect"}
+def server_cpu_text(op):
+    """The broker's and the echo's CPU per call of op, on one CPU and two; None if not measured."""
+    alone = {p["one_cpu"]: p for p in server_cpu if p["op"] == op}
     if len(alone) < 2:
+        return None
+    one, two = alone[True], alone[False]
+    return (f"{one['op_server_cpu_us']:.0f} µs of broker CPU per {op} against the echo's "
+            f"{one['floor_server_cpu_us']:.0f} on one CPU, {two['op_server_cpu_us']:.0f} against "
+            f"{two['floor_server_cpu_us']:.0f} on two (schedstat, {op} run alone)")
+def connect_limit(fallback):
+    cpu = server_cpu_text("connect")
+    if cpu is None:
         return fallback
-    two, one = alone[False], alone[True]
-    return (f"the broker's work per connection: {one['op_server_cpu_us']:.0f} µs of broker CPU per connect against "
-            f"the echo's {one['floor_server_cpu_us']:.0f} on one CPU, {two['op_server_cpu_us']:.0f} against "
-            f"{two['floor_server_cpu_us']:.0f} on two (schedstat, connect run alone). The broker is woken two or three "
+    return (f"the broker's work per connection: {cpu}. The broker is woken two or three "
             "times per connection (the accept, the hello when it was not there yet, the goodbye and close; perf "
             "sched) and the echo once, and makes 17 system calls besides epoll_wait (accept4 twice, SO_PEERCRED, "
             "pidfd_open, SO_PEERGROUPS, five epoll_ctl and an ioctl from libuv's poll set-up and tear-down, "
@@ -269,12 +275,8 @@ def wake_ups(two, one):
             f"vCPU, not broker work (callgrind: {instr.get('ping', '?')}-{instr.get('malloc', '?')} broker "
             "instructions per request)" + ping_cpu())
 def ping_cpu():
-    alone = {p["one_cpu"]: p for p in server_cpu if p["op"] == "ping"}
-    if len(alone) < 2:
-        return ""
-    return (f"; per ping the broker spends {alone[False]['op_server_cpu_us']:.0f} µs of CPU against the echo's "
-            f"{alone[False]['floor_server_cpu_us']:.0f} on two CPUs, {alone[True]['op_server_cpu_us']:.0f} against "
-            f"{alone[True]['floor_server_cpu_us']:.0f} on one (schedstat, ping run alone)")
+    cpu = server_cpu_text("ping")
+    return "" if cpu is None else f"; per ping: {cpu}"
 for name, v, floor_name, floor in rows:
     if floor is None or floor_name == "-":
         continue
