@@ -13,6 +13,7 @@
 #include <deque>
 
 #include "membroker/ipc/memfd.h"
+#include "membroker/ipc/protocol.h"
 #include "options.h"
 
 namespace membroker::broker {
@@ -27,9 +28,11 @@ struct Pool {
   uint64_t refill_failures = 0;
   uint64_t in_use = 0;     // live allocations that came from this pool
 
-  // Whether a request of this (unrounded) size, policy and flags takes from here.
+  // Whether a request of this (unrounded) size, policy and flags takes from
+  // here. Pooled memory is not pinned; a same-address range and an export are
+  // added after the take.
   bool Matches(uint64_t size, ipc::PagePolicy policy, uint32_t flags) const {
-    return flags == 0 && policy == spec.policy &&
+    return !(flags & ipc::kMallocPinned) && policy == spec.policy &&
            ipc::RoundUp(size, ipc::GranularityFor(policy).minimum) == spec.size;
   }
   bool NeedsRefill() const { return ready.size() + refilling < spec.count; }

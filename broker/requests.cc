@@ -262,7 +262,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
 
   for (size_t i = 0; i < pools_.size(); ++i) {
     Pool& pool = pools_[i];
-    if (!pool.Matches(m.size, m.policy, m.flags & ~(ipc::kMallocSameAddress | ipc::kMallocExport))) continue;
+    if (!pool.Matches(m.size, m.policy, m.flags)) continue;
     if (pool.ready.empty()) {
       ++pool.misses;
       break;
