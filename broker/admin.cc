@@ -12,6 +12,7 @@
 #include "admin_format.h"
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/admin_commands.h"
 
 namespace membroker::broker {
 
@@ -29,12 +30,6 @@ size_t OpenFdCount() {
   return n;
 }
 
-bool ParseId(const std::string& s, uint64_t* out) {
-  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
-  *out = std::strtoull(s.c_str(), nullptr, 10);
-  return true;
-}
-
 // Stats whose values only grow: Prometheus counters.
 bool IsCounter(const std::string& key) {
   static const char* kCounters[] = {
@@ -47,23 +42,6 @@ bool IsCounter(const std::string& key) {
 
 const char* const kPolicyNames[] = {"normal", "huge-first", "huge", "huge1g"};
 
-const char kAdminHelp[] =
-    "commands (add --json for JSON):\n"
-    "  stats                     counters and gauges\n"
-    "  metrics                   the same in the Prometheus text format\n"
-    "  list clients              connected clients\n"
-    "  list allocations          live allocations\n"
-    "  list pools                pools: capacity, ready, refilling, hits, misses, refills\n"
-    "  list quotas               usage and limits per uid and per client\n"
-    "  list engines              transfer engines: client, regions, peers, queued notifies\n"
-    "  list names                named objects: allocation, size, read-only, persistent, publisher\n"
-    "  show client ID            one client and what it holds\n"
-    "  show allocation ID        one allocation and who holds it\n"
-    "  kick client ID            disconnect a client; everything it held is released\n"
-    "  free allocation ID        stop exporting it and drop every holder's reference\n"
-    "  unpublish NAME            remove a named object (persistent ones included)\n"
-    "  config                    the effective configuration\n"
-    "  help                      this list\n";
 }  // namespace
 
 Record Broker::StatsRecord() const {
@@ -162,197 +140,217 @@ Record Broker::AllocationRecord(const Allocation& a) const {
 }
 
 std::string Broker::AdminCommand(const std::string& line) {
-  std::istringstream in(line);
-  std::vector<std::string> w;
-  bool json = false;
-  for (std::string word; in >> word;) {
-    if (word == "--json")
-      json = true;
-    else
-      w.push_back(word);
+  auto parsed = ipc::ParseAdminLine(line);
+  if (!parsed.ok()) {
+    const bool json = (" " + line + " ").find(" --json ") != std::string::npos;
+    return RenderError(parsed.status().message(), json);
   }
-  auto is = [&](std::initializer_list<const char*> cmd) {
-    if (w.size() < cmd.size()) return false;
-    size_t i = 0;
-    for (const char* c : cmd)
-      if (w[i++] != c) return false;
-    return true;
-  };
-  uint64_t id = 0;
-  auto id_arg = [&](size_t at) { return w.size() == at + 1 && ParseId(w[at], &id); };
+  const ipc::AdminRequest& req = *parsed;
+  const bool json = req.json;
+  const uint64_t id = req.id;
+  switch (req.command->id) {
+    case ipc::AdminCommandId::kStats:
+      return RenderRecord(StatsRecord(), json);
+    case ipc::AdminCommandId::kHelp: {
+      if (!json) return ipc::AdminHelpText();
+      std::vector<Record> rows;
+      for (const ipc::AdminCommand& c : ipc::AdminCommands()) {
+        Record r;
+        r.Str("command", std::string(c.words))
+            .Str("argument", std::string(ipc::AdminArgName(c.arg)))
+            .Bool("json", c.has_json)
+            .Str("summary", std::string(c.summary));
+        rows.push_back(std::move(r));
+      }
+      return RenderTable(rows, json, "");
+    }
+    case ipc::AdminCommandId::kMetrics:
+      return MetricsText();
+    case ipc::AdminCommandId::kListClients: {
+      std::vector<Record> rows;
+      for (const auto& [sid, s] : sessions_) rows.push_back(ClientRecord(*s));
+      return RenderTable(rows, json, "no clients");
+    }
+    case ipc::AdminCommandId::kListAllocations: {
+      std::vector<Record> rows;
+      for (const auto& [aid, a] : table_.all()) rows.push_back(AllocationRecord(a));
+      return RenderTable(rows, json, "no allocations");
+    }
+    case ipc::AdminCommandId::kListPools:
+      return RenderTable(PoolRecords(), json, "no pools (see --pool)");
+    case ipc::AdminCommandId::kListEngines:
+      return RenderTable(EngineRecords(), json, "no engines");
+    case ipc::AdminCommandId::kListNames:
+      return RenderTable(NameRecords(), json, "no named objects");
+    case ipc::AdminCommandId::kUnpublish: {
+      auto it = names_.find(req.arg);
+      if (it == names_.end()) return RenderError("no named object '" + req.arg + "'", json);
+      Unpublish(it, 0);
+      Record r;
+      r.Str("unpublished", req.arg);
+      return RenderRecord(r, json);
+    }
+    case ipc::AdminCommandId::kListQuotas:
+      return RenderTable(QuotaRecords(), json, "nothing charged");
+    case ipc::AdminCommandId::kShowClient: {
+      Session* s = FindSession(id);
+      if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
+      Record r = ClientRecord(*s);
+      std::vector<uint64_t> ids = s->ledger.Ids();
+      std::sort(ids.begin(), ids.end());
+      std::string held;
+      for (uint64_t aid : ids) held += (held.empty() ? "" : ",") + std::to_string(aid);
+      r.Str("holds", held);
+      return RenderRecord(r, json);
+    }
+    case ipc::AdminCommandId::kShowAllocation: {
+      const Allocation* a = table_.Find(id);
+      if (a == nullptr) return RenderError("no allocation " + std::to_string(id), json);
+      Record r = AllocationRecord(*a);
+      std::string holders;
+      for (const auto& [sid, s] : sessions_)
+        if (s->ledger.Holds(id)) holders += (holders.empty() ? "" : ",") + std::to_string(sid);
+      r.Str("held_by", holders).Num("tokens", a->tokens.size());  // never the tokens themselves
+      return RenderRecord(r, json);
+    }
+    case ipc::AdminCommandId::kKickClient: {
+      Status st = KickClient(id);
+      if (!st.ok()) return RenderError(st.message(), json);
+      Record r;
+      r.Num("kicked_client", id);
+      return RenderRecord(r, json);
+    }
+    case ipc::AdminCommandId::kFreeAllocation: {
+      Status st = FreeAllocation(id);
+      if (!st.ok()) return RenderError(st.message(), json);
+      Record r;
+      r.Num("freed_allocation", id)
+          .Str("note", "processes that mapped it keep their pages until they unmap or exit");
+      return RenderRecord(r, json);
+    }
+    case ipc::AdminCommandId::kConfig:
+      return RenderRecord(ConfigRecord(), json);
+  }
+  return RenderError("unhandled command", json);  // unreachable: the switch is exhaustive
+}
 
-  if (w.size() == 1 && is({"stats"})) return RenderRecord(StatsRecord(), json);
-  if (w.size() == 1 && is({"help"})) return json ? RenderError("help has no JSON form", true) : kAdminHelp;
-  if (w.size() == 1 && is({"metrics"})) {
-    std::string out;
-    const Record stats = StatsRecord();
-    for (const auto& f : stats.fields()) {
-      if (f.key == "pid") continue;
-      bool counter = IsCounter(f.key);
-      std::string name = "membroker_" + f.key + (counter ? "_total" : "");
-      if (f.key == "clients_total") name = "membroker_clients_total";
-      out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
-    }
-    return out;
+std::string Broker::MetricsText() const {
+  std::string out;
+  const Record stats = StatsRecord();
+  for (const auto& f : stats.fields()) {
+    if (f.key == "pid") continue;
+    bool counter = IsCounter(f.key);
+    std::string name = "membroker_" + f.key + (counter ? "_total" : "");
+    if (f.key == "clients_total") name = "membroker_clients_total";
+    out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
   }
-  if (w.size() == 2 && is({"list", "clients"})) {
-    std::vector<Record> rows;
-    for (const auto& [sid, s] : sessions_) rows.push_back(ClientRecord(*s));
-    return RenderTable(rows, json, "no clients");
-  }
-  if (w.size() == 2 && is({"list", "allocations"})) {
-    std::vector<Record> rows;
-    for (const auto& [aid, a] : table_.all()) rows.push_back(AllocationRecord(a));
-    return RenderTable(rows, json, "no allocations");
-  }
-  if (w.size() == 2 && is({"list", "pools"})) {
-    std::vector<Record> rows;
-    for (size_t i = 0; i < pools_.size(); ++i) {
-      const Pool& p = pools_[i];
-      Record r;
-      r.Num("pool", i)
-          .Num("size", p.spec.size)
-          .Num("page_size", ipc::GranularityFor(p.spec.policy).minimum)
-          .Num("capacity", p.spec.count)
-          .Num("ready", p.ready.size())
-          .Num("refilling", p.refilling)
-          .Num("in_use", p.in_use)
-          .Num("hits", p.hits)
-          .Num("misses", p.misses)
-          .Num("refills", p.refills)
-          .Num("refill_failures", p.refill_failures);
-      rows.push_back(std::move(r));
-    }
-    return RenderTable(rows, json, "no pools (see --pool)");
-  }
-  if (w.size() == 2 && is({"list", "engines"})) {
-    std::vector<Record> rows;
-    for (const auto& [name, e] : engines_) {
-      uint64_t registered = 0;
-      for (const auto& [addr, r] : e.regions) registered += r.length;
-      Record r;
-      r.Str("engine", name)
-          .Num("client", e.session_id)
-          .Num("regions", e.regions.size())
-          .Num("registered_bytes", registered)
-          .Num("peers", e.peers.size())
-          .Num("notifies_queued", e.notifies.size())
-          .Num("notifies_refused", e.notifies_dropped);
-      rows.push_back(std::move(r));
-    }
-    return RenderTable(rows, json, "no engines");
-  }
-  if (w.size() == 2 && is({"list", "names"})) {
-    std::vector<Record> rows;
-    for (const auto& [name, e] : names_) {
-      const Allocation* a = table_.Find(e.allocation);
-      Record r;
-      r.Str("name", name)
-          .Num("allocation", e.allocation)
-          .Num("size", a ? a->size : 0)
-          .Num("read_only", e.read_only)
-          .Num("persist", e.persist)
-          .Num("publisher_pid", static_cast<uint64_t>(e.publisher_pid))
-          .Num("publisher_connected", e.publisher_session != 0);
-      rows.push_back(std::move(r));
-    }
-    return RenderTable(rows, json, "no named objects");
-  }
-  if (w.size() == 2 && is({"unpublish"})) {
-    auto it = names_.find(w[1]);
-    if (it == names_.end()) return RenderError("no named object '" + w[1] + "'", json);
-    Unpublish(it, 0);
+  return out;
+}
+
+std::vector<Record> Broker::PoolRecords() const {
+  std::vector<Record> rows;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const Pool& p = pools_[i];
     Record r;
-    r.Str("unpublished", w[1]);
-    return RenderRecord(r, json);
+    r.Num("pool", i)
+        .Num("size", p.spec.size)
+        .Num("page_size", ipc::GranularityFor(p.spec.policy).minimum)
+        .Num("capacity", p.spec.count)
+        .Num("ready", p.ready.size())
+        .Num("refilling", p.refilling)
+        .Num("in_use", p.in_use)
+        .Num("hits", p.hits)
+        .Num("misses", p.misses)
+        .Num("refills", p.refills)
+        .Num("refill_failures", p.refill_failures);
+    rows.push_back(std::move(r));
   }
-  if (w.size() == 2 && is({"list", "quotas"})) {
-    std::vector<Record> rows;
-    auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
-      Record r;
-      r.Str("who", who)
-          .Num("bytes", u.bytes)
-          .Num("pinned_bytes", u.pinned_bytes)
-          .Num("allocations", u.allocations)
-          .Num("imports", u.imports)
-          .Str("limits", l.ToString());
-      rows.push_back(std::move(r));
-    };
-    for (const auto& [uid, u] : accounting_.by_uid())
-      row("uid:" + std::to_string(uid), u, accounting_.LimitsFor(uid));
-    for (const auto& [sid, s] : sessions_)
-      row("client:" + std::to_string(sid), s->usage, accounting_.client_limits);
-    return RenderTable(rows, json, "nothing charged");
-  }
-  if (is({"show", "client"}) && id_arg(2)) {
-    Session* s = FindSession(id);
-    if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
-    Record r = ClientRecord(*s);
-    std::vector<uint64_t> ids = s->ledger.Ids();
-    std::sort(ids.begin(), ids.end());
-    std::string held;
-    for (uint64_t aid : ids) held += (held.empty() ? "" : ",") + std::to_string(aid);
-    r.Str("holds", held);
-    return RenderRecord(r, json);
-  }
-  if (is({"show", "allocation"}) && id_arg(2)) {
-    const Allocation* a = table_.Find(id);
-    if (a == nullptr) return RenderError("no allocation " + std::to_string(id), json);
-    Record r = AllocationRecord(*a);
-    std::string holders;
-    for (const auto& [sid, s] : sessions_)
-      if (s->ledger.Holds(id)) holders += (holders.empty() ? "" : ",") + std::to_string(sid);
-    r.Str("held_by", holders).Num("tokens", a->tokens.size());  // never the tokens themselves
-    return RenderRecord(r, json);
-  }
-  if (is({"kick", "client"}) && id_arg(2)) {
-    Status st = KickClient(id);
-    if (!st.ok()) return RenderError(st.message(), json);
+  return rows;
+}
+
+std::vector<Record> Broker::EngineRecords() const {
+  std::vector<Record> rows;
+  for (const auto& [name, e] : engines_) {
+    uint64_t registered = 0;
+    for (const auto& [addr, r] : e.regions) registered += r.length;
     Record r;
-    r.Num("kicked_client", id);
-    return RenderRecord(r, json);
+    r.Str("engine", name)
+        .Num("client", e.session_id)
+        .Num("regions", e.regions.size())
+        .Num("registered_bytes", registered)
+        .Num("peers", e.peers.size())
+        .Num("notifies_queued", e.notifies.size())
+        .Num("notifies_refused", e.notifies_dropped);
+    rows.push_back(std::move(r));
   }
-  if (is({"free", "allocation"}) && id_arg(2)) {
-    Status st = FreeAllocation(id);
-    if (!st.ok()) return RenderError(st.message(), json);
+  return rows;
+}
+
+std::vector<Record> Broker::NameRecords() const {
+  std::vector<Record> rows;
+  for (const auto& [name, e] : names_) {
+    const Allocation* a = table_.Find(e.allocation);
     Record r;
-    r.Num("freed_allocation", id)
-        .Str("note", "processes that mapped it keep their pages until they unmap or exit");
-    return RenderRecord(r, json);
+    r.Str("name", name)
+        .Num("allocation", e.allocation)
+        .Num("size", a ? a->size : 0)
+        .Bool("read_only", e.read_only)
+        .Bool("persist", e.persist)
+        .Num("publisher_pid", static_cast<uint64_t>(e.publisher_pid))
+        .Bool("publisher_connected", e.publisher_session != 0);
+    rows.push_back(std::move(r));
   }
-  if (w.size() == 1 && is({"config"})) {
+  return rows;
+}
+
+std::vector<Record> Broker::QuotaRecords() const {
+  std::vector<Record> rows;
+  auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
     Record r;
-    r.Str("socket", options_.socket_path)
-        .Str("admin-socket", options_.admin_socket_path)
-        .Num("max-bytes", options_.max_bytes)
-        .Num("max-pinned-bytes", options_.max_pinned_bytes)
-        .Num("max-clients", options_.max_clients)
-        .Str("quota-client", options_.quota_client.ToString())
-        .Str("quota-uid default", options_.quota_uid_default.ToString());
-    for (const auto& [uid, l] : options_.quota_uid)
-      r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
-    std::string pools;
-    for (const auto& p : options_.pools)
-      pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
-               kPolicyNames[static_cast<int>(p.policy)] + ":" + std::to_string(p.count);
-    std::string uids, gids;
-    for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
-    for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
-    char window[64];
-    std::snprintf(window, sizeof(window), "0x%llx:%llu",
-                  static_cast<unsigned long long>(options_.va_window_base),
-                  static_cast<unsigned long long>(options_.va_window_size));
-    r.Str("pool", pools)
-        .Str("va-window", window)
-        .Str("allow-uid", uids)
-        .Str("allow-gid", gids)
-        .Str("socket-group", options_.socket_group)
-        .Num("log-level", static_cast<uint64_t>(options_.log_level));
-    return RenderRecord(r, json);
-  }
-  std::string cmd;
-  for (const auto& word : w) cmd += (cmd.empty() ? "" : " ") + word;
-  return RenderError("unknown command '" + cmd + "' (try: help)", json);
+    r.Str("who", who)
+        .Num("bytes", u.bytes)
+        .Num("pinned_bytes", u.pinned_bytes)
+        .Num("allocations", u.allocations)
+        .Num("imports", u.imports)
+        .Str("limits", l.ToString());
+    rows.push_back(std::move(r));
+  };
+  for (const auto& [uid, u] : accounting_.by_uid())
+    row("uid:" + std::to_string(uid), u, accounting_.LimitsFor(uid));
+  for (const auto& [sid, s] : sessions_)
+    row("client:" + std::to_string(sid), s->usage, accounting_.client_limits);
+  return rows;
+}
+
+Record Broker::ConfigRecord() const {
+  Record r;
+  r.Str("socket", options_.socket_path)
+      .Str("admin-socket", options_.admin_socket_path)
+      .Num("max-bytes", options_.max_bytes)
+      .Num("max-pinned-bytes", options_.max_pinned_bytes)
+      .Num("max-clients", options_.max_clients)
+      .Str("quota-client", options_.quota_client.ToString())
+      .Str("quota-uid default", options_.quota_uid_default.ToString());
+  for (const auto& [uid, l] : options_.quota_uid)
+    r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
+  std::string pools;
+  for (const auto& p : options_.pools)
+    pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
+             kPolicyNames[static_cast<int>(p.policy)] + ":" + std::to_string(p.count);
+  std::string uids, gids;
+  for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
+  for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
+  char window[64];
+  std::snprintf(window, sizeof(window), "0x%llx:%llu",
+                static_cast<unsigned long long>(options_.va_window_base),
+                static_cast<unsigned long long>(options_.va_window_size));
+  r.Str("pool", pools)
+      .Str("va-window", window)
+      .Str("allow-uid", uids)
+      .Str("allow-gid", gids)
+      .Str("socket-group", options_.socket_group)
+      .Num("log-level", static_cast<uint64_t>(options_.log_level));
+  return r;
 }
 
 struct AdminConnection {

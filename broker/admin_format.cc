@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "membroker/ipc/escape.h"
+
 namespace membroker::broker {
 
 std::string JsonString(const std::string& s) {
@@ -34,7 +36,7 @@ std::string Record::Json() const {
 
 std::string Record::Lines() const {
   std::string out;
-  for (const auto& f : fields_) out += f.key + ": " + f.value + "\n";
+  for (const auto& f : fields_) out += f.key + ": " + f.Text() + "\n";
   return out;
 }
 
@@ -50,7 +52,7 @@ std::string RenderTable(const std::vector<Record>& rows, bool json, const char* 
   for (size_t c = 0; c < head.size(); ++c) width[c] = head[c].key.size();
   for (const auto& r : rows)
     for (size_t c = 0; c < r.fields().size() && c < width.size(); ++c)
-      width[c] = std::max(width[c], r.fields()[c].value.size());
+      width[c] = std::max(width[c], r.fields()[c].Text().size());
   auto line = [&](auto cell) {
     std::string out;
     for (size_t c = 0; c < width.size(); ++c) {
@@ -66,14 +68,20 @@ std::string RenderTable(const std::vector<Record>& rows, bool json, const char* 
     return k;
   });
   for (const auto& r : rows)
-    out += line([&](size_t c) { return c < r.fields().size() ? r.fields()[c].value : ""; });
+    out += line([&](size_t c) { return c < r.fields().size() ? r.fields()[c].Text() : ""; });
   return out;
 }
 
 std::string RenderRecord(const Record& r, bool json) { return json ? r.Json() + "\n" : r.Lines(); }
 
 std::string RenderError(const std::string& message, bool json) {
-  return json ? "{\"error\": " + JsonString(message) + "}\n" : "error: " + message + "\n";
+  return json ? "{\"error\": " + JsonString(message) + "}\n" : "error: " + ipc::EscapeText(message) + "\n";
 }
+
+}  // namespace membroker::broker
+
+namespace membroker::broker {
+
+std::string Record::Field::Text() const { return quoted ? ipc::EscapeText(value) : value; }
 
 }  // namespace membroker::broker

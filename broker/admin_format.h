@@ -1,5 +1,7 @@
 // How admin replies look: a Record is an ordered list of fields, rendered as
-// "key: value" lines, as one row of an aligned table, or as JSON.
+// "key: value" lines, as one row of an aligned table, or as JSON. Strings are
+// escaped in every form (ipc::EscapeText, JsonString): a client's name cannot
+// add a row or a line.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,8 @@ class Record {
 
   struct Field {
     std::string key, value;
-    bool quoted;
+    bool quoted;  // a string, perhaps from a client: escaped in text output
+    std::string Text() const;
   };
   const std::vector<Field>& fields() const { return fields_; }
 

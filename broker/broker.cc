@@ -70,7 +70,7 @@ Status PrepareSocketPath(const std::string& path) {
   }
   // Nobody accepting: a stale socket from a dead broker.
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ipc::ErrnoStatus("unlink", path, errno);
-  MB_INFO("stale_socket_removed", "path=%s", path.c_str());
+  MB_INFO("stale_socket_removed", "path=\"%s\"", LogText(path).c_str());
   return Status::Ok();
 }
 
@@ -326,7 +326,7 @@ void Broker::SendError(Session& s, uint64_t request_id, const Status& st) {
   ++counters_.errors_sent;
   MB_INFO("request_refused", "client=%llu request=%llu code=%s message=\"%s\"",
           static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(request_id),
-          std::string(ErrorCodeName(st.code())).c_str(), st.message().c_str());
+          std::string(ErrorCodeName(st.code())).c_str(), LogText(st.message()).c_str());
   Send(s, request_id, ipc::ErrorReply{st.code(), st.message()});
 }
 
@@ -376,8 +376,8 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
   for (const auto& [addr, size] : s.host_regs) Uncharge(&s, s.cred.uid, Usage{0, size, 0, 0});
   s.host_regs.clear();
   MB_INFO("disconnect", "client=%llu pid=%d name=\"%s\" reason=%s released=%zu%s%s%s",
-          static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), s.name.c_str(), why,
-          held.size(), detail.empty() ? "" : " detail=\"", detail.c_str(), detail.empty() ? "" : "\"");
+          static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), LogText(s.name).c_str(),
+          why, held.size(), detail.empty() ? "" : " detail=\"", LogText(detail).c_str(), detail.empty() ? "" : "\"");
   s.outbound.clear();
   sessions_.erase(s.id);
   // Work still running for this session finds it gone and releases its result.

@@ -214,6 +214,12 @@ class Broker {
   Record StatsRecord() const;
   Record ClientRecord(const Session& s) const;
   Record AllocationRecord(const Allocation& a) const;
+  Record ConfigRecord() const;
+  std::vector<Record> PoolRecords() const;
+  std::vector<Record> EngineRecords() const;
+  std::vector<Record> NameRecords() const;
+  std::vector<Record> QuotaRecords() const;
+  std::string MetricsText() const;
   Status ListenAdmin();
   static void OnAdminConnection(uv_stream_t* server, int status);
 

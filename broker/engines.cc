@@ -49,7 +49,7 @@ Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
   e.control_allocation = m.control_allocation;
   s.engine = m.name;
   MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
-          m.name.c_str());
+          LogText(m.name).c_str());
   // Peers that were waiting for this name connect now.
   AnswerWaiters(Waiter::Kind::kConnect, m.name,
                 [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, e); });
@@ -73,7 +73,7 @@ void Broker::EndEngineSession(Session& s, bool all) {
     for (const auto& [peer_id, slot] : it->second.peers)
       if (Session* peer = FindSession(peer_id)) peer->connected.erase(s.engine);
     MB_INFO("engine_down", "client=%llu engine=\"%s\" regions=%zu peers=%zu",
-            static_cast<unsigned long long>(s.id), s.engine.c_str(), it->second.regions.size(),
+            static_cast<unsigned long long>(s.id), LogText(s.engine).c_str(), it->second.regions.size(),
             it->second.peers.size());
     engines_.erase(it);
   }

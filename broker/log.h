@@ -1,11 +1,18 @@
 // Structured log lines on stderr, one event per line:
 //   membrokerd 2026-11-29T22:10:32.123Z info disconnect client=3 reason=crash released=4
 // Levels: 0 error, 1 warn, 2 info, 3 debug (--log-level).
+// Strings from clients go in as LogText(s) inside quotes (key="%s"), so a quote
+// or a newline in a client's name cannot forge a field or a line; as a second
+// guard, LogLine turns any control byte left in the line into \xNN.
 #pragma once
 
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
+#include <string>
+#include <string_view>
+
+#include "membroker/ipc/escape.h"
 
 namespace membroker::broker {
 
@@ -27,9 +34,23 @@ inline void LogLine(int level, const char* event, const char* fmt, ...) {
   va_start(ap, fmt);
   std::vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
+  std::string line;
+  for (const char* p = body; *p != '\0'; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == 0x7f) {
+      char esc[5];
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      line += esc;
+    } else {
+      line += *p;
+    }
+  }
   std::fprintf(stderr, "membrokerd %s.%03ldZ %s %s %s\n", when, ts.tv_nsec / 1000000L, kNames[level],
-               event, body);
+               event, line.c_str());
 }
+
+// A client's string, escaped for a quoted log field.
+inline std::string LogText(std::string_view s) { return ipc::EscapeText(s); }
 
 }  // namespace membroker::broker
 

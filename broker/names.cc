@@ -44,7 +44,7 @@ Status Broker::HandlePublish(Session& s, const ipc::PublishRequest& m) {
   table_.AddHolder(m.allocation);  // the publication's own reference
   NamedEntry& entry = names_.emplace(m.name, std::move(e)).first->second;
   MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d",
-          static_cast<unsigned long long>(s.id), m.name.c_str(),
+          static_cast<unsigned long long>(s.id), LogText(m.name).c_str(),
           static_cast<unsigned long long>(m.allocation), entry.persist ? 1 : 0);
   PostEvent(ipc::NameEventKind::kPublished, m.name, m.allocation, s.cred.pid);
   AnswerWaiters(Waiter::Kind::kLookup, m.name,

@@ -66,7 +66,7 @@ std::string BinaryPath(const char* name) {
   return dir + "/examples/" + name;
 }
 
-BrokerProcess::BrokerProcess(std::vector<std::string> extra_args) {
+BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_file) {
   char tmpl[] = "/tmp/membroker-test.XXXXXX";
   char* d = ::mkdtemp(tmpl);
   if (d == nullptr) std::abort();
@@ -78,8 +78,14 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args) {
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) std::abort();
-  pid_ = SpawnBroker(args, ready[1], -1);
+  int log_fd = -1;
+  if (log_to_file) {
+    log_fd = ::open(log_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (log_fd < 0) std::abort();
+  }
+  pid_ = SpawnBroker(args, ready[1], log_fd);
   ::close(ready[1]);
+  if (log_fd >= 0) ::close(log_fd);
   std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it
   ::close(ready[0]);
   if (line.rfind("READY ", 0) != 0) {

@@ -14,13 +14,15 @@ namespace membroker::testing {
 
 class BrokerProcess {
  public:
-  // Starts membrokerd with extra flags; aborts the test on failure.
-  explicit BrokerProcess(std::vector<std::string> extra_args = {});
+  // Starts membrokerd with extra flags; aborts the test on failure. With
+  // log_to_file its stderr goes to log_path() instead of the test's.
+  explicit BrokerProcess(std::vector<std::string> extra_args = {}, bool log_to_file = false);
   ~BrokerProcess();
 
   const std::string& socket() const { return socket_; }
   const std::string& admin_socket() const { return admin_; }
   const std::string& dir() const { return dir_; }
+  std::string log_path() const { return dir_ + "/broker.log"; }
   pid_t pid() const { return pid_; }
 
   // Raw reply of one admin command.

@@ -1,0 +1,144 @@
+#include "membroker/ipc/admin_commands.h"
+
+#include <vector>
+
+
+namespace membroker::ipc {
+
+namespace {
+
+using enum AdminCommandId;
+
+constexpr AdminCommand kCommands[] = {
+    {kStats, "stats", AdminArg::kNone, true, "counters and gauges",
+     "Counters and gauges: clients, allocations, bytes, pinned memory, cleanups, engines, "
+     "named objects, waiters, the broker's open fds."},
+    {kMetrics, "metrics", AdminArg::kNone, false, "the stats in the Prometheus text format",
+     "The stats in the Prometheus text exposition format (membroker_*; counters end in _total). "
+     "It has no JSON form: stats --json has the same values."},
+    {kListClients, "list clients", AdminArg::kNone, true, "connected clients",
+     "Connected clients: id, pid, uid, name, connected since, bytes held, allocations, imports, "
+     "pinned bytes, host registrations."},
+    {kListAllocations, "list allocations", AdminArg::kNone, true, "live allocations",
+     "Live allocations: id, size, page size, pinned, owner, holders, exported, read-only, "
+     "fell back, from a pool, fixed address, age."},
+    {kListPools, "list pools", AdminArg::kNone, true, "pools and their refills",
+     "Pools: size, page size, capacity, ready, refilling, in use, hits, misses, refills, "
+     "refill failures."},
+    {kListQuotas, "list quotas", AdminArg::kNone, true, "usage and limits per uid and client",
+     "Usage and limits, one row per uid and per client."},
+    {kListEngines, "list engines", AdminArg::kNone, true, "transfer engines",
+     "Transfer engines: name, client, regions, registered bytes, connected peers, queued and "
+     "refused notifies."},
+    {kListNames, "list names", AdminArg::kNone, true, "named objects",
+     "Named objects: name, allocation, size, read-only, persistent, publisher pid, whether the "
+     "publisher is still connected."},
+    {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
+     "One client, with the ids of the allocations it holds."},
+    {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",
+     "One allocation, with the clients that hold it (never its tokens)."},
+    {kKickClient, "kick client", AdminArg::kId, true, "disconnect a client, release its holdings",
+     "Disconnect a client and release everything it held, exactly as if it had crashed."},
+    {kFreeAllocation, "free allocation", AdminArg::kId, true, "drop every reference to one",
+     "Stop exporting an allocation and drop every holder's broker reference (clients, transfer "
+     "engines, named objects). Processes that mapped it keep their pages until they unmap them "
+     "or exit: the broker cannot revoke a mapping."},
+    {kUnpublish, "unpublish", AdminArg::kName, true, "remove a named object",
+     "Remove a named object, persistent ones included (their publishers may be long gone)."},
+    {kConfig, "config", AdminArg::kNone, true, "the effective configuration",
+     "The broker's effective configuration."},
+    {kHelp, "help", AdminArg::kNone, true, "this list", "The list of commands."},
+};
+
+std::vector<std::string_view> Words(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+    size_t start = i;
+    while (i < s.size() && s[i] != ' ' && s[i] != '\t') ++i;
+    if (i > start) out.push_back(s.substr(start, i - start));
+  }
+  return out;
+}
+
+// How many leading words of `have` spell c.words, or 0.
+size_t Matches(const AdminCommand& c, const std::vector<std::string_view>& have) {
+  std::vector<std::string_view> want = Words(c.words);
+  if (have.size() < want.size()) return 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (have[i] != want[i]) return 0;
+  return want.size();
+}
+
+Status Invalid(std::string message) { return Status(ErrorCode::kParamInvalid, std::move(message)); }
+
+}  // namespace
+
+std::span<const AdminCommand> AdminCommands() { return kCommands; }
+
+std::string_view AdminArgName(AdminArg arg) {
+  switch (arg) {
+    case AdminArg::kNone: return "";
+    case AdminArg::kId: return "ID";
+    case AdminArg::kName: return "NAME";
+  }
+  return "";
+}
+
+std::string AdminUsage(const AdminCommand& c) {
+  std::string out(c.words);
+  if (c.arg != AdminArg::kNone) out += " " + std::string(AdminArgName(c.arg));
+  return out;
+}
+
+Result<AdminRequest> ParseAdminLine(std::string_view line) {
+  AdminRequest r;
+  std::vector<std::string_view> words;
+  for (std::string_view w : Words(line)) {
+    if (w == "--json")
+      r.json = true;
+    else
+      words.push_back(w);
+  }
+  std::string typed;
+  for (std::string_view w : words) typed += (typed.empty() ? "" : " ") + std::string(w);
+  if (words.empty()) return Invalid("no command (try: help)");
+  size_t used = 0;
+  for (const AdminCommand& c : kCommands) {
+    if (size_t n = Matches(c, words); n > used) {
+      used = n;
+      r.command = &c;
+    }
+  }
+  if (r.command == nullptr) return Invalid("unknown command '" + typed + "' (try: help)");
+  const AdminCommand& c = *r.command;
+  const size_t extra = words.size() - used;
+  if (c.arg == AdminArg::kNone && extra != 0)
+    return Invalid("'" + std::string(c.words) + "' takes no argument");
+  if (c.arg != AdminArg::kNone && extra != 1)
+    return Invalid("'" + std::string(c.words) + "' needs one " +
+                   std::string(AdminArgName(c.arg)) + " (" + AdminUsage(c) + ")");
+  if (c.arg != AdminArg::kNone) r.arg = std::string(words.back());
+  if (c.arg == AdminArg::kId) {
+    if (r.arg.size() > 19 || r.arg.find_first_not_of("0123456789") != std::string::npos)
+      return Invalid("'" + r.arg + "' is not an ID (a decimal number)");
+    r.id = std::stoull(r.arg);
+  }
+  if (r.json && !c.has_json)
+    return Invalid("'" + std::string(c.words) + "' has no JSON form" +
+                   (c.id == AdminCommandId::kMetrics ? " (stats --json has the same values)" : ""));
+  return r;
+}
+
+std::string AdminHelpText() {
+  std::string out = "commands (add --json for JSON):\n";
+  for (const AdminCommand& c : kCommands) {
+    std::string usage = AdminUsage(c);
+    out += "  " + usage + std::string(usage.size() < 22 ? 22 - usage.size() : 1, ' ') +
+           std::string(c.summary) + "\n";
+  }
+  return out;
+}
+
+}  // namespace membroker::ipc

@@ -1,0 +1,277 @@
+// Every admin command, the way an operator types it: through the membrokerctl
+// binary, as text and as --json, against a broker that has something of each
+// kind to show. And the docs: every command they mention exists, and every
+// command in the table is documented.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "membroker/ipc/admin_commands.h"
+#include "membroker/transfer_engine.h"
+
+namespace membroker::testing {
+namespace {
+
+struct Output {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs membrokerctl with args (no shell: arguments travel exactly).
+Output RunCtl(const std::vector<std::string>& args) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return {};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    std::vector<std::string> argv_s{BinaryPath("membrokerctl")};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  Output o;
+  // Outputs are small (well under a pipe's buffer): read one, then the other.
+  for (auto [fd, into] : {std::pair{out_pipe[0], &o.out}, std::pair{err_pipe[0], &o.err}}) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof(buf))) > 0) into->append(buf, static_cast<size_t>(n));
+    ::close(fd);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> DocFiles() {
+  const std::string root = MEMBROKER_SOURCE_DIR;
+  std::vector<std::string> files{root + "/README.md"};
+  for (const char* doc : {"API", "ARCHITECTURE", "BENCHMARKS", "MEMORY", "OPERATIONS", "PIPELINE",
+                          "PROTOCOL", "TRANSFER"})
+    files.push_back(root + "/docs/" + doc + ".md");
+  return files;
+}
+
+// The command part of a documented membrokerctl line: options and placeholders
+// dropped or filled in ("membrokerctl --admin-socket S --json show client ID"
+// -> "show client 1").
+std::string CommandOf(const std::string& doc_line) {
+  std::istringstream in(doc_line);
+  std::string word, out;
+  in >> word;  // membrokerctl
+  while (in >> word) {
+    if (word == "--admin-socket" || word == "--timeout-ms") {
+      in >> word;
+      continue;
+    }
+    if (word == "--json" || word == "[--json]") continue;
+    if (word == "ID" || word == "N") word = "1";
+    if (word == "NAME") word = "some/name";
+    out += (out.empty() ? "" : " ") + word;
+  }
+  return out;
+}
+
+TEST(Cli, EveryDocumentedCommandExists) {
+  const std::regex mention("`(membrokerctl [^`]*)`|^(membrokerctl [^\\n]*)$",
+                           std::regex::multiline);
+  size_t checked = 0;
+  for (const std::string& file : DocFiles()) {
+    const std::string text = ReadFile(file);
+    ASSERT_FALSE(text.empty()) << file;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), mention);
+         it != std::sregex_iterator(); ++it) {
+      std::string line = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+      std::string cmd = CommandOf(line);
+      if (cmd.empty() || cmd.find("COMMAND") != std::string::npos || cmd == "--help") continue;
+      if (cmd.size() > 7 && cmd.compare(cmd.size() - 7, 7, " --help") == 0) cmd.resize(cmd.size() - 7);
+      auto parsed = ipc::ParseAdminLine(cmd);
+      EXPECT_TRUE(parsed.ok()) << file << " documents `" << line << "`: " << parsed.status().message();
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 5u);
+}
+
+TEST(Cli, EveryCommandIsDocumented) {
+  const std::string ops = ReadFile(std::string(MEMBROKER_SOURCE_DIR) + "/docs/OPERATIONS.md");
+  for (const ipc::AdminCommand& c : ipc::AdminCommands())
+    EXPECT_NE(ops.find("`" + ipc::AdminUsage(c) + "`"), std::string::npos)
+        << "docs/OPERATIONS.md does not list `" << ipc::AdminUsage(c) << "`";
+}
+
+TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
+  BrokerProcess b({"--pool", "64K:normal:1"});
+  const std::string admin = b.admin_socket();
+  auto c = Client::Connect({b.socket(), "operator-view"});
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(1 << 20);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(c->Publish("cli/tensor", *h).ok());
+  TransferEngine engine(*c);
+  ASSERT_TRUE(engine.Initialize("cli-engine").ok());
+
+  auto victim = Client::Connect({b.socket(), "victim"});
+  ASSERT_TRUE(victim.ok());
+  auto loose = victim->MallocPhysical(1 << 16);
+  ASSERT_TRUE(loose.ok());
+
+  // What each command is shown, and a word its text answer must contain.
+  struct Expect {
+    std::string arg;
+    std::string text_has;
+  };
+  std::map<ipc::AdminCommandId, Expect> expect = {
+      {ipc::AdminCommandId::kStats, {"", "clients_connected: 2"}},
+      {ipc::AdminCommandId::kMetrics, {"", "membroker_clients_connected 2"}},
+      {ipc::AdminCommandId::kListClients, {"", "operator-view"}},
+      {ipc::AdminCommandId::kListAllocations, {"", "1048576"}},
+      {ipc::AdminCommandId::kListPools, {"", "65536"}},
+      {ipc::AdminCommandId::kListQuotas, {"", "client:" + std::to_string(c->client_id())}},
+      {ipc::AdminCommandId::kListEngines, {"", "cli-engine"}},
+      {ipc::AdminCommandId::kListNames, {"", "cli/tensor"}},
+      {ipc::AdminCommandId::kShowClient, {std::to_string(c->client_id()), "name: operator-view"}},
+      {ipc::AdminCommandId::kShowAllocation, {std::to_string(h->id()), "held_by: "}},
+      {ipc::AdminCommandId::kConfig, {"", "pool: 65536:normal:1"}},
+      {ipc::AdminCommandId::kHelp, {"", "kick client ID"}},
+  };
+  // The ones that change state run last, once each form, on things made for them.
+  const std::vector<std::pair<ipc::AdminCommandId, std::vector<std::string>>> destructive = {
+      {ipc::AdminCommandId::kUnpublish, {"cli/tensor", "cli/again"}},
+      {ipc::AdminCommandId::kFreeAllocation, {std::to_string(loose->id()), ""}},
+      {ipc::AdminCommandId::kKickClient, {std::to_string(victim->client_id()), ""}},
+  };
+
+  auto run = [&](const ipc::AdminCommand& cmd, const std::string& arg, bool json) {
+    std::vector<std::string> args{"--admin-socket", admin};
+    if (json) args.push_back("--json");
+    std::istringstream words{std::string(cmd.words)};
+    for (std::string w; words >> w;) args.push_back(w);
+    if (!arg.empty()) args.push_back(arg);
+    return RunCtl(args);
+  };
+
+  size_t ran = 0;
+  for (const ipc::AdminCommand& cmd : ipc::AdminCommands()) {
+    auto e = expect.find(cmd.id);
+    if (e == expect.end()) continue;
+    SCOPED_TRACE(std::string(cmd.words));
+    Output text = run(cmd, e->second.arg, false);
+    EXPECT_EQ(text.code, 0) << text.err;
+    EXPECT_NE(text.out.find(e->second.text_has), std::string::npos) << text.out;
+    Output json = run(cmd, e->second.arg, true);
+    if (cmd.has_json) {
+      EXPECT_EQ(json.code, 0) << json.err;
+      ASSERT_FALSE(json.out.empty());
+      EXPECT_TRUE(json.out.front() == '{' || json.out.front() == '[') << json.out;
+    } else {
+      EXPECT_EQ(json.code, 2) << json.out;  // a usage error, said before asking the broker
+      EXPECT_NE(json.err.find("has no JSON form"), std::string::npos) << json.err;
+    }
+    ++ran;
+  }
+  // Publish a second name so unpublish runs once as text and once as JSON.
+  ASSERT_TRUE(c->Publish("cli/again", *h).ok());
+  for (const auto& [id, args] : destructive) {
+    const ipc::AdminCommand* cmd = nullptr;
+    for (const ipc::AdminCommand& k : ipc::AdminCommands())
+      if (k.id == id) cmd = &k;
+    ASSERT_NE(cmd, nullptr);
+    SCOPED_TRACE(std::string(cmd->words));
+    Output text = run(*cmd, args[0], false);
+    EXPECT_EQ(text.code, 0) << text.err;
+    // The second form acts on something else, or on the same thing again
+    // (then the broker's answer is an error: exit 1, in JSON).
+    Output json = run(*cmd, args[1].empty() ? args[0] : args[1], true);
+    if (args[1].empty()) {
+      EXPECT_EQ(json.code, 1) << json.out;
+      EXPECT_EQ(json.err.rfind("{\"error\": ", 0), 0u) << json.err;
+    } else {
+      EXPECT_EQ(json.code, 0) << json.err;
+      EXPECT_EQ(json.out.front(), '{') << json.out;
+    }
+    ++ran;
+  }
+  EXPECT_EQ(ran, ipc::AdminCommands().size()) << "a command has no case in this test";
+  EXPECT_EQ(b.Stat("named_objects"), 0u);
+  EXPECT_EQ(b.Stat("clients_connected"), 1u);
+}
+
+TEST(Cli, UsageErrorsAreExitTwoWithAReason) {
+  BrokerProcess b;
+  const std::string admin = b.admin_socket();
+  Output missing = RunCtl({"--admin-socket", admin, "show", "client"});
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("needs one ID"), std::string::npos) << missing.err;
+  Output extra = RunCtl({"--admin-socket", admin, "stats", "now"});
+  EXPECT_EQ(extra.code, 2);
+  EXPECT_NE(extra.err.find("takes no argument"), std::string::npos) << extra.err;
+  Output not_id = RunCtl({"--admin-socket", admin, "kick", "client", "seven"});
+  EXPECT_EQ(not_id.code, 2);
+  EXPECT_NE(not_id.err.find("not an ID"), std::string::npos) << not_id.err;
+  // A hostile command line is escaped in the message: one line, no raw control bytes.
+  Output odd = RunCtl({"--admin-socket", admin, "launch\n\x1b[2Jmissiles"});
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_EQ(odd.err.find('\x1b'), std::string::npos) << odd.err;
+  EXPECT_EQ(odd.err.find('\n'), odd.err.size() - 1) << odd.err;
+  Output help = RunCtl({"unpublish", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("unpublish NAME"), std::string::npos) << help.out;
+}
+
+TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
+  BrokerProcess b({}, /*log_to_file=*/true);
+  {
+    auto c = Client::Connect({b.socket(), "evil\nmembrokerd 2026-01-01T00:00:00.000Z info forged"});
+    ASSERT_TRUE(c.ok());
+    auto h = c->MallocPhysical(4096);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(c->Publish("row\nforged-row", *h).ok());
+    Output clients = RunCtl({"--admin-socket", b.admin_socket(), "list", "clients"});
+    EXPECT_EQ(clients.code, 0);
+    EXPECT_EQ(clients.out.find("\ninfo forged"), std::string::npos) << clients.out;
+    EXPECT_NE(clients.out.find("evil\\nmembrokerd"), std::string::npos) << clients.out;
+    Output names = RunCtl({"--admin-socket", b.admin_socket(), "list", "names"});
+    EXPECT_NE(names.out.find("row\\nforged-row"), std::string::npos) << names.out;
+    // Exactly a header and one row.
+    EXPECT_EQ(std::count(names.out.begin(), names.out.end(), '\n'), 2) << names.out;
+  }
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.Stop(), 0);
+  const std::string log = ReadFile(b.log_path());
+  ASSERT_NE(log.find("disconnect"), std::string::npos) << "no broker log at " << b.log_path();
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.rfind("membrokerd ", 0), 0u) << "a log line not written by the broker: " << line;
+  EXPECT_NE(log.find("name=\"evil\\nmembrokerd"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace membroker::testing
