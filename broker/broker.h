@@ -56,6 +56,24 @@ struct ReturnBatch {
   }
 };
 
+// What a request handler answers, in one value instead of a flag the
+// dispatcher must guess: an error (ErrorReply), a reply to send now (Status::Ok()
+// is OkReply, which NO_REPLY_ON_SUCCESS requests do without), or Deferred: the
+// handler has sent its reply itself (one that carries fds) or something will
+// later (a worker finishing, a waiter's event or timeout).
+struct Deferred {};
+struct Answer {
+  Answer(Status st) : status(std::move(st)) {}  // NOLINT: an error, or OkReply
+  template <typename T, typename = std::enable_if_t<std::is_constructible_v<ipc::Message, T>>>
+  Answer(T reply) : reply(std::move(reply)) {}  // NOLINT
+  Answer(Deferred) : deferred(true) {}          // NOLINT
+  Status status;
+  ipc::Message reply = ipc::OkReply{};
+  bool deferred = false;
+};
+// For handlers whose callee sends the reply itself on success.
+inline Answer SentOnSuccess(Status st) { return st.ok() ? Answer(Deferred{}) : Answer(std::move(st)); }
+
 class Broker {
  public:
   static Result<std::unique_ptr<Broker>> Create(Options options);
@@ -121,28 +139,15 @@ class Broker {
   bool ReapIfExited(uint64_t session_id);
   bool Admits(const Session& s) const;
 
-  // Requests (requests.cc). Each returns the Status to report on failure.
+  // Requests (requests.cc, engines.cc, names.cc). HandleFrame decodes a frame
+  // and hands it to the Handle overload of its message type; each returns
+  // its Answer (a reply, an error, or Deferred).
   void HandleFrame(Session& s, ipc::Frame frame);
-  Status HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m);
-  Status HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& m);
-  Status HandleFree(Session& s, const ipc::FreeRequest& m);
-  Status HandleExport(Session& s, uint64_t rid, const ipc::ExportRequest& m);
-  Status HandleSetPid(Session& s, uint64_t rid, const ipc::SetPidRequest& m);
-  Status HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m);
-  Status HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m);
-  Status HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest& m);
+#define MEMBROKER_HANDLER(T, direction, fds) \
+  MEMBROKER_IF_##direction(Answer Handle(Session& s, uint64_t rid, const ipc::T& m);)
+  MEMBROKER_MESSAGES(MEMBROKER_HANDLER)
+#undef MEMBROKER_HANDLER
   // Transfer engines (engines.cc).
-  Status HandleEngineInit(Session& s, const ipc::EngineInitRequest& m);
-  Status HandleEngineFinalize(Session& s);
-  Status HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineRegisterRequest& m);
-  Status HandleEngineDeregister(Session& s, const ipc::EngineDeregisterRequest& m);
-  Status HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m);
-  Status HandleEngineRegions(Session& s, uint64_t rid, const ipc::EngineRegionsRequest& m);
-  Status HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImportRequest& m);
-  Status HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& m);
-  Status HandleEngineDisconnect(Session& s, const ipc::EngineDisconnectRequest& m);
-  Status HandleEngineNotify(Session& s, const ipc::EngineNotifyRequest& m);
-  Status HandleEngineGetNotifies(Session& s, uint64_t rid);
   // Connects peer to engine e and sends the EngineInfoReply.
   Status ConnectPeer(Session& peer, uint64_t rid, Engine& e);
   ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
@@ -151,12 +156,6 @@ class Broker {
   void EndEngineSession(Session& s, bool all);
 
   // Named objects and events (names.cc).
-  Status HandlePublish(Session& s, const ipc::PublishRequest& m);
-  Status HandleLookup(Session& s, uint64_t rid, const ipc::LookupRequest& m);
-  Status HandleUnpublish(Session& s, const ipc::UnpublishRequest& m);
-  Status HandleListNames(Session& s, uint64_t rid, const ipc::ListNamesRequest& m);
-  Status HandleSubscribe(Session& s, const ipc::SubscribeRequest& m);
-  Status HandleWaitEvents(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m);
   // Gives s a reference to the named object and sends the ImportReply.
   Status GrantNamed(Session& s, uint64_t rid, const NamedEntry& e);
   void Unpublish(std::map<std::string, NamedEntry>::iterator it, int32_t pid);

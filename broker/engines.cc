@@ -30,7 +30,7 @@ ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
   return r;
 }
 
-Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
   if (!s.engine.empty())
     return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine + "\"");
   if (m.name.empty() || m.name.find('\0') != std::string::npos)
@@ -56,7 +56,7 @@ Status Broker::HandleEngineInit(Session& s, const ipc::EngineInitRequest& m) {
   return Status::Ok();
 }
 
-Status Broker::HandleEngineFinalize(Session& s) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineFinalizeRequest&) {
   if (s.engine.empty()) return NoEngine();
   EndEngineSession(s, /*all=*/false);
   return Status::Ok();
@@ -82,7 +82,7 @@ void Broker::EndEngineSession(Session& s, bool all) {
   for (uint64_t id : s.engine_holdings.TakeAll()) ReleaseHolding(s, id, /*engine_import=*/true);
 }
 
-Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineRegisterRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m) {
   auto it = engines_.find(s.engine);
   if (s.engine.empty() || it == engines_.end()) return NoEngine();
   Engine& e = it->second;
@@ -112,11 +112,10 @@ Status Broker::HandleEngineRegister(Session& s, uint64_t rid, const ipc::EngineR
   const uint64_t id = next_region_id_++;
   e.regions[m.address] =
       ipc::EngineRegion{id, m.address, m.length, m.allocation, m.offset, read_only};
-  Send(s, rid, ipc::EngineRegisterReply{id});
-  return Status::Ok();
+  return ipc::EngineRegisterReply{id};
 }
 
-Status Broker::HandleEngineDeregister(Session& s, const ipc::EngineDeregisterRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDeregisterRequest& m) {
   auto it = engines_.find(s.engine);
   if (s.engine.empty() || it == engines_.end()) return NoEngine();
   auto& regions = it->second.regions;
@@ -151,27 +150,26 @@ Status Broker::ConnectPeer(Session& peer, uint64_t rid, Engine& e) {
   return Status::Ok();
 }
 
-Status Broker::HandleEngineConnect(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m) {
   if (s.engine.empty()) return NoEngine();
   if (m.remote.empty()) return Status(ErrorCode::kParamInvalid, "remote engine name is empty");
   // An engine whose process has exited (its socket's end not read yet) is
   // absent: the connect waits for the name's next owner.
   if (auto it = engines_.find(m.remote); it != engines_.end() && !ReapIfExited(it->second.session_id))
-    return ConnectPeer(s, rid, it->second);
+    return SentOnSuccess(ConnectPeer(s, rid, it->second));
   if (m.timeout_ms == 0)
     return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");
-  return AddWaiter(s, rid, Waiter::Kind::kConnect, m.remote, m.timeout_ms);
+  return SentOnSuccess(AddWaiter(s, rid, Waiter::Kind::kConnect, m.remote, m.timeout_ms));
 }
 
-Status Broker::HandleEngineRegions(Session& s, uint64_t rid, const ipc::EngineRegionsRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegionsRequest& m) {
   auto c = s.connected.find(m.remote);
   auto it = engines_.find(m.remote);
   if (c == s.connected.end() || it == engines_.end()) return NotConnectedTo(m.remote);
-  Send(s, rid, EngineInfo(it->second, c->second));
-  return Status::Ok();
+  return EngineInfo(it->second, c->second);
 }
 
-Status Broker::HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImportRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineImportRequest& m) {
   auto it = engines_.find(m.remote);
   if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
   const Engine& e = it->second;
@@ -189,10 +187,11 @@ Status Broker::HandleEngineImport(Session& s, uint64_t rid, const ipc::EngineImp
   if (read_only) {
     MB_ASSIGN_OR_RETURN(ro, ipc::ReopenReadOnly(a->fd.get()));
   }
-  return GrantImport(s, rid, *a, read_only ? ro.get() : a->fd.get(), read_only, s.engine_holdings);
+  return SentOnSuccess(
+      GrantImport(s, rid, *a, read_only ? ro.get() : a->fd.get(), read_only, s.engine_holdings));
 }
 
-Status Broker::HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineReleaseRequest& m) {
   if (!s.engine_holdings.Remove(m.allocation))
     return Status(ErrorCode::kInvalidHandle, "this client's engine does not hold allocation " +
                                                  std::to_string(m.allocation));
@@ -200,13 +199,13 @@ Status Broker::HandleEngineRelease(Session& s, const ipc::EngineReleaseRequest& 
   return Status::Ok();
 }
 
-Status Broker::HandleEngineDisconnect(Session& s, const ipc::EngineDisconnectRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDisconnectRequest& m) {
   if (s.connected.erase(m.remote) == 0) return NotConnectedTo(m.remote);
   if (auto it = engines_.find(m.remote); it != engines_.end()) it->second.peers.erase(s.id);
   return Status::Ok();
 }
 
-Status Broker::HandleEngineNotify(Session& s, const ipc::EngineNotifyRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
   auto it = engines_.find(m.remote);
   if (s.engine.empty()) return NoEngine();
   if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
@@ -221,7 +220,7 @@ Status Broker::HandleEngineNotify(Session& s, const ipc::EngineNotifyRequest& m)
   return Status::Ok();
 }
 
-Status Broker::HandleEngineGetNotifies(Session& s, uint64_t rid) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&) {
   auto it = engines_.find(s.engine);
   if (s.engine.empty() || it == engines_.end()) return NoEngine();
   Engine& e = it->second;
@@ -231,8 +230,7 @@ Status Broker::HandleEngineGetNotifies(Session& s, uint64_t rid) {
     r.notifies.push_back(std::move(e.notifies.front()));
     e.notifies.pop_front();
   }
-  Send(s, rid, std::move(r));
-  return Status::Ok();
+  return r;
 }
 
 }  // namespace membroker::broker

@@ -17,7 +17,7 @@ bool HasPrefix(const std::string& name, const std::string& prefix) {
 }
 }  // namespace
 
-Status Broker::HandlePublish(Session& s, const ipc::PublishRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   MB_RETURN_IF_ERROR(CheckName(m.name));
   if (m.flags & ~ipc::kPublishKnownFlags)
     return Status(ErrorCode::kParamInvalid, "unknown publish flags " + std::to_string(m.flags));
@@ -61,11 +61,12 @@ Status Broker::GrantNamed(Session& s, uint64_t rid, const NamedEntry& e) {
   return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->fd.get(), e.read_only, s.ledger);
 }
 
-Status Broker::HandleLookup(Session& s, uint64_t rid, const ipc::LookupRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::LookupRequest& m) {
   MB_RETURN_IF_ERROR(CheckName(m.name));
-  if (auto it = names_.find(m.name); it != names_.end()) return GrantNamed(s, rid, it->second);
+  if (auto it = names_.find(m.name); it != names_.end())
+    return SentOnSuccess(GrantNamed(s, rid, it->second));
   if (m.timeout_ms == 0) return Status(ErrorCode::kNotFound, "nothing is published as \"" + m.name + "\"");
-  return AddWaiter(s, rid, Waiter::Kind::kLookup, m.name, m.timeout_ms);
+  return SentOnSuccess(AddWaiter(s, rid, Waiter::Kind::kLookup, m.name, m.timeout_ms));
 }
 
 void Broker::Unpublish(std::map<std::string, NamedEntry>::iterator it, int32_t pid) {
@@ -76,7 +77,7 @@ void Broker::Unpublish(std::map<std::string, NamedEntry>::iterator it, int32_t p
   PostEvent(ipc::NameEventKind::kUnpublished, name, allocation, pid);
 }
 
-Status Broker::HandleUnpublish(Session& s, const ipc::UnpublishRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::UnpublishRequest& m) {
   auto it = names_.find(m.name);
   if (it == names_.end()) return Status(ErrorCode::kNotFound, "nothing is published as \"" + m.name + "\"");
   if (it->second.uid != s.cred.uid)
@@ -85,7 +86,7 @@ Status Broker::HandleUnpublish(Session& s, const ipc::UnpublishRequest& m) {
   return Status::Ok();
 }
 
-Status Broker::HandleListNames(Session& s, uint64_t rid, const ipc::ListNamesRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::ListNamesRequest& m) {
   ipc::ListNamesReply r;
   for (auto it = names_.lower_bound(m.prefix); it != names_.end() && HasPrefix(it->first, m.prefix); ++it) {
     if (r.objects.size() == ipc::kMaxNamesPerReply) {
@@ -96,11 +97,10 @@ Status Broker::HandleListNames(Session& s, uint64_t rid, const ipc::ListNamesReq
     r.objects.push_back({it->first, it->second.allocation, a ? a->size : 0, it->second.read_only,
                          it->second.persist, it->second.publisher_pid});
   }
-  Send(s, rid, std::move(r));
-  return Status::Ok();
+  return r;
 }
 
-Status Broker::HandleSubscribe(Session& s, const ipc::SubscribeRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::SubscribeRequest& m) {
   if (s.subscriptions.size() >= kMaxSubscriptionsPerClient)
     return Status(ErrorCode::kResourceExhausted, "a client subscribes to at most 64 prefixes");
   s.subscriptions.push_back(m.prefix);  // "" subscribes to every name
@@ -144,14 +144,14 @@ void Broker::SendEvents(Session& s, uint64_t rid) {
   Send(s, rid, std::move(r));
 }
 
-Status Broker::HandleWaitEvents(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m) {
   if (s.subscriptions.empty())
     return Status(ErrorCode::kParamInvalid, "this client has no subscriptions (Subscribe first)");
   if (!s.events.empty() || m.timeout_ms == 0) {
     SendEvents(s, rid);
-    return Status::Ok();
+    return Deferred{};
   }
-  return AddWaiter(s, rid, Waiter::Kind::kEvents, "", m.timeout_ms);
+  return SentOnSuccess(AddWaiter(s, rid, Waiter::Kind::kEvents, "", m.timeout_ms));
 }
 
 void Broker::EndNamesSession(Session& s, bool crashed) {

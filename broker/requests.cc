@@ -117,95 +117,41 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
     return;
   }
   const bool reply_on_success = (env.flags & ipc::kFlagNoReplyOnSuccess) == 0;
-  Status st;
-  bool replied = false;  // handlers that send their own success reply set this
-  if (auto* m = std::get_if<ipc::HelloRequest>(&env.body)) {
-    const bool first = !s.hello_done;
-    st = HandleHello(s, rid, *m);
-    replied = st.ok();
-    if (!st.ok() && first) {  // a failed handshake ends the connection
-      SendError(s, rid, st);
-      CloseAfterReply(s);
-      return;
-    }
-  } else if (auto* m = std::get_if<ipc::MallocRequest>(&env.body)) {
-    st = HandleMalloc(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::FreeRequest>(&env.body)) {
-    st = HandleFree(s, *m);
-  } else if (auto* m = std::get_if<ipc::ExportRequest>(&env.body)) {
-    st = HandleExport(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::SetPidRequest>(&env.body)) {
-    st = HandleSetPid(s, rid, *m);
-  } else if (auto* m = std::get_if<ipc::ImportRequest>(&env.body)) {
-    st = HandleImport(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::RegisterHostRequest>(&env.body)) {
-    st = HandleRegisterHost(s, *m);
-  } else if (auto* m = std::get_if<ipc::UnregisterHostRequest>(&env.body)) {
-    st = HandleUnregisterHost(s, *m);
-  } else if (auto* m = std::get_if<ipc::EngineInitRequest>(&env.body)) {
-    st = HandleEngineInit(s, *m);
-  } else if (std::holds_alternative<ipc::EngineFinalizeRequest>(env.body)) {
-    st = HandleEngineFinalize(s);
-  } else if (auto* m = std::get_if<ipc::EngineRegisterRequest>(&env.body)) {
-    st = HandleEngineRegister(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::EngineDeregisterRequest>(&env.body)) {
-    st = HandleEngineDeregister(s, *m);
-  } else if (auto* m = std::get_if<ipc::EngineConnectRequest>(&env.body)) {
-    st = HandleEngineConnect(s, rid, *m);
-    replied = true;  // now, or when the remote appears or the wait times out
-  } else if (auto* m = std::get_if<ipc::EngineRegionsRequest>(&env.body)) {
-    st = HandleEngineRegions(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::EngineImportRequest>(&env.body)) {
-    st = HandleEngineImport(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::EngineReleaseRequest>(&env.body)) {
-    st = HandleEngineRelease(s, *m);
-  } else if (auto* m = std::get_if<ipc::EngineDisconnectRequest>(&env.body)) {
-    st = HandleEngineDisconnect(s, *m);
-  } else if (auto* m = std::get_if<ipc::EngineNotifyRequest>(&env.body)) {
-    st = HandleEngineNotify(s, *m);
-  } else if (std::holds_alternative<ipc::EngineGetNotifiesRequest>(env.body)) {
-    st = HandleEngineGetNotifies(s, rid);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::PublishRequest>(&env.body)) {
-    st = HandlePublish(s, *m);
-  } else if (auto* m = std::get_if<ipc::LookupRequest>(&env.body)) {
-    st = HandleLookup(s, rid, *m);
-    replied = true;  // now, when the name is published, or at the timeout
-  } else if (auto* m = std::get_if<ipc::UnpublishRequest>(&env.body)) {
-    st = HandleUnpublish(s, *m);
-  } else if (auto* m = std::get_if<ipc::ListNamesRequest>(&env.body)) {
-    st = HandleListNames(s, rid, *m);
-    replied = true;
-  } else if (auto* m = std::get_if<ipc::SubscribeRequest>(&env.body)) {
-    st = HandleSubscribe(s, *m);
-  } else if (auto* m = std::get_if<ipc::WaitEventsRequest>(&env.body)) {
-    st = HandleWaitEvents(s, rid, *m);
-    replied = true;
-  } else if (std::holds_alternative<ipc::PingRequest>(env.body)) {
-    st = Status::Ok();
-  } else if (std::holds_alternative<ipc::GoodbyeRequest>(env.body)) {
-    s.said_goodbye = true;
-    return;  // never answered: the client is closing
-  } else {
-    ++counters_.protocol_errors;
-    st = Status(ErrorCode::kProtocolError,
-                std::string(ipc::MessageName(env.body)) + " is not a request");
+  const bool first_hello = !s.hello_done && std::holds_alternative<ipc::HelloRequest>(env.body);
+  // Every request has its Handle overload (a missing one does not compile);
+  // a reply type sent by a client is out of protocol.
+  Answer answer = std::visit(
+      [&](const auto& m) -> Answer {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (ipc::kIsRequest<T>) {
+          return Handle(s, rid, m);
+        } else {
+          ++counters_.protocol_errors;
+          return Status(ErrorCode::kProtocolError, std::string(ipc::MessageName(env.body)) +
+                                                       " is not a request");
+        }
+      },
+      env.body);
+  if (!answer.status.ok()) {
+    if (answer.status.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
+    SendError(s, rid, answer.status);
+    if (first_hello) CloseAfterReply(s);  // a failed handshake ends the connection
+    return;
   }
-  if (!st.ok()) {
-    if (st.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
-    SendError(s, rid, st);
-  } else if (!replied && reply_on_success) {
-    Send(s, rid, ipc::OkReply{});
-  }
+  if (answer.deferred) return;
+  // OkReply is left out for requests sent without waiting (NO_REPLY_ON_SUCCESS).
+  if (!std::holds_alternative<ipc::OkReply>(answer.reply) || reply_on_success)
+    Send(s, rid, std::move(answer.reply));
 }
 
-Status Broker::HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m) {
+Answer Broker::Handle(Session&, uint64_t, const ipc::PingRequest&) { return Status::Ok(); }
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::GoodbyeRequest&) {
+  s.said_goodbye = true;
+  return Deferred{};  // never answered: the client is closing
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
   if (s.hello_done) return Status(ErrorCode::kProtocolError, "handshake already done");
   if (!s.admitted) {
     ++counters_.clients_refused;
@@ -223,8 +169,7 @@ Status Broker::HandleHello(Session& s, uint64_t rid, const ipc::HelloRequest& m)
   for (auto p : {ipc::PagePolicy::kNormalOnly, ipc::PagePolicy::kHugeFirst,
                  ipc::PagePolicy::kHugeOnly, ipc::PagePolicy::kHuge1GOnly})
     reply.granularities.push_back(ipc::GranularityFor(p));
-  Send(s, rid, std::move(reply));
-  return Status::Ok();
+  return reply;
 }
 
 Status Broker::Charge(Session& s, const Usage& delta) {
@@ -239,7 +184,7 @@ void Broker::Uncharge(Session* s, uid_t uid, const Usage& delta) {
   accounting_.ReleaseUid(uid, delta);
 }
 
-Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
   if (m.size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   if (m.size > ipc::kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid,
@@ -273,14 +218,14 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
     p.pool = static_cast<int>(i);
     FinishMalloc(p, std::move(mem));
     DeferBackground();  // the refill
-    return Status::Ok();
+    return Deferred{};  // FinishMalloc answers
   }
 
   counters_.bytes_pending += reserve;
   std::string name = "membroker:client" + std::to_string(s.id);
   if (reserve <= options_.inline_alloc_bytes) {
     FinishMalloc(p, MakeMemory(name, m.size, m.policy, m.flags));
-    return Status::Ok();
+    return Deferred{};  // FinishMalloc answers
   }
   if (s.inflight >= options_.max_inflight_per_client) {
     counters_.bytes_pending -= reserve;
@@ -307,7 +252,7 @@ Status Broker::HandleMalloc(Session& s, uint64_t rid, const ipc::MallocRequest& 
         if (!w->result) w->result = Status(ErrorCode::kInternal, "allocation was cancelled");
         w->broker->FinishMalloc(w->pending, std::move(*w->result));
       });
-  return Status::Ok();
+  return Deferred{};  // FinishMalloc answers
 }
 
 void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem) {
@@ -437,30 +382,30 @@ void Broker::ReturnOnWorker(ReturnBatch batch) {
       });
 }
 
-Status Broker::HandleFree(Session& s, const ipc::FreeRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::FreeRequest& m) {
   if (!s.ledger.Remove(m.handle)) return NotHeld(m.handle);
   ReleaseHolding(s, m.handle);
   return Status::Ok();
 }
 
-Status Broker::HandleExport(Session& s, uint64_t rid, const ipc::ExportRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::ExportRequest& m) {
   if (!s.ledger.Holds(m.handle)) return NotHeld(m.handle);
   MB_ASSIGN_OR_RETURN(std::string token, table_.Export(m.handle, s.id, s.cred.uid, m.flags));
-  Send(s, rid, ipc::ExportReply{std::move(token)});
-  return Status::Ok();
+  return ipc::ExportReply{std::move(token)};
 }
 
-Status Broker::HandleSetPid(Session& s, uint64_t, const ipc::SetPidRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::SetPidRequest& m) {
   return table_.SetPids(m.token, s.id, std::vector<pid_t>(m.pids.begin(), m.pids.end()));
 }
 
-Status Broker::HandleImport(Session& s, uint64_t rid, const ipc::ImportRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ImportRequest& m) {
   MB_ASSIGN_OR_RETURN(const ExportEntry* e,
                       table_.CheckImport(m.token, Importer{s.id, s.cred.pid, s.cred.uid,
                                                            ipc::PidfdAlive(s.pidfd.get())}));
   const Allocation* a = table_.Find(e->allocation);
   bool read_only = e->read_only_fd.valid();
-  return GrantImport(s, rid, *a, read_only ? e->read_only_fd.get() : a->fd.get(), read_only, s.ledger);
+  return SentOnSuccess(
+      GrantImport(s, rid, *a, read_only ? e->read_only_fd.get() : a->fd.get(), read_only, s.ledger));
 }
 
 Status Broker::GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only,
@@ -480,7 +425,7 @@ Status Broker::GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd
   return Status::Ok();
 }
 
-Status Broker::HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::RegisterHostRequest& m) {
   if (m.address == 0 || m.size == 0 || m.address % kHostRegisterAlign || m.size % kHostRegisterAlign)
     return Status(ErrorCode::kParamInvalid,
                   "host register needs a non-zero address and size, both multiples of 4096");
@@ -494,7 +439,7 @@ Status Broker::HandleRegisterHost(Session& s, const ipc::RegisterHostRequest& m)
   return Status::Ok();
 }
 
-Status Broker::HandleUnregisterHost(Session& s, const ipc::UnregisterHostRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t, const ipc::UnregisterHostRequest& m) {
   auto it = s.host_regs.find(m.address);
   if (it == s.host_regs.end())
     return Status(ErrorCode::kNotFound, "no host registration starts at this address");

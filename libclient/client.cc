@@ -10,6 +10,18 @@ namespace membroker {
 
 using detail::ClientCore;
 
+// The public API's enums and flags mirror the protocol's (which protocol.cc
+// checks against the schema): the values cross the wire as they are.
+static_assert(kExportNoPidCheck == ipc::kExportNoPidCheck && kExportReadOnly == ipc::kExportReadOnly);
+static_assert(kPublishReadOnly == ipc::kPublishReadOnly && kPublishPersist == ipc::kPublishPersist);
+static_assert(static_cast<int>(PagePolicy::kNormalOnly) == static_cast<int>(ipc::PagePolicy::kNormalOnly) &&
+              static_cast<int>(PagePolicy::kHugeFirst) == static_cast<int>(ipc::PagePolicy::kHugeFirst) &&
+              static_cast<int>(PagePolicy::kHugeOnly) == static_cast<int>(ipc::PagePolicy::kHugeOnly) &&
+              static_cast<int>(PagePolicy::kHuge1GOnly) == static_cast<int>(ipc::PagePolicy::kHuge1GOnly));
+static_assert(static_cast<int>(NameEventKind::kPublished) == static_cast<int>(ipc::NameEventKind::kPublished) &&
+              static_cast<int>(NameEventKind::kUnpublished) == static_cast<int>(ipc::NameEventKind::kUnpublished) &&
+              static_cast<int>(NameEventKind::kHolderDied) == static_cast<int>(ipc::NameEventKind::kHolderDied));
+
 namespace detail {
 Status ClientCore::Handshake(const std::string& client_name) {
   MB_ASSIGN_OR_RETURN(Reply r, conn_.Call(ipc::HelloRequest{client_name, ipc::kProtocolVersion, 0}));

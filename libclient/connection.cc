@@ -32,8 +32,8 @@ void Connection::Deliver(ipc::Frame frame) {
   }
   // A reply nobody waits for: the failure of a request sent with Notify().
   ++async_errors_;
-  if (auto* e = std::get_if<ipc::ErrorReply>(&env->body))
-    last_async_error_ = Status(e->code, e->message);
+  if (std::holds_alternative<ipc::ErrorReply>(env->body))
+    last_async_error_ = ipc::StatusOf(env->body);
   else
     last_async_error_ = Status(ErrorCode::kProtocolError, "unexpected reply from broker");
 }
@@ -54,7 +54,7 @@ Result<Reply> Connection::Call(ipc::Message request) {
     if (auto it = replies_.find(rid); it != replies_.end()) {
       Reply r = std::move(it->second);
       replies_.erase(it);
-      if (auto* e = std::get_if<ipc::ErrorReply>(&r.body)) return Status(e->code, e->message);
+      MB_RETURN_IF_ERROR(ipc::StatusOf(r.body));
       if (r.fds.size() != ipc::ExpectedFds(r.body))
         return Status(ErrorCode::kProtocolError,
                       std::string(ipc::MessageName(r.body)) + " arrived with a wrong fd count");

@@ -1,6 +1,9 @@
 // Protocol round trips for every message, and rejection of malformed frames.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <utility>
+
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/protocol.h"
 
@@ -123,6 +126,41 @@ TEST(Protocol, UnknownUnionTypeIsRejected) {
     }
   }
   EXPECT_TRUE(patched);
+}
+
+// Every alternative of Message, default-constructed: it survives the wire as
+// itself, its name is its type's, and the list's directions and fd counts hold.
+template <size_t... I>
+std::vector<Message> EveryDefaultMessage(std::index_sequence<I...>) {
+  return {Message(std::in_place_index<I>)...};
+}
+
+TEST(Protocol, TheMessageListDrivesNamesFdsAndDirections) {
+  auto all = EveryDefaultMessage(std::make_index_sequence<std::variant_size_v<Message>>());
+  std::set<std::string> names;
+  size_t requests = 0;
+  for (const Message& m : all) {
+    Envelope out = RoundTrip({kProtocolVersion, 9, 0, m});
+    EXPECT_EQ(out.body.index(), m.index()) << MessageName(m);
+    names.insert(MessageName(m));
+    const std::string name = MessageName(m);
+    EXPECT_EQ(IsRequest(m), name.size() > 7 && name.compare(name.size() - 7, 7, "Request") == 0) << name;
+    requests += IsRequest(m);
+  }
+  EXPECT_EQ(names.size(), all.size());
+  EXPECT_EQ(std::string(MessageName(Message(ImportReply{}))), "ImportReply");
+  EXPECT_EQ(std::string(MessageName(Message(EventsReply{}))), "EventsReply");
+  EXPECT_GT(requests, 20u);
+}
+
+TEST(Protocol, StatusOfIsTheOneErrorReplyConversion) {
+  EXPECT_TRUE(StatusOf(OkReply{}).ok());
+  EXPECT_TRUE(StatusOf(ExportReply{"t"}).ok());
+  Status st = StatusOf(ErrorReply{ErrorCode::kQuotaExceeded, "over"});
+  EXPECT_EQ(st.code(), ErrorCode::kQuotaExceeded);
+  EXPECT_EQ(st.message(), "over");
+  // An error reply that says OK is not a success.
+  EXPECT_EQ(StatusOf(ErrorReply{ErrorCode::kOk, "?"}).code(), ErrorCode::kProtocolError);
 }
 
 TEST(Protocol, ErrorCodeNamesAreStable) {

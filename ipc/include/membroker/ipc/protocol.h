@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
+#include "membroker/ipc/messages.h"
 #include "membroker/status.h"
 
 namespace membroker::ipc {
@@ -280,17 +282,44 @@ struct ErrorReply {
   bool operator==(const ErrorReply&) const = default;
 };
 
-using Message =
-    std::variant<HelloRequest, HelloReply, MallocRequest, MallocReply, FreeRequest,
-                 ExportRequest, ExportReply, SetPidRequest, ImportRequest, ImportReply,
-                 PingRequest, GoodbyeRequest, OkReply, ErrorReply, RegisterHostRequest,
-                 UnregisterHostRequest, EngineInitRequest, EngineFinalizeRequest,
-                 EngineRegisterRequest, EngineRegisterReply, EngineDeregisterRequest,
-                 EngineConnectRequest, EngineRegionsRequest, EngineInfoReply, EngineImportRequest,
-                 EngineReleaseRequest, EngineDisconnectRequest, EngineNotifyRequest,
-                 EngineGetNotifiesRequest, EngineNotifiesReply, PublishRequest, LookupRequest,
-                 UnpublishRequest, ListNamesRequest, ListNamesReply, SubscribeRequest,
-                 WaitEventsRequest, EventsReply>;
+namespace detail {
+template <typename First, typename... Rest>
+struct VariantOfRest {
+  using type = std::variant<Rest...>;
+};
+}  // namespace detail
+
+// Every message, in the order of messages.h (= the schema's union, checked in
+// protocol.cc): Message's index + 1 is the wire union type.
+#define MEMBROKER_COMMA_TYPE(T, direction, fds) , T
+using Message = detail::VariantOfRest<void MEMBROKER_MESSAGES(MEMBROKER_COMMA_TYPE)>::type;
+#undef MEMBROKER_COMMA_TYPE
+
+// The index of T in Message, at compile time.
+template <typename T, size_t I = 0>
+constexpr size_t MessageIndex() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, Message>, T>)
+    return I;
+  else
+    return MessageIndex<T, I + 1>();
+}
+
+enum class Direction : uint8_t { kRequest, kReply };
+// Each message's direction and fd count, from the list.
+template <typename T>
+inline constexpr Direction kDirectionOf = Direction::kRequest;
+template <typename T>
+inline constexpr size_t kFdsOf = 0;
+#define MEMBROKER_TRAITS(T, direction, fds)                                 \
+  template <>                                                               \
+  inline constexpr Direction kDirectionOf<T> = Direction::k##direction;     \
+  template <>                                                               \
+  inline constexpr size_t kFdsOf<T> = fds;
+MEMBROKER_MESSAGES(MEMBROKER_TRAITS)
+#undef MEMBROKER_TRAITS
+
+template <typename T>
+inline constexpr bool kIsRequest = kDirectionOf<T> == Direction::kRequest;
 
 struct Envelope {
   uint16_t protocol_version = kProtocolVersion;
@@ -313,5 +342,12 @@ const char* MessageName(const Message& body);
 
 // How many fds a message of this type carries (checked on receipt).
 size_t ExpectedFds(const Message& body);
+
+// Whether a client may send it (the rest are the broker's replies).
+bool IsRequest(const Message& body);
+
+// The Status an ErrorReply stands for: the one conversion, used wherever a
+// reply is read. Ok for any other message.
+Status StatusOf(const Message& body);
 
 }  // namespace membroker::ipc
