@@ -73,7 +73,7 @@ Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_
   if (flags & ipc::kExportReadOnly) {
     MB_ASSIGN_OR_RETURN(e.read_only_fd, ipc::ReopenReadOnly(a->fd.get()));
   }
-  std::string token = ipc::RandomToken();
+  MB_ASSIGN_OR_RETURN(std::string token, ipc::RandomToken());
   a->tokens.push_back(token);
   exports_.emplace(token, std::move(e));
   ++counters_.exports_created;

@@ -94,13 +94,16 @@ Status RecvFrame(int sock, Frame* out, bool* would_block) {
                                                  ? "frame larger than the limit"
                                                  : "too many fds attached to a frame");
   }
-  out->bytes.assign(scratch.get(), scratch.get() + n);
+  // Check every control message before adopting any fd: on a bad one, each
+  // fd that came is closed here exactly once and none is handed out.
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
       CloseReceivedFds(&msg);
-      out->fds.clear();
       return Status(ErrorCode::kProtocolError, "unexpected control message");
     }
+  }
+  out->bytes.assign(scratch.get(), scratch.get() + n);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
       int fd;

@@ -139,12 +139,15 @@ Result<UniqueFd> ReopenReadOnly(int fd) {
   return UniqueFd(raw);
 }
 
-std::string RandomToken() {
+Result<std::string> RandomToken() {
   std::array<unsigned char, 16> bytes{};
   size_t got = 0;
   while (got < bytes.size()) {
-    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+    ssize_t n = 0;
+    MB_RETURN_IF_ERROR(CheckedCall("getrandom", "16 bytes", &n, [&] {
+      return ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    }));
+    got += static_cast<size_t>(n);
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string s;

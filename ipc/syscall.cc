@@ -44,12 +44,22 @@ static std::string_view Hint(std::string_view call, int err) {
   return "";
 }
 
-Status ErrnoStatus(std::string_view call, std::string_view args, int err) {
+Status ErrnoStatus(std::string_view call, std::string_view args, int err,
+                   std::initializer_list<ErrnoOverride> overrides) {
   std::string msg(call);
   msg += "(";
   msg += args;
   msg += "): ";
   msg += std::strerror(err);
+  for (const ErrnoOverride& o : overrides) {
+    if (o.err != 0 && o.err != err) continue;
+    if (!o.hint.empty()) {
+      msg += " (";
+      msg += o.hint;
+      msg += ")";
+    }
+    return Status(o.code, std::move(msg));
+  }
   msg += Hint(call, err);
   return Status(ErrnoToCode(err), std::move(msg));
 }

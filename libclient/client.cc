@@ -209,10 +209,9 @@ Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
   if (::mlock(ptr, size) != 0) {
     int err = errno;
     (void)core_->conn().Notify(ipc::UnregisterHostRequest{addr});
-    Status st = ipc::ErrnoStatus("mlock", std::to_string(size) + " bytes", err);
-    return Status(err == ENOMEM ? ErrorCode::kParamInvalid : st.code(),
-                  st.message() + (err == ENOMEM ? " (is the whole range mapped? is RLIMIT_MEMLOCK large enough?)"
-                                                : ""));
+    return ipc::ErrnoStatus("mlock", std::to_string(size) + " bytes", err,
+                            {{ENOMEM, ErrorCode::kParamInvalid,
+                              "is the whole range mapped? is RLIMIT_MEMLOCK large enough?"}});
   }
   return core_->AddHostRegistration(ptr, size);
 }

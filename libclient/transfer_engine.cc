@@ -36,6 +36,7 @@
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
+#include "membroker/ipc/syscall.h"
 
 namespace membroker {
 
@@ -352,8 +353,8 @@ Result<void*> TransferEngine::Impl::MapImported(const std::string& remote, uint6
   if (base == MAP_FAILED) {
     int err = errno;
     (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
-    return Status(ErrorCode::kResourceExhausted,
-                  std::string("mmap of engine \"") + remote + "\" memory failed: " + std::strerror(err));
+    return ipc::ErrnoStatus("mmap", "engine \"" + remote + "\" memory, " + std::to_string(m->size) + " bytes",
+                            err, {{0, ErrorCode::kResourceExhausted, ""}});
   }
   *size = m->size;
   return base;
@@ -613,17 +614,13 @@ Status TransferEngine::Impl::CrossMemory(Peer& peer, TransferOp op, std::vector<
                     : ::process_vm_writev(peer.pid, &local[first], count, &remote[first], count, 0);
     if (n < 0 || static_cast<size_t>(n) < want) {
       int err = n < 0 ? errno : EFAULT;
-      if (err == ESRCH) {
-        peer.lost.store(true);
-        return Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" exited during the transfer");
-      }
-      if (err == EPERM)
-        return Status(ErrorCode::kPermissionDenied,
-                      "the kernel refused cross-memory attach to engine \"" + peer.name +
-                          "\" (ptrace rules: same user, and Yama's ptrace_scope)");
-      return Status(ErrorCode::kNotMapped, "engine \"" + peer.name + "\" memory could not be " +
-                                               (op == READ ? "read" : "written") + ": " +
-                                               std::strerror(err));
+      if (err == ESRCH) peer.lost.store(true);
+      return ipc::ErrnoStatus(
+          op == READ ? "process_vm_readv" : "process_vm_writev", "engine \"" + peer.name + "\"", err,
+          {{ESRCH, ErrorCode::kNotConnected, "the engine's process exited during the transfer"},
+           {EPERM, ErrorCode::kPermissionDenied,
+            "the kernel refused cross-memory attach: ptrace rules, same user, and Yama's ptrace_scope"},
+           {0, ErrorCode::kNotMapped, "the engine's memory could not be reached"}});
     }
     first += count;
   }

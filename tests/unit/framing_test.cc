@@ -7,6 +7,14 @@
 
 #include <cstring>
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include <cstddef>
+
 #include <gtest/gtest.h>
 
 #include "membroker/ipc/framing.h"
@@ -88,6 +96,36 @@ TEST(Framing, TooManyFdsAreClosedNotLeaked) {
   EXPECT_EQ(OpenFdCount(), before);
 }
 
+// A frame whose control data holds more than SCM_RIGHTS (here the kernel adds
+// SCM_CREDENTIALS, since the receiver asked for them) is refused, as
+// "unexpected control message" or, when both do not fit the control buffer,
+// as truncated control data; the fds that came are closed once, none handed
+// out, none leaked.
+TEST(Framing, UnexpectedControlMessageClosesItsFdsOnce) {
+  Pair p;
+  int on = 1;
+  ASSERT_EQ(::setsockopt(p.b.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)), 0);
+  int before = OpenFdCount();
+  {
+    UniqueFd x(::open("/dev/null", O_RDONLY | O_CLOEXEC)), y(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    int raw[] = {x.get(), y.get()};
+    std::vector<uint8_t> bytes{1, 2, 3};
+    ASSERT_TRUE(SendFrame(p.a.get(), bytes, raw).ok());
+  }
+  Frame f;
+  Status st = RecvFrame(p.b.get(), &f);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_TRUE(f.fds.empty());
+  EXPECT_EQ(OpenFdCount(), before);
+  // Credentials alone: the unexpected control message itself.
+  std::vector<uint8_t> bytes{4};
+  ASSERT_TRUE(SendFrame(p.a.get(), bytes, {}).ok());
+  st = RecvFrame(p.b.get(), &f);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("unexpected control message"), std::string::npos) << st.message();
+  EXPECT_EQ(OpenFdCount(), before);
+}
+
 TEST(Framing, PeerCloseIsNotConnected) {
   Pair p;
   p.a.reset();
@@ -137,10 +175,38 @@ TEST(Memfd, ReadOnlyReopenCannotBeMappedWritable) {
 }
 
 TEST(Token, PrintableAndDistinct) {
-  std::string a = RandomToken(), b = RandomToken();
-  EXPECT_EQ(a.size(), 32u);
-  EXPECT_NE(a, b);
-  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  auto a = RandomToken(), b = RandomToken();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->size(), 32u);
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(a->find_first_not_of("0123456789abcdef"), std::string::npos);
+}
+
+// With getrandom refused by the kernel (a seccomp filter in a child process),
+// a token is an error naming the call, not a spin.
+TEST(Token, AGetrandomFailureIsAnError) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getrandom, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(10);
+    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) ::_exit(11);
+    auto t = RandomToken();
+    if (t.ok()) ::_exit(1);
+    if (t.status().message().find("getrandom") == std::string::npos) ::_exit(2);
+    if (t.code() != ErrorCode::kPermissionDenied) ::_exit(3);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -70,6 +70,6 @@ uint64_t FreeHugePages(uint64_t page_size);
 Result<UniqueFd> ReopenReadOnly(int fd);
 
 // A 128-bit random token in printable form (32 lowercase hex digits).
-std::string RandomToken();
+Result<std::string> RandomToken();  // getrandom failing is an error, never a spin
 
 }  // namespace membroker::ipc
