@@ -56,8 +56,9 @@ Record Broker::StatsRecord() const {
   r.Num("pid", static_cast<uint64_t>(::getpid()))
       .Num("clients_connected", sessions_.size())
       .Num("clients_total", counters_.clients_total)
-      .Num("clients_crashed", counters_.clients_crashed)
-      .Num("clients_kicked", counters_.clients_kicked)
+      .Num("clients_crashed", Closes(CloseWhy::kCrash))
+      .Num("clients_kicked", Closes(CloseWhy::kProtocolViolation) + Closes(CloseWhy::kSlowReader) +
+                                 Closes(CloseWhy::kKicked))
       .Num("clients_refused", counters_.clients_refused)
       .Num("allocations_live", table_.all().size())
       .Num("allocations_4k", by_page[0])
@@ -230,6 +231,13 @@ std::string Broker::AdminCommand(const std::string& line) {
     }
     case ipc::AdminCommandId::kConfig:
       return RenderRecord(ConfigRecord(), json);
+    case ipc::AdminCommandId::kCheck: {
+      Status st = CheckTables();
+      if (!st.ok()) return RenderError(st.message(), json);
+      Record r;
+      r.Str("tables", "consistent");
+      return RenderRecord(r, json);
+    }
   }
   return RenderError("unhandled command", json);  // unreachable: the switch is exhaustive
 }

@@ -11,7 +11,6 @@ Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy pol
   uint64_t id = next_id_++;
   Allocation& a = allocations_[id];
   a.id = id;
-  a.fd = std::move(mem.fd);
   a.size = mem.size;
   a.page_size = mem.page_size;
   a.policy = policy;
@@ -19,7 +18,7 @@ Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy pol
   a.creator_uid = creator_uid;
   a.fell_back = mem.fell_back;
   a.pinned = mem.lock.locked();
-  a.lock = std::move(mem.lock);
+  a.memory = std::move(mem);
   a.holders = 1;
   if (a.fell_back) ++counters_.huge_fallbacks;
   a.created = std::chrono::steady_clock::now();
@@ -71,7 +70,7 @@ Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_
   e.exporter_uid = exporter_uid;
   e.flags = flags;
   if (flags & ipc::kExportReadOnly) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, ipc::ReopenReadOnly(a->fd.get()));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
   }
   MB_ASSIGN_OR_RETURN(std::string token, ipc::RandomToken());
   a->tokens.push_back(token);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "accounting.h"
+#include "backend.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
@@ -28,7 +29,7 @@ namespace membroker::broker {
 
 struct Allocation {
   uint64_t id = 0;
-  ipc::UniqueFd fd;
+  ipc::PhysicalMemory memory;  // from the backend; its fd is what holders get
   uint64_t size = 0;
   uint64_t page_size = 0;
   ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
@@ -40,7 +41,6 @@ struct Allocation {
   int pool = -1;               // index of the pool it came from, or -1
   uint64_t fixed_address = 0;  // same-address allocations
   Usage charge;                // what it costs its creator (and the creator's uid)
-  ipc::LockedMapping lock;     // pinned memory stays locked while this lives
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;
 };
@@ -73,6 +73,8 @@ struct TableCounters {
 
 class AllocationTable {
  public:
+  // backend makes the read-only fds of read-only exports.
+  explicit AllocationTable(PhysicalBackend& backend = MemfdBackend()) : backend_(backend) {}
   // Takes ownership of mem; the creator becomes the only holder.
   Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                      uid_t creator_uid);
@@ -101,6 +103,7 @@ class AllocationTable {
   void CountImport() { ++counters_.imports; }
 
  private:
+  PhysicalBackend& backend_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Allocation> allocations_;
   std::unordered_map<std::string, ExportEntry> exports_;

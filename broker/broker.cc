@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "log.h"
+#include "uv_status.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/syscall.h"
 
@@ -22,8 +23,6 @@ namespace membroker::broker {
 
 namespace {
 constexpr int kListenBacklog = 512;
-// Frames read from one client per wakeup, so one busy client cannot starve others.
-constexpr int kFramesPerWakeup = 64;
 
 uint64_t RamBytes() {
   struct sysinfo si {};
@@ -104,7 +103,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (int rc = uv_loop_init(&b->loop_); rc != 0)
     return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
   b->loop_.data = b.get();
-  uv_timer_init(&b->loop_, &b->background_timer_);
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->background_timer_)));
   b->background_timer_.data = b.get();
   MB_RETURN_IF_ERROR(b->Listen());
   MB_RETURN_IF_ERROR(b->ListenAdmin());
@@ -138,33 +137,46 @@ Status Broker::Listen() {
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("listen", options_.socket_path, nullptr, [&] {
     return ::listen(listen_fd_.get(), kListenBacklog);
   }));
-  uv_poll_init(&loop_, &listen_poll_, listen_fd_.get());
+  MB_RETURN_IF_ERROR(UvStatus("uv_poll_init", uv_poll_init(&loop_, &listen_poll_, listen_fd_.get())));
   listen_poll_.data = this;
-  uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable);
-  return Status::Ok();
+  return UvStatus("uv_poll_start", uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable));
 }
 
 Status Broker::Run() {
-  uv_signal_init(&loop_, &sigterm_);
-  uv_signal_init(&loop_, &sigint_);
+  MB_RETURN_IF_ERROR(UvStatus("uv_signal_init", uv_signal_init(&loop_, &sigterm_)));
+  MB_RETURN_IF_ERROR(UvStatus("uv_signal_init", uv_signal_init(&loop_, &sigint_)));
   sigterm_.data = sigint_.data = this;
   auto on_signal = [](uv_signal_t* h, int signum) {
     MB_INFO("stopping", "signal=%d", signum);
     static_cast<Broker*>(h->data)->Stop();
   };
-  uv_signal_start(&sigterm_, on_signal, SIGTERM);
-  uv_signal_start(&sigint_, on_signal, SIGINT);
+  MB_RETURN_IF_ERROR(UvStatus("uv_signal_start", uv_signal_start(&sigterm_, on_signal, SIGTERM)));
+  MB_RETURN_IF_ERROR(UvStatus("uv_signal_start", uv_signal_start(&sigint_, on_signal, SIGINT)));
 
   MB_INFO("serving", "socket=%s admin=%s max_bytes=%llu max_pinned_bytes=%llu pid=%d",
           options_.socket_path.c_str(), options_.admin_socket_path.c_str(),
           static_cast<unsigned long long>(options_.max_bytes),
           static_cast<unsigned long long>(options_.max_pinned_bytes), static_cast<int>(::getpid()));
   if (options_.ready_fd >= 0) {
+    // A supervisor that cannot be told we are ready would wait forever: that
+    // is a failed start, not a warning.
     char line[64];
     int n = std::snprintf(line, sizeof(line), "READY %d\n", static_cast<int>(::getpid()));
-    (void)!::write(options_.ready_fd, line, static_cast<size_t>(n));
+    ssize_t written = 0;
+    Status st = ipc::CheckedCall("write", "--ready-fd " + std::to_string(options_.ready_fd), &written,
+                                 [&] { return ::write(options_.ready_fd, line, static_cast<size_t>(n)); });
     ::close(options_.ready_fd);
     options_.ready_fd = -1;
+    if (st.ok() && written != n) st = Status(ErrorCode::kInternal, "short write to --ready-fd");
+    if (!st.ok()) {
+      Stop();
+      uv_run(&loop_, UV_RUN_DEFAULT);
+      (void)uv_loop_close(&loop_);
+      loop_.data = nullptr;
+      ::unlink(options_.socket_path.c_str());
+      ::unlink(options_.admin_socket_path.c_str());
+      return Status(st.code(), "cannot report readiness: " + st.message());
+    }
   }
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed and every worker finished: the loop is empty.
@@ -198,231 +210,6 @@ void Broker::Stop() {
 void Broker::OnListenReadable(uv_poll_t* h, int status, int) {
   if (status < 0) return;
   static_cast<Broker*>(h->data)->Accept();
-}
-
-void Broker::Accept() {
-  for (;;) {
-    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        MB_ERROR("accept_failed", "error=\"%s\"", std::strerror(errno));
-      return;
-    }
-    ipc::UniqueFd conn(fd);
-    if (sessions_.size() >= options_.max_clients) {
-      MB_WARN("refused", "reason=max_clients connected=%zu", sessions_.size());
-      continue;  // closing it tells the client
-    }
-    auto cred = ipc::GetPeerCred(conn.get());
-    if (!cred.ok()) continue;
-    auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
-    if (!pidfd.ok()) continue;  // it exited already
-    auto* s = new Session();
-    s->id = next_session_id_++;
-    s->fd = std::move(conn);
-    s->cred = *cred;
-    s->pidfd = std::move(*pidfd);
-    if (auto groups = ipc::GetPeerGroups(s->fd.get()); groups.ok()) s->groups = std::move(*groups);
-    s->admitted = Admits(*s);
-    MB_INFO("connect", "client=%llu pid=%d uid=%u gid=%u admitted=%s",
-            static_cast<unsigned long long>(s->id), static_cast<int>(s->cred.pid), s->cred.uid,
-            s->cred.gid, s->admitted ? "yes" : "no");
-    s->connected_since = std::chrono::system_clock::now();
-    uv_poll_init(&loop_, &s->poll, s->fd.get());
-    s->poll.data = s;
-    uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
-    sessions_[s->id] = s;
-    ++counters_.clients_total;
-  }
-}
-
-bool Broker::Admits(const Session& s) const {
-  const ipc::PeerCred& c = s.cred;
-  if (c.uid == 0 || c.uid == ::geteuid()) return true;
-  const auto& uids = options_.allow_uids;
-  if (std::find(uids.begin(), uids.end(), c.uid) != uids.end()) return true;
-  for (gid_t g : options_.allow_gids)
-    if (c.gid == g || std::find(s.groups.begin(), s.groups.end(), g) != s.groups.end()) return true;
-  return false;
-}
-
-Session* Broker::FindSession(uint64_t id) {
-  auto it = sessions_.find(id);
-  return it == sessions_.end() || it->second->closing ? nullptr : it->second;
-}
-
-void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
-  auto* self = static_cast<Broker*>(h->loop->data);
-  auto* s = static_cast<Session*>(h->data);
-  if (s->closing) return;
-  if (status < 0) {
-    self->CloseSession(*s, CloseReason::kIoError, uv_strerror(status));
-    return;
-  }
-  if (events & UV_WRITABLE) self->Flush(*s);
-  if (!s->closing && (events & (UV_READABLE | UV_DISCONNECT))) self->ReadFrames(*s);
-}
-
-void Broker::ReadFrames(Session& s) {
-  ipc::Frame frame;
-  for (int i = 0; i < kFramesPerWakeup && !s.closing; ++i) {
-    bool would_block = false;
-    Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
-    if (would_block) return;
-    if (!st.ok()) {
-      if (st.code() == ErrorCode::kProtocolError) {
-        ++counters_.protocol_errors;
-        ++counters_.clients_kicked;
-        CloseSession(s, CloseReason::kProtocolViolation, st.message());
-      } else {
-        CloseSession(s, st.code() == ErrorCode::kNotConnected ? CloseReason::kPeerClosed
-                                                              : CloseReason::kIoError,
-                     st.message());
-      }
-      return;
-    }
-    HandleFrame(s, std::move(frame));
-  }
-}
-
-void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
-                  std::span<const int> fds) {
-  if (s.closing) return;
-  ipc::Envelope env{ipc::kProtocolVersion, request_id, 0, std::move(body)};
-  std::vector<uint8_t> bytes = ipc::Encode(env);
-  if (s.outbound.empty()) {
-    bool would_block = false;
-    Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);
-    if (st.ok()) return;
-    if (!would_block) {
-      CloseSession(s, CloseReason::kIoError, st.message());
-      return;
-    }
-  }
-  if (s.outbound.size() >= options_.max_outbound_frames) {
-    ++counters_.clients_kicked;
-    CloseSession(s, CloseReason::kSlowReader, "outbound queue full");
-    return;
-  }
-  // Queued: the frame needs its own fds, since the originals may close first.
-  OutFrame out{std::move(bytes), {}};
-  for (int fd : fds) {
-    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (copy < 0) {
-      CloseSession(s, CloseReason::kIoError, "cannot duplicate an fd for a queued reply");
-      return;
-    }
-    out.fds.emplace_back(copy);
-  }
-  s.outbound.push_back(std::move(out));
-  if (!s.polling_writable) {
-    s.polling_writable = true;
-    uv_poll_start(&s.poll, UV_READABLE | UV_WRITABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
-  }
-}
-
-void Broker::SendError(Session& s, uint64_t request_id, const Status& st) {
-  ++counters_.errors_sent;
-  MB_INFO("request_refused", "client=%llu request=%llu code=%s message=\"%s\"",
-          static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(request_id),
-          std::string(ErrorCodeName(st.code())).c_str(), LogText(st.message()).c_str());
-  Send(s, request_id, ipc::ErrorReply{st.code(), st.message()});
-}
-
-void Broker::Flush(Session& s) {
-  while (!s.outbound.empty()) {
-    OutFrame& out = s.outbound.front();
-    std::vector<int> raw;
-    for (auto& f : out.fds) raw.push_back(f.get());
-    bool would_block = false;
-    Status st = ipc::SendFrame(s.fd.get(), out.bytes, raw, &would_block);
-    if (would_block) return;
-    if (!st.ok()) {
-      CloseSession(s, CloseReason::kIoError, st.message());
-      return;
-    }
-    s.outbound.pop_front();
-  }
-  if (s.close_after_flush) {
-    CloseAfterReply(s);  // the queue is empty now: it closes
-    return;
-  }
-  s.polling_writable = false;
-  uv_poll_start(&s.poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent);
-}
-
-void Broker::CloseSession(Session& s, CloseReason reason, const std::string& detail) {
-  if (s.closing) return;
-  s.closing = true;
-  static const char* kReasons[] = {"eof", "protocol_violation", "slow_reader", "kicked",
-                                   "not_admitted", "broker_stopping", "io_error"};
-  const char* why = kReasons[static_cast<int>(reason)];
-  if (reason == CloseReason::kPeerClosed) why = s.said_goodbye ? "clean" : "crash";
-  if (reason == CloseReason::kPeerClosed && !s.said_goodbye) ++counters_.clients_crashed;
-  // What this frees is closed together, by a worker when it is more than one
-  // large allocation's worth: thousands of memfds take tens of milliseconds to
-  // close, which the loop's other clients should not wait for.
-  ReturnBatch freed;
-  ReturnBatch* outer = std::exchange(return_batch_, &freed);
-  EndEngineSession(s, /*all=*/true);
-  EndNamesSession(s, /*crashed=*/!s.said_goodbye);
-  for (Waiter* w : WaitersOf(s.id)) CloseWaiter(w);
-  std::vector<uint64_t> held = s.ledger.TakeAll();
-  counters_.released_on_disconnect += held.size();
-  for (uint64_t id : held) ReleaseHolding(s, id);
-  return_batch_ = outer;
-  if (freed.bytes > options_.inline_alloc_bytes) ReturnOnWorker(std::move(freed));
-  for (const auto& [addr, size] : s.host_regs) Uncharge(&s, s.cred.uid, Usage{0, size, 0, 0});
-  s.host_regs.clear();
-  MB_INFO("disconnect", "client=%llu pid=%d name=\"%s\" reason=%s released=%zu%s%s%s",
-          static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid), LogText(s.name).c_str(),
-          why, held.size(), detail.empty() ? "" : " detail=\"", LogText(detail).c_str(), detail.empty() ? "" : "\"");
-  s.outbound.clear();
-  sessions_.erase(s.id);
-  // Work still running for this session finds it gone and releases its result.
-  uv_close(reinterpret_cast<uv_handle_t*>(&s.poll),
-           [](uv_handle_t* h) { delete static_cast<Session*>(h->data); });
-}
-
-Status Broker::KickClient(uint64_t id) {
-  Session* s = FindSession(id);
-  if (s == nullptr) return Status(ErrorCode::kNotFound, "no client " + std::to_string(id));
-  ++counters_.clients_kicked;
-  CloseSession(*s, CloseReason::kKicked, "by the admin socket");
-  return Status::Ok();
-}
-
-Status Broker::FreeAllocation(uint64_t id) {
-  if (table_.Find(id) == nullptr) return Status(ErrorCode::kNotFound, "no allocation " + std::to_string(id));
-  std::vector<Session*> holders;
-  for (auto& [sid, s] : sessions_)
-    if (s->ledger.Holds(id)) holders.push_back(s);
-  for (Session* s : holders) {
-    s->ledger.Remove(id);
-    ReleaseHolding(*s, id);
-  }
-  for (auto& [sid, s] : sessions_)
-    if (s->engine_holdings.Remove(id)) ReleaseHolding(*s, id, /*engine_import=*/true);
-  for (auto it = names_.begin(); it != names_.end();) {
-    auto next = std::next(it);
-    if (it->second.allocation == id) Unpublish(it, 0);
-    it = next;
-  }
-  MB_INFO("allocation_freed_by_admin", "id=%llu holders=%zu", static_cast<unsigned long long>(id),
-          holders.size());
-  return Status::Ok();
-}
-
-bool Broker::ReapIfExited(uint64_t session_id) {
-  Session* s = FindSession(session_id);
-  if (s == nullptr || ipc::PidfdAlive(s->pidfd.get())) return false;
-  // Its last requests (a Goodbye, say) are already there: serve them, so it
-  // closes for the right reason. Bounded: a child it forked may still hold
-  // the socket open, so its end may never come.
-  for (int i = 0; i < 64 && !s->closing; ++i) ReadFrames(*s);
-  if (!s->closing) CloseSession(*s, CloseReason::kPeerClosed, "its process has exited");
-  return true;
 }
 
 size_t Broker::UnpublishAll() {

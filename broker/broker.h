@@ -33,8 +33,6 @@ namespace membroker::broker {
 struct BrokerCounters {
   uint64_t clients_total = 0;
   uint64_t clients_refused = 0;  // not admitted by the uid/gid policy
-  uint64_t clients_crashed = 0;  // disconnected without a Goodbye
-  uint64_t clients_kicked = 0;   // disconnected by the broker (protocol error, slow reader)
   uint64_t released_on_disconnect = 0;
   uint64_t requests = 0;
   uint64_t errors_sent = 0;
@@ -44,16 +42,15 @@ struct BrokerCounters {
   uint64_t quota_rejections = 0;
 };
 
-// Freed allocations' fds and pins, to be closed together on a worker.
+// Freed allocations' memory, to be given back to the backend together on a worker.
 struct ReturnBatch {
   uint64_t bytes = 0;
-  std::vector<ipc::LockedMapping> locks;
-  std::vector<ipc::UniqueFd> fds;
+  std::vector<ipc::PhysicalMemory> memories;
   void Add(Allocation&& a) {
     bytes += a.size;
-    locks.push_back(std::move(a.lock));
-    fds.push_back(std::move(a.fd));
+    memories.push_back(std::move(a.memory));
   }
+  bool empty() const { return memories.empty(); }
 };
 
 // What a request handler answers, in one value instead of a flag the
@@ -102,6 +99,12 @@ class Broker {
   // Freed bytes not yet back with the kernel: on a worker, or waiting for a pause.
   uint64_t BytesReturning() const { return counters_.bytes_returning + deferred_returns_.bytes; }
 
+  // Walks every table and checks they agree (holders against ledgers and
+  // names, charges against owners, waiters against sessions); the first
+  // disagreement as an INTERNAL error (consistency.cc). The fuzzer runs it
+  // after every input, the integration tests (admin `check`) after each test.
+  Status CheckTables() const;
+
   // Admin commands ("stats", "list clients", ... with optional --json).
   std::string AdminCommand(const std::string& line);
 
@@ -116,9 +119,16 @@ class Broker {
   void Accept();
   void ReadFrames(Session& s);
   void Flush(Session& s);
-  // Why a connection ended, for the logs and the counters.
+  // Why a connection ended, as the caller saw it...
   enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
                            kBrokerStopping, kIoError };
+  // ...and as the logs and counters say it (a peer's close is clean after a
+  // goodbye, a crash otherwise). Counted per kind; stats derive from these.
+  enum class CloseWhy { kClean, kCrash, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
+                        kBrokerStopping, kIoError, kCount };
+  static const char* CloseWhyName(CloseWhy why);
+  uint64_t Closes(CloseWhy why) const { return closes_[static_cast<size_t>(why)]; }
+  // The one end of a session, whatever the reason (session_end.cc).
   void CloseSession(Session& s, CloseReason reason, const std::string& detail = "");
  public:
   // Disconnects a client and releases everything it held, as a crash would.
@@ -153,7 +163,7 @@ class Broker {
   ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
   // Removes s's engine (its name, regions and inbound peers) and s's own
   // connections; with `all`, also its engine holdings.
-  void EndEngineSession(Session& s, bool all);
+  void EndEngineSession(Session& s);
 
   // Named objects and events (names.cc).
   // Gives s a reference to the named object and sends the ImportReply.
@@ -188,9 +198,19 @@ class Broker {
     int pool = -1;
   };
   void FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem);
-  // Drops session s's reference to an allocation and settles its charges.
-  // engine_import: the reference an engine took with EngineImport.
-  void ReleaseHolding(Session& s, uint64_t allocation_id, bool engine_import = false);
+  // Creates spec's memory on a worker, then FinishMalloc (workers.cc).
+  void CreateOnWorker(PendingMalloc p, MemorySpec spec);
+  // Serves p from a matching pool that has memory ready (FinishMalloc
+  // answers); false when none does (pools.cc).
+  bool TakeFromPool(PendingMalloc& p, uint64_t size);
+  // Where a session holds a reference: its ledger (created, imported,
+  // looked up) or its engine's holdings (EngineImport of a peer's region).
+  enum class Holding { kLedger, kEngine };
+  // Removes s's entry for allocation_id from `where` and releases it (charges
+  // settled, the reference dropped) in one step; false if s held none there.
+  bool Release(Session& s, uint64_t allocation_id, Holding where);
+  // Releases every entry of `where`; returns how many there were.
+  size_t ReleaseAll(Session& s, Holding where);
   // Gives s one more reference to a, recorded in `into` (its ledger or its
   // engine's holdings) and charged as an import, and sends the ImportReply
   // carrying fd.
@@ -238,7 +258,8 @@ class Broker {
   bool stopping_ = false;
   uint64_t next_session_id_ = 1;
   std::unordered_map<uint64_t, Session*> sessions_;
-  AllocationTable table_;
+  PhysicalBackend& backend_ = MemfdBackend();  // host memory; device backends join here
+  AllocationTable table_{backend_};
   Accounting accounting_;
   AddressWindow window_;
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves
@@ -246,6 +267,7 @@ class Broker {
   ReturnBatch deferred_returns_;      // frees waiting for a pause
   uint64_t background_deadline_ = 0;  // uv_now() by which they start; valid while the timer runs
   BrokerCounters counters_;
+  uint64_t closes_[static_cast<size_t>(CloseWhy::kCount)] = {};
   std::map<std::string, Engine> engines_;  // by name
   std::vector<Waiter*> waiters_;
   std::map<std::string, NamedEntry> names_;

@@ -58,11 +58,11 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineFinalizeRequest&) {
   if (s.engine.empty()) return NoEngine();
-  EndEngineSession(s, /*all=*/false);
+  EndEngineSession(s);
   return Status::Ok();
 }
 
-void Broker::EndEngineSession(Session& s, bool all) {
+void Broker::EndEngineSession(Session& s) {
   // Our connections to other engines free their slots.
   for (const auto& [remote, slot] : s.connected)
     if (auto it = engines_.find(remote); it != engines_.end()) it->second.peers.erase(s.id);
@@ -78,8 +78,6 @@ void Broker::EndEngineSession(Session& s, bool all) {
     engines_.erase(it);
   }
   s.engine.clear();
-  if (!all) return;
-  for (uint64_t id : s.engine_holdings.TakeAll()) ReleaseHolding(s, id, /*engine_import=*/true);
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m) {
@@ -185,17 +183,16 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineImportRequest& 
                          owner->ledger.ReadOnly(m.allocation);
   ipc::UniqueFd ro;
   if (read_only) {
-    MB_ASSIGN_OR_RETURN(ro, ipc::ReopenReadOnly(a->fd.get()));
+    MB_ASSIGN_OR_RETURN(ro, backend_.ReadOnlyFd(a->memory));
   }
   return SentOnSuccess(
-      GrantImport(s, rid, *a, read_only ? ro.get() : a->fd.get(), read_only, s.engine_holdings));
+      GrantImport(s, rid, *a, read_only ? ro.get() : a->memory.fd.get(), read_only, s.engine_holdings));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineReleaseRequest& m) {
-  if (!s.engine_holdings.Remove(m.allocation))
+  if (!Release(s, m.allocation, Holding::kEngine))
     return Status(ErrorCode::kInvalidHandle, "this client's engine does not hold allocation " +
                                                  std::to_string(m.allocation));
-  ReleaseHolding(s, m.allocation, /*engine_import=*/true);
   return Status::Ok();
 }
 

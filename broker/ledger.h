@@ -10,6 +10,10 @@
 
 namespace membroker::broker {
 
+// At most this many holdings per client (ledger), so one cannot grow the
+// broker's tables without bound.
+inline constexpr uint64_t kMaxHoldingsPerClient = 1u << 20;
+
 class Ledger {
  public:
   // False if the client already holds id. read_only: held through a read-only

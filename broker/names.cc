@@ -32,7 +32,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
   NamedEntry e;
   if (read_only) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, ipc::ReopenReadOnly(a->fd.get()));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
   }
   e.name = m.name;
   e.allocation = m.allocation;
@@ -58,7 +58,7 @@ Status Broker::GrantNamed(Session& s, uint64_t rid, const NamedEntry& e) {
                   "\"" + e.name + "\" was published by another user (uid " + std::to_string(e.uid) + ")");
   const Allocation* a = table_.Find(e.allocation);
   if (a == nullptr) return Status(ErrorCode::kNotFound, "\"" + e.name + "\" is gone");
-  return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->fd.get(), e.read_only, s.ledger);
+  return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->memory.fd.get(), e.read_only, s.ledger);
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::LookupRequest& m) {

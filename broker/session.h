@@ -50,7 +50,6 @@ struct Session {
   std::string engine;
   std::map<std::string, uint32_t> connected;
   Ledger engine_holdings;
-  uint32_t waiters = 0;  // requests of this client waiting in the broker (waiter.h)
   // Named-object events (names.h): prefixes subscribed to, and the queue.
   std::vector<std::string> subscriptions;
   std::deque<ipc::NameEvent> events;

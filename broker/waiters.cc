@@ -3,13 +3,14 @@
 #include <algorithm>
 
 #include "broker.h"
+#include "uv_status.h"
 
 namespace membroker::broker {
 
 Status Broker::AddWaiter(Session& s, uint64_t rid, Waiter::Kind kind, const std::string& key,
                          uint32_t timeout_ms) {
   if (timeout_ms > kMaxWaitMs) return Status(ErrorCode::kParamInvalid, "timeout above 10 minutes");
-  if (s.waiters >= kMaxWaitersPerClient)
+  if (WaitersOf(s.id).size() >= kMaxWaitersPerClient)
     return Status(ErrorCode::kResourceExhausted,
                   "this client already has " + std::to_string(kMaxWaitersPerClient) +
                       " requests waiting in the broker");
@@ -20,10 +21,18 @@ Status Broker::AddWaiter(Session& s, uint64_t rid, Waiter::Kind kind, const std:
   w->request_id = rid;
   w->key = key;
   w->timer.data = w;
-  uv_timer_init(&loop_, &w->timer);
-  uv_timer_start(&w->timer, &Broker::OnWaiterTimeout, timeout_ms, 0);
+  if (Status st = UvStatus("uv_timer_init", uv_timer_init(&loop_, &w->timer)); !st.ok()) {
+    delete w;  // never initialised: nothing for libuv to close
+    return st;
+  }
+  if (Status st = UvStatus("uv_timer_start", uv_timer_start(&w->timer, &Broker::OnWaiterTimeout,
+                                                           timeout_ms, 0));
+      !st.ok()) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
+             [](uv_handle_t* h) { delete static_cast<Waiter*>(h->data); });
+    return st;  // a wait without its timeout would be unbounded
+  }
   waiters_.push_back(w);
-  ++s.waiters;
   return Status::Ok();
 }
 
@@ -79,7 +88,6 @@ void Broker::CloseWaiter(Waiter* w) {
   auto it = std::find(waiters_.begin(), waiters_.end(), w);
   if (it == waiters_.end()) return;
   waiters_.erase(it);
-  if (Session* s = FindSession(w->session_id)) --s->waiters;
   uv_timer_stop(&w->timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
            [](uv_handle_t* h) { delete static_cast<Waiter*>(h->data); });

@@ -47,6 +47,11 @@ constexpr AdminCommand kCommands[] = {
      "Remove a named object, persistent ones included (their publishers may be long gone)."},
     {kConfig, "config", AdminArg::kNone, true, "the effective configuration",
      "The broker's effective configuration."},
+    {kCheck, "check", AdminArg::kNone, true, "check that the broker's tables agree",
+     "Walk the broker's tables and check that they agree: each allocation's holders against "
+     "the ledgers, engine holdings and named objects; every charge against its owner; every "
+     "waiter against its client. Answers consistent, or the first disagreement (exit 1). The "
+     "test suite runs it after every test."},
     {kHelp, "help", AdminArg::kNone, true, "this list", "The list of commands."},
 };
 

@@ -1,6 +1,7 @@
 // libFuzzer: arbitrary frames and fd patterns through a real broker's socket,
-// decode and dispatch path, in one process. After each input the client
-// disconnects and the broker must hold and charge nothing (Broker::Idle).
+// decode and dispatch path, in one process. After each input the broker's
+// tables must agree (Broker::CheckTables), and once the client disconnects the
+// broker must hold and charge nothing (Broker::Idle).
 //
 // Input: [u8 start][records...]; start bit 0 sends a valid handshake first.
 // Record: [u8 flags][u16 length, little endian][length bytes]; flags & 7 fds
@@ -108,9 +109,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     SendAndServe(b, fd, data + pos, len, nfds);
     pos += len;
   }
+  // Mid-session, with whatever the input made: the tables must agree.
+  if (Status st = b->CheckTables(); !st.ok()) {
+    std::fprintf(stderr, "fuzz: %s\n", st.message().c_str());
+    std::abort();
+  }
   sock->reset();
   for (int i = 0; i < 3 && b->live_sessions() > 0; ++i) b->RunOnce();
   b->UnpublishAll();  // persistent names outlive their publisher by design
+  if (Status st = b->CheckTables(); !st.ok()) {
+    std::fprintf(stderr, "fuzz: after disconnect: %s\n", st.message().c_str());
+    std::abort();
+  }
   if (!b->Idle()) {
     std::fprintf(stderr, "fuzz: broker not idle after disconnect: %zu sessions, %zu allocations\n%s",
                  b->live_sessions(), b->live_allocations(), b->AdminCommand("stats").c_str());

@@ -160,6 +160,7 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
       {ipc::AdminCommandId::kShowClient, {std::to_string(c->client_id()), "name: operator-view"}},
       {ipc::AdminCommandId::kShowAllocation, {std::to_string(h->id()), "held_by: "}},
       {ipc::AdminCommandId::kConfig, {"", "pool: 65536:normal:1"}},
+      {ipc::AdminCommandId::kCheck, {"", "tables: consistent"}},
       {ipc::AdminCommandId::kHelp, {"", "kick client ID"}},
   };
   // The ones that change state run last, once each form, on things made for them.

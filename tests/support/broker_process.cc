@@ -97,6 +97,8 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_fi
 BrokerProcess::~BrokerProcess() {
   // A clean exit code also means no sanitizer or leak report from the broker.
   if (pid_ > 0) {
+    // Whatever the test did, the broker's tables must still agree.
+    EXPECT_EQ(Admin("check"), "tables: consistent\n") << "the broker's consistency check failed";
     EXPECT_EQ(Stop(), 0) << "membrokerd did not stop cleanly; see its stderr above";
   }
   std::string cmd = "rm -rf '" + dir_ + "'";

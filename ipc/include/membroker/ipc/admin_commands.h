@@ -29,6 +29,7 @@ enum class AdminCommandId {
   kFreeAllocation,
   kUnpublish,
   kConfig,
+  kCheck,
   kHelp,
 };
 

@@ -1,0 +1,217 @@
+// Sessions: accepting a connection (identity from the kernel, admission),
+// reading its frames (a bounded number per turn of the loop), sending replies
+// (queued while the socket is full; a client that does not read is dropped)
+// and the closes that are not the session's end itself (session_end.cc).
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "broker.h"
+#include "log.h"
+#include "membroker/ipc/pidfd.h"
+#include "uv_status.h"
+
+namespace membroker::broker {
+
+namespace {
+// Frames read from one client per wakeup, so one busy client cannot starve others.
+constexpr int kFramesPerWakeup = 64;
+}  // namespace
+
+void Broker::Accept() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        MB_ERROR("accept_failed", "error=\"%s\"", std::strerror(errno));
+      return;
+    }
+    ipc::UniqueFd conn(fd);
+    if (sessions_.size() >= options_.max_clients) {
+      MB_WARN("refused", "reason=max_clients connected=%zu", sessions_.size());
+      continue;  // closing it tells the client
+    }
+    auto cred = ipc::GetPeerCred(conn.get());
+    if (!cred.ok()) continue;
+    auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
+    if (!pidfd.ok()) continue;  // it exited already
+    auto* s = new Session();
+    s->id = next_session_id_++;
+    s->fd = std::move(conn);
+    s->cred = *cred;
+    s->pidfd = std::move(*pidfd);
+    if (auto groups = ipc::GetPeerGroups(s->fd.get()); groups.ok()) s->groups = std::move(*groups);
+    s->admitted = Admits(*s);
+    MB_INFO("connect", "client=%llu pid=%d uid=%u gid=%u admitted=%s",
+            static_cast<unsigned long long>(s->id), static_cast<int>(s->cred.pid), s->cred.uid,
+            s->cred.gid, s->admitted ? "yes" : "no");
+    s->connected_since = std::chrono::system_clock::now();
+    // A session that cannot be polled would never be served nor closed: it
+    // is refused instead (closing its socket tells the client).
+    if (Status st = UvStatus("uv_poll_init", uv_poll_init(&loop_, &s->poll, s->fd.get())); !st.ok()) {
+      MB_ERROR("refused", "client=%llu reason=\"%s\"", static_cast<unsigned long long>(s->id),
+               LogText(st.message()).c_str());
+      delete s;
+      continue;
+    }
+    s->poll.data = s;
+    sessions_[s->id] = s;
+    ++counters_.clients_total;
+    if (Status st = UvStatus("uv_poll_start", uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT,
+                                                            &Broker::OnSessionEvent));
+        !st.ok()) {
+      CloseSession(*s, CloseReason::kIoError, st.message());
+      continue;
+    }
+  }
+}
+
+bool Broker::Admits(const Session& s) const {
+  const ipc::PeerCred& c = s.cred;
+  if (c.uid == 0 || c.uid == ::geteuid()) return true;
+  const auto& uids = options_.allow_uids;
+  if (std::find(uids.begin(), uids.end(), c.uid) != uids.end()) return true;
+  for (gid_t g : options_.allow_gids)
+    if (c.gid == g || std::find(s.groups.begin(), s.groups.end(), g) != s.groups.end()) return true;
+  return false;
+}
+
+Session* Broker::FindSession(uint64_t id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() || it->second->closing ? nullptr : it->second;
+}
+
+void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
+  auto* self = static_cast<Broker*>(h->loop->data);
+  auto* s = static_cast<Session*>(h->data);
+  if (s->closing) return;
+  if (status < 0) {
+    self->CloseSession(*s, CloseReason::kIoError, uv_strerror(status));
+    return;
+  }
+  if (events & UV_WRITABLE) self->Flush(*s);
+  if (!s->closing && (events & (UV_READABLE | UV_DISCONNECT))) self->ReadFrames(*s);
+}
+
+void Broker::ReadFrames(Session& s) {
+  ipc::Frame frame;
+  for (int i = 0; i < kFramesPerWakeup && !s.closing; ++i) {
+    bool would_block = false;
+    Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
+    if (would_block) return;
+    if (!st.ok()) {
+      if (st.code() == ErrorCode::kProtocolError) {
+        ++counters_.protocol_errors;
+        CloseSession(s, CloseReason::kProtocolViolation, st.message());
+      } else {
+        CloseSession(s, st.code() == ErrorCode::kNotConnected ? CloseReason::kPeerClosed
+                                                              : CloseReason::kIoError,
+                     st.message());
+      }
+      return;
+    }
+    HandleFrame(s, std::move(frame));
+  }
+}
+
+void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
+                  std::span<const int> fds) {
+  if (s.closing) return;
+  ipc::Envelope env{ipc::kProtocolVersion, request_id, 0, std::move(body)};
+  std::vector<uint8_t> bytes = ipc::Encode(env);
+  if (s.outbound.empty()) {
+    bool would_block = false;
+    Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);
+    if (st.ok()) return;
+    if (!would_block) {
+      CloseSession(s, CloseReason::kIoError, st.message());
+      return;
+    }
+  }
+  if (s.outbound.size() >= options_.max_outbound_frames) {
+    CloseSession(s, CloseReason::kSlowReader, "outbound queue full");
+    return;
+  }
+  // Queued: the frame needs its own fds, since the originals may close first.
+  OutFrame out{std::move(bytes), {}};
+  for (int fd : fds) {
+    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+      CloseSession(s, CloseReason::kIoError, "cannot duplicate an fd for a queued reply");
+      return;
+    }
+    out.fds.emplace_back(copy);
+  }
+  s.outbound.push_back(std::move(out));
+  if (!s.polling_writable) {
+    s.polling_writable = true;
+    if (Status st = UvStatus("uv_poll_start", uv_poll_start(&s.poll, UV_READABLE | UV_WRITABLE | UV_DISCONNECT,
+                                                            &Broker::OnSessionEvent));
+        !st.ok())
+      CloseSession(s, CloseReason::kIoError, st.message());
+  }
+}
+
+void Broker::SendError(Session& s, uint64_t request_id, const Status& st) {
+  ++counters_.errors_sent;
+  MB_INFO("request_refused", "client=%llu request=%llu code=%s message=\"%s\"",
+          static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(request_id),
+          std::string(ErrorCodeName(st.code())).c_str(), LogText(st.message()).c_str());
+  Send(s, request_id, ipc::ErrorReply{st.code(), st.message()});
+}
+
+void Broker::Flush(Session& s) {
+  while (!s.outbound.empty()) {
+    OutFrame& out = s.outbound.front();
+    std::vector<int> raw;
+    for (auto& f : out.fds) raw.push_back(f.get());
+    bool would_block = false;
+    Status st = ipc::SendFrame(s.fd.get(), out.bytes, raw, &would_block);
+    if (would_block) return;
+    if (!st.ok()) {
+      CloseSession(s, CloseReason::kIoError, st.message());
+      return;
+    }
+    s.outbound.pop_front();
+  }
+  if (s.close_after_flush) {
+    CloseAfterReply(s);  // the queue is empty now: it closes
+    return;
+  }
+  s.polling_writable = false;
+  if (Status st = UvStatus("uv_poll_start",
+                           uv_poll_start(&s.poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent));
+      !st.ok())
+    CloseSession(s, CloseReason::kIoError, st.message());
+}
+
+Status Broker::KickClient(uint64_t id) {
+  Session* s = FindSession(id);
+  if (s == nullptr) return Status(ErrorCode::kNotFound, "no client " + std::to_string(id));
+  CloseSession(*s, CloseReason::kKicked, "by the admin socket");
+  return Status::Ok();
+}
+
+bool Broker::ReapIfExited(uint64_t session_id) {
+  Session* s = FindSession(session_id);
+  if (s == nullptr || ipc::PidfdAlive(s->pidfd.get())) return false;
+  // Its last requests (a Goodbye, say) are already there: serve them, so it
+  // closes for the right reason. Bounded: a child it forked may still hold
+  // the socket open, so its end may never come.
+  for (int i = 0; i < 64 && !s->closing; ++i) ReadFrames(*s);
+  if (!s->closing) CloseSession(*s, CloseReason::kPeerClosed, "its process has exited");
+  return true;
+}
+
+void Broker::CloseAfterReply(Session& s) {
+  if (s.outbound.empty())
+    CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted,
+                 "closed after final reply");
+  else
+    s.close_after_flush = true;
+}
+
+}  // namespace membroker::broker
