@@ -46,7 +46,10 @@ Result<Client> Client::Connect(const ConnectOptions& options) {
   if (!sock.ok())
     return Status(ErrorCode::kNotConnected,
                   "cannot reach membrokerd at " + options.socket_path + ": " + sock.status().message());
-  auto core = std::make_shared<ClientCore>(std::move(*sock));
+  if (options.call_timeout_ms == 0)
+    return Status(ErrorCode::kParamInvalid, "call_timeout_ms must be positive (every wait has a bound)");
+  auto core = std::make_shared<ClientCore>(std::move(*sock),
+                                           std::chrono::milliseconds(options.call_timeout_ms));
   MB_RETURN_IF_ERROR(core->Handshake(options.client_name));
   return Client(std::move(core));
 }

@@ -52,7 +52,8 @@ inline Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "cl
 
 class ClientCore {
  public:
-  explicit ClientCore(ipc::UniqueFd sock) : conn_(std::move(sock)) {}
+  ClientCore(ipc::UniqueFd sock, std::chrono::milliseconds call_timeout)
+      : conn_(std::move(sock), call_timeout) {}
   ~ClientCore();
 
   // The first request on a connection: learns the client id and granularities.

@@ -1,5 +1,11 @@
 #include "connection.h"
 
+#include <poll.h>
+
+#include <algorithm>
+
+#include "membroker/ipc/syscall.h"
+
 namespace membroker::detail {
 
 Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request) {
@@ -30,6 +36,12 @@ void Connection::Deliver(ipc::Frame frame) {
     replies_.emplace(rid, Reply{std::move(env->body), std::move(frame.fds)});
     return;
   }
+  if (auto it = abandoned_.find(rid); it != abandoned_.end()) {
+    // Its caller gave up (TIMEOUT); its fds close with `frame`.
+    ReleaseLateGrant(it->second, env->body);
+    abandoned_.erase(it);
+    return;
+  }
   // A reply nobody waits for: the failure of a request sent with Notify().
   ++async_errors_;
   if (std::holds_alternative<ipc::ErrorReply>(env->body))
@@ -38,8 +50,23 @@ void Connection::Deliver(ipc::Frame frame) {
     last_async_error_ = Status(ErrorCode::kProtocolError, "unexpected reply from broker");
 }
 
-Result<Reply> Connection::Call(ipc::Message request) {
+void Connection::ReleaseLateGrant(const ipc::Message& request, const ipc::Message& reply) {
+  uint64_t handle = 0;
+  if (auto* m = std::get_if<ipc::MallocReply>(&reply)) handle = m->handle;
+  if (auto* m = std::get_if<ipc::ImportReply>(&reply)) handle = m->handle;
+  if (handle == 0) return;
+  if (std::holds_alternative<ipc::EngineImportRequest>(request))
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle});
+  else
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle});
+}
+
+Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker) {
   const uint64_t rid = next_rid_++;
+  const Clock::time_point deadline = Clock::now() + call_timeout_ + waits_in_broker;
+  // Only the request's type is kept for a late reply; the copy is cheap for
+  // the requests that grant something (their fields are a token or a name).
+  ipc::Message kind = request;
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   waiting_.insert(rid);
@@ -64,20 +91,41 @@ Result<Reply> Connection::Call(ipc::Message request) {
       waiting_.erase(rid);
       return broken_;
     }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      waiting_.erase(rid);
+      abandoned_.emplace(rid, std::move(kind));
+      return Status(ErrorCode::kTimeout,
+                    std::string("the broker did not answer ") + ipc::MessageName(kind) + " within " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           call_timeout_ + waits_in_broker)
+                                           .count()) +
+                        " ms (stopped or overloaded?)");
+    }
     if (reader_active_) {
-      cv_.wait(lk);
+      cv_.wait_until(lk, deadline);
       continue;
     }
     reader_active_ = true;
     lk.unlock();
+    // Read only once the socket has a frame, so the wait stays bounded.
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    pollfd p{sock_.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    const int poll_errno = errno;
     ipc::Frame frame;
-    Status st = ipc::RecvFrame(sock_.get(), &frame);
+    Status st;
+    if (ready > 0) st = ipc::RecvFrame(sock_.get(), &frame);
     lk.lock();
     reader_active_ = false;
-    if (st.ok())
-      Deliver(std::move(frame));
-    else
-      broken_ = Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
+    if (ready > 0) {
+      if (st.ok())
+        Deliver(std::move(frame));
+      else
+        broken_ = Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
+    } else if (ready < 0 && poll_errno != EINTR) {
+      broken_ = ipc::ErrnoStatus("poll", "broker socket", poll_errno);
+    }
     cv_.notify_all();
   }
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -27,11 +28,19 @@ struct Reply {
 
 class Connection {
  public:
-  explicit Connection(ipc::UniqueFd sock) : sock_(std::move(sock)) {}
+  using Clock = std::chrono::steady_clock;
+  // Every Call waits at most call_timeout for its reply (plus what the request
+  // itself asks to wait in the broker).
+  Connection(ipc::UniqueFd sock, std::chrono::milliseconds call_timeout)
+      : sock_(std::move(sock)), call_timeout_(call_timeout) {}
 
-  // Sends request and waits for its reply. An ErrorReply becomes its Status;
-  // a reply with the wrong number of fds is a protocol error.
-  Result<Reply> Call(ipc::Message request);
+  // Sends request and waits for its reply, at most call_timeout + waits_in_broker
+  // (the timeout of a Lookup, Connect or WaitEvents): TIMEOUT then, and the
+  // reply, if it still comes, is dropped - what it granted (an allocation,
+  // an import) is released at once. An ErrorReply becomes its Status; a reply
+  // with the wrong number of fds is a protocol error.
+  Result<Reply> Call(ipc::Message request,
+                     std::chrono::milliseconds waits_in_broker = std::chrono::milliseconds(0));
   // Sends request without waiting; a failure reply is counted later.
   Status Notify(ipc::Message request);
 
@@ -42,7 +51,11 @@ class Connection {
   Status Send(uint64_t rid, uint32_t flags, ipc::Message request);
   void Deliver(ipc::Frame frame);  // called with mu_ held
 
+  // A late reply to an abandoned call: release what it granted.
+  void ReleaseLateGrant(const ipc::Message& request_kind, const ipc::Message& reply);
+
   ipc::UniqueFd sock_;
+  const std::chrono::milliseconds call_timeout_;
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
 
@@ -51,6 +64,9 @@ class Connection {
   bool reader_active_ = false;
   Status broken_;  // set once the connection failed
   std::unordered_set<uint64_t> waiting_;
+  // Calls that timed out, by request id: the request (its type says what a
+  // late reply granted).
+  std::unordered_map<uint64_t, ipc::Message> abandoned_;
   std::unordered_map<uint64_t, Reply> replies_;
   uint64_t async_errors_ = 0;
   Status last_async_error_;

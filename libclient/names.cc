@@ -24,7 +24,8 @@ Status Client::Publish(const std::string& name, const PhysicalHandle& handle, ui
 Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
   if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
-  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::LookupRequest{name, Millis(timeout_ms)}));
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::LookupRequest{name, Millis(timeout_ms)},
+                                                             std::chrono::milliseconds(Millis(timeout_ms))));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "LookupRequest got a wrong reply");
   return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only, m->pinned,
@@ -57,7 +58,8 @@ Status Client::Subscribe(const std::string& prefix) {
 
 Result<NameEvents> Client::WaitEvents(int timeout_ms) {
   if (!core_) return detail::NotConnectedClient();
-  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::WaitEventsRequest{Millis(timeout_ms)}));
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::WaitEventsRequest{Millis(timeout_ms)},
+                                                             std::chrono::milliseconds(Millis(timeout_ms))));
   auto* m = std::get_if<ipc::EventsReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "WaitEventsRequest got a wrong reply");
   NameEvents out;

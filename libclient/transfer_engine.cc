@@ -385,7 +385,8 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
   }
   // The broker answers only with an engine whose process it knows is alive,
   // waiting up to timeout_ms for one to appear.
-  auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max(timeout_ms, 0))});
+  auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max(timeout_ms, 0))},
+                                   std::chrono::milliseconds(std::max(timeout_ms, 0)));
   if (!reply.ok()) return reply.status();
   auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
   if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply");

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <thread>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,48 @@ TEST(Lifecycle, FailedStartLeavesNoSocketFileBehind) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("another broker is serving"), std::string::npos) << r.output;
   EXPECT_FALSE(Exists(mine));
+}
+
+// A supervisor that cannot be told the broker is ready would wait for ever: a
+// --ready-fd that cannot be written is a failed start (exit 1, a reason, both
+// socket files removed), never a broker serving unannounced.
+TEST(Lifecycle, AnUnwritableReadyFdIsAFailedStart) {
+  char tmpl[] = "/tmp/membroker-ready.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, sock = dir + "/b.sock", admin = dir + "/b.admin";
+  auto r = RunBrokerExpectingExit({"--socket", sock, "--admin-socket", admin, "--ready-fd", "97"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot report readiness"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--ready-fd 97"), std::string::npos) << r.output;
+  EXPECT_FALSE(Exists(sock));
+  EXPECT_FALSE(Exists(admin));
+  ::rmdir(dir.c_str());
+}
+
+// A broker that stops answering but keeps its socket open (here: SIGSTOP)
+// gives every call TIMEOUT after call_timeout_ms, never a hang; once it runs
+// again, the late replies are dropped and what they granted is released.
+TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
+  BrokerProcess b;
+  ConnectOptions opt{b.socket(), "patient"};
+  opt.call_timeout_ms = 200;
+  auto c = Client::Connect(opt);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());  // the broker is stopped now
+  ASSERT_TRUE(WIFSTOPPED(status));
+  Status ping = c->Ping();
+  EXPECT_EQ(ping.code(), ErrorCode::kTimeout) << ping.ToString();
+  EXPECT_NE(ping.message().find("did not answer PingRequest"), std::string::npos) << ping.message();
+  auto h = c->MallocPhysical(1 << 20);
+  EXPECT_EQ(h.code(), ErrorCode::kTimeout);
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  // This call reads the two late replies first: the allocation is given back.
+  EXPECT_TRUE(c->Ping().ok());
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+  EXPECT_EQ(c->async_errors(), 0u);
+  EXPECT_EQ(b.Stat("clients_connected"), 1u);
 }
 
 TEST(Lifecycle, NonSocketFileAtThePathIsNotTouched) {

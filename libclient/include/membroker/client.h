@@ -108,6 +108,12 @@ struct NameEvents {
 struct ConnectOptions {
   std::string socket_path;
   std::string client_name;  // shown by `membrokerctl list clients`
+  // How long any call waits for the broker's reply, beyond the time the call
+  // itself asks the broker to wait (LookupNamed's, Connect's, WaitEvents'
+  // timeout): then it returns TIMEOUT. A broker that is stopped (SIGSTOP) or
+  // wedged but keeps its socket open cannot hang a caller for longer. Whatever
+  // a reply that still comes later granted is released at once.
+  uint32_t call_timeout_ms = 30000;
 };
 
 class PhysicalHandle {
