@@ -120,9 +120,9 @@ int RunStage(const std::string& socket, int stage, uint64_t frames) {
   if (!stats_region.ok()) return Die(name, "lookup stats", stats_region.status());
   auto heap = RegionHeap::Open(stats_region->map.data(), kStatsBytes);
   if (!heap.ok()) return Die(name, "open heap", heap.status());
-  auto* all_stats = heap->Find<PipelineStats>("stages");
-  if (all_stats == nullptr) return Die(name, "find stats", Status(ErrorCode::kNotFound, "no stage stats"));
-  StageStats* stats = all_stats->stage;
+  auto all_stats = heap->Find<PipelineStats>("stages");
+  if (!all_stats.ok()) return Die(name, "find stats", all_stats.status());
+  StageStats* stats = all_stats->object->stage;
   Region in_region, out_region;
   TensorRing in, out;
   if (stage > 0) {
@@ -150,8 +150,16 @@ int RunStage(const std::string& socket, int stage, uint64_t frames) {
       ++done_here;
     }
   } else {
-    auto* ledger = stage == 3 ? heap->Find<FrameLedger>("sink_ledger") : nullptr;
-    auto* totals = stage == 3 ? heap->Find<SinkTotals>("sink_totals") : nullptr;
+    FrameLedger* ledger = nullptr;
+    SinkTotals* totals = nullptr;
+    if (stage == 3) {
+      auto l = heap->Find<FrameLedger>("sink_ledger");
+      auto t = heap->Find<SinkTotals>("sink_totals");
+      if (!l.ok()) return Die(name, "find ledger", l.status());
+      if (!t.ok()) return Die(name, "find totals", t.status());
+      ledger = l->object;
+      totals = t->object;
+    }
     for (;;) {
       auto slot = in.AcquireForRead(kWaitMs);
       if (!slot.ok()) return Die(name, "acquire input", slot.status());
@@ -214,12 +222,15 @@ int RunZeroCopy(const std::string& socket, uint64_t frames, int kill_stage, doub
   }
   auto heap = RegionHeap::Create(regions[3].map.data(), kStatsBytes);
   if (!heap.ok()) return Die("pipeline", "heap", heap.status());
-  auto* all_stats = heap->Construct<PipelineStats>("stages");
-  StageStats* stats = all_stats ? all_stats->stage : nullptr;
-  auto* ledger = heap->Construct<FrameLedger>("sink_ledger", frames + 1, uint8_t{0}, heap->allocator<uint8_t>());
-  auto* totals = heap->Construct<SinkTotals>("sink_totals");
-  if (stats == nullptr || ledger == nullptr || totals == nullptr)
-    return Die("pipeline", "heap objects", Status(ErrorCode::kResourceExhausted, "heap too small"));
+  auto all_stats = heap->Construct<PipelineStats>("stages");
+  auto made_ledger = heap->Construct<FrameLedger>("sink_ledger", frames + 1, uint8_t{0}, heap->allocator<uint8_t>());
+  auto made_totals = heap->Construct<SinkTotals>("sink_totals");
+  if (!all_stats.ok()) return Die("pipeline", "heap objects", all_stats.status());
+  if (!made_ledger.ok()) return Die("pipeline", "heap objects", made_ledger.status());
+  if (!made_totals.ok()) return Die("pipeline", "heap objects", made_totals.status());
+  StageStats* stats = all_stats->object->stage;
+  FrameLedger* ledger = made_ledger->object;
+  SinkTotals* totals = made_totals->object;
   for (int i = 0; i < 3; ++i) (void)c->Publish(RingName(i), regions[i].handle);
   (void)c->Publish("pipeline/stats", regions[3].handle);
 

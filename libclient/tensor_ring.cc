@@ -37,9 +37,16 @@ struct TensorRing::Header {
   alignas(64) SlotMeta meta[1];            // `slots` entries
 };
 
+size_t TensorRing::DataOffset(uint32_t slots) {
+  return AlignUp(offsetof(Header, meta) + sizeof(SlotMeta) * slots);
+}
+
 size_t TensorRing::BytesFor(uint32_t slots, size_t slot_bytes) {
-  size_t header = AlignUp(offsetof(Header, meta) + sizeof(SlotMeta) * slots);
-  return header + AlignUp(slot_bytes) * slots;
+  // Saturates instead of wrapping: a size no region has.
+  const size_t aligned = AlignUp(slot_bytes);
+  if (aligned < slot_bytes || (slots != 0 && aligned > (SIZE_MAX - DataOffset(slots)) / slots))
+    return SIZE_MAX;
+  return DataOffset(slots) + aligned * slots;
 }
 
 Result<TensorRing> TensorRing::Create(void* base, size_t size, uint32_t slots, size_t slot_bytes) {
@@ -49,7 +56,7 @@ Result<TensorRing> TensorRing::Create(void* base, size_t size, uint32_t slots, s
   auto* h = static_cast<Header*>(base);
   h->slots = slots;
   h->slot_bytes = AlignUp(slot_bytes);
-  h->data_offset = AlignUp(offsetof(Header, meta) + sizeof(SlotMeta) * slots);
+  h->data_offset = DataOffset(slots);
   h->head.store(0);
   h->tail.store(0);
   h->last_frame.store(0);
@@ -57,15 +64,30 @@ Result<TensorRing> TensorRing::Create(void* base, size_t size, uint32_t slots, s
   h->tail_seq.store(0);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   h->magic = kMagic;  // last: Attach refuses a half-made ring
-  return TensorRing(h, static_cast<char*>(base) + h->data_offset);
+  return TensorRing(h, static_cast<char*>(base) + h->data_offset, slots, h->slot_bytes);
 }
 
 Result<TensorRing> TensorRing::Attach(void* base, size_t size) {
+  // Another process wrote this header: nothing in it is trusted until it is
+  // checked, and the geometry is copied out once, so a later scribble on the
+  // header cannot move a slot outside the region.
   auto* h = static_cast<Header*>(base);
-  if (base == nullptr || size < sizeof(Header) || h->magic != kMagic ||
-      BytesFor(h->slots, h->slot_bytes) > size)
+  if (base == nullptr || size < sizeof(Header) || h->magic != kMagic)
     return Status(ErrorCode::kParamInvalid, "no tensor ring at this address (or the region is too small)");
-  return TensorRing(h, static_cast<char*>(base) + h->data_offset);
+  const uint32_t slots = h->slots;
+  const uint64_t slot_bytes = h->slot_bytes;
+  if (slots == 0 || slot_bytes == 0 || slot_bytes % kAlign != 0 || h->data_offset != DataOffset(slots) ||
+      BytesFor(slots, slot_bytes) > size)
+    return Status(ErrorCode::kProtocolError,
+                  "the tensor ring's header is corrupt: " + std::to_string(slots) + " slots of " +
+                      std::to_string(slot_bytes) + " bytes at offset " + std::to_string(h->data_offset) +
+                      " do not fit a region of " + std::to_string(size) + " bytes");
+  const uint64_t head = h->head.load(), tail = h->tail.load();
+  if (tail > head || head - tail > slots)
+    return Status(ErrorCode::kProtocolError, "the tensor ring's positions are corrupt (published " +
+                                                 std::to_string(head) + ", released " +
+                                                 std::to_string(tail) + ")");
+  return TensorRing(h, static_cast<char*>(base) + DataOffset(slots), slots, slot_bytes);
 }
 
 Result<TensorRing::Slot> TensorRing::AcquireForWrite(int timeout_ms) {
@@ -74,9 +96,11 @@ Result<TensorRing::Slot> TensorRing::AcquireForWrite(int timeout_ms) {
   for (;;) {
     uint32_t seen = h_->tail_seq.load();
     uint64_t head = h_->head.load();
-    if (head - h_->tail.load() < h_->slots) {
-      size_t i = head % h_->slots;
-      return Slot{head, data_ + i * h_->slot_bytes, h_->slot_bytes, 0, 0};
+    uint64_t tail = h_->tail.load();
+    if (tail > head || head - tail > slots_) return Corrupt(head, tail);
+    if (head - tail < slots_) {
+      size_t i = head % slots_;
+      return Slot{head, data_ + i * slot_bytes_, slot_bytes_, 0, 0};
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, "the ring stayed full (is its consumer alive?)");
@@ -85,9 +109,9 @@ Result<TensorRing::Slot> TensorRing::AcquireForWrite(int timeout_ms) {
 }
 
 Status TensorRing::Publish(const Slot& slot, uint64_t frame_id, size_t bytes) {
-  if (h_ == nullptr || slot.sequence != h_->head.load() || bytes > h_->slot_bytes)
+  if (h_ == nullptr || slot.sequence != h_->head.load() || bytes > slot_bytes_)
     return Status(ErrorCode::kParamInvalid, "not the slot AcquireForWrite returned, or too many bytes");
-  h_->meta[slot.sequence % h_->slots] = SlotMeta{frame_id, bytes};
+  h_->meta[slot.sequence % slots_] = SlotMeta{frame_id, bytes};
   h_->last_frame.store(frame_id);
   h_->head.store(slot.sequence + 1);  // release: the slot's bytes and meta are visible first
   h_->head_seq.fetch_add(1);
@@ -101,10 +125,16 @@ Result<TensorRing::Slot> TensorRing::AcquireForRead(int timeout_ms) {
   for (;;) {
     uint32_t seen = h_->head_seq.load();
     uint64_t tail = h_->tail.load();
-    if (tail < h_->head.load()) {
-      size_t i = tail % h_->slots;
-      const SlotMeta& m = h_->meta[i];
-      return Slot{tail, data_ + i * h_->slot_bytes, h_->slot_bytes, m.frame_id, m.bytes};
+    uint64_t head = h_->head.load();
+    if (tail > head || head - tail > slots_) return Corrupt(head, tail);
+    if (tail < head) {
+      size_t i = tail % slots_;
+      const SlotMeta m = h_->meta[i];  // copied: the producer's process wrote it
+      if (m.bytes > slot_bytes_)
+        return Status(ErrorCode::kProtocolError, "slot " + std::to_string(tail) + " claims " +
+                                                     std::to_string(m.bytes) + " bytes in a slot of " +
+                                                     std::to_string(slot_bytes_));
+      return Slot{tail, data_ + i * slot_bytes_, slot_bytes_, m.frame_id, m.bytes};
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, "nothing was published in time (is the producer alive?)");
@@ -124,7 +154,12 @@ Status TensorRing::Release(const Slot& slot) {
 uint64_t TensorRing::last_published_frame() const { return h_ ? h_->last_frame.load() : 0; }
 uint64_t TensorRing::published() const { return h_ ? h_->head.load() : 0; }
 uint64_t TensorRing::released() const { return h_ ? h_->tail.load() : 0; }
-uint32_t TensorRing::slots() const { return h_ ? h_->slots : 0; }
-size_t TensorRing::slot_bytes() const { return h_ ? h_->slot_bytes : 0; }
+uint32_t TensorRing::slots() const { return slots_; }
+size_t TensorRing::slot_bytes() const { return slot_bytes_; }
+
+Status TensorRing::Corrupt(uint64_t head, uint64_t tail) {
+  return Status(ErrorCode::kProtocolError, "the tensor ring's positions are corrupt (published " +
+                                               std::to_string(head) + ", released " + std::to_string(tail) + ")");
+}
 
 }  // namespace membroker

@@ -3,6 +3,7 @@
 // SIGKILL, and the SPSC tensor ring with a consumer killed holding a slot.
 #include <csignal>
 #include <cstring>
+#include <vector>
 
 #include <boost/interprocess/containers/vector.hpp>
 #include <gtest/gtest.h>
@@ -50,13 +51,18 @@ TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
   Region region = CreateAndPublish(c, "heap/table");
   auto heap = RegionHeap::Create(region.map.data(), kRegion);
   ASSERT_TRUE(heap.ok()) << heap.status().ToString();
-  auto* v = heap->Construct<IntVector>("numbers", heap->allocator<int>());
-  ASSERT_NE(v, nullptr);
+  auto made = heap->Construct<IntVector>("numbers", heap->allocator<int>());
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_FALSE(made->previous_holder_died);
+  IntVector* v = made->object;
   {
     auto guard = heap->Lock();
+    ASSERT_TRUE(guard.ok());
     for (int i = 0; i < 1000; ++i) v->push_back(i);
   }
-  EXPECT_EQ(heap->Construct<IntVector>("numbers", heap->allocator<int>()), nullptr) << "names are unique";
+  EXPECT_EQ(heap->Construct<IntVector>("numbers", heap->allocator<int>()).code(), ErrorCode::kAlreadyExists)
+      << "names are unique";
+  EXPECT_EQ(heap->Find<IntVector>("absent").code(), ErrorCode::kNotFound);
   uintptr_t here = reinterpret_cast<uintptr_t>(region.map.data());
   pid_t child = ForkChild([&] {
     auto other = *Client::Connect({broker.socket(), "reader"});
@@ -66,8 +72,10 @@ TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
     if (reinterpret_cast<uintptr_t>(r->map.data()) == here) return 11;  // must prove address independence
     auto h = RegionHeap::Open(r->map.data(), kRegion);
     if (!h.ok()) return 12;
-    auto* found = h->Find<IntVector>("numbers");
-    if (found == nullptr || found->size() != 1000) return 13;
+    auto named = h->Find<IntVector>("numbers");
+    if (!named.ok() || named->previous_holder_died) return 13;
+    IntVector* found = named->object;
+    if (found->size() != 1000) return 13;
     long sum = 0;
     for (int x : *found) sum += x;
     if (sum != 999 * 1000 / 2) return 14;
@@ -104,8 +112,77 @@ TEST(RegionHeap, ALockHolderKilledDoesNotWedgeTheHeap) {
   ASSERT_EQ(ch.Receive(), "locked");
   ::kill(child, SIGKILL);
   EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+  // The next lock taker hears of it, through Find as through Lock.
+  auto found = heap.Find<IntVector>("absent");
+  EXPECT_EQ(found.code(), ErrorCode::kNotFound);
+  ASSERT_TRUE(heap.Construct<IntVector>("after", heap.allocator<int>()).ok());
+  pid_t second = ForkChild([&] {
+    auto other = *Client::Connect({broker.socket(), "holder2"});
+    Reservation elsewhere;
+    auto r = LookupAndMap(other, "heap/locked", &elsewhere);
+    if (!r.ok()) return 10;
+    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    auto g = h->Lock();
+    if (!g.ok()) return 12;
+    ::raise(SIGKILL);  // dies holding it again
+    return 11;
+  });
+  EXPECT_EQ(WaitChild(second), 128 + SIGKILL);
+  auto named = heap.Find<IntVector>("after");
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_TRUE(named->previous_holder_died);
   auto guard = heap.Lock();
-  EXPECT_TRUE(guard.previous_holder_died());
+  ASSERT_TRUE(guard.ok());
+  EXPECT_FALSE(guard.previous_holder_died());
+}
+
+// What another process wrote into a ring's header is not trusted: a header
+// whose geometry does not fit the region, impossible positions, or a slot
+// that claims more bytes than it holds are PROTOCOL_ERROR, never a read
+// outside the region. (The offsets are the header's layout in tensor_ring.cc:
+// magic 0, slots 8, slot_bytes 16, data_offset 24, published 64, released 128.)
+TEST(TensorRing, AttachValidatesWhatAnotherProcessWrote) {
+  constexpr uint32_t kSlots = 4;
+  constexpr size_t kSlotBytes = 4096;
+  const size_t bytes = TensorRing::BytesFor(kSlots, kSlotBytes);
+  std::vector<uint64_t> storage(bytes / 8 + 1);
+  char* base = reinterpret_cast<char*>(storage.data());
+  auto fresh = [&] { return TensorRing::Create(base, bytes, kSlots, kSlotBytes); };
+  auto put32 = [&](size_t at, uint32_t v) { std::memcpy(base + at, &v, sizeof(v)); };
+  auto put64 = [&](size_t at, uint64_t v) { std::memcpy(base + at, &v, sizeof(v)); };
+  ASSERT_TRUE(fresh().ok());
+  ASSERT_TRUE(TensorRing::Attach(base, bytes).ok());
+  EXPECT_EQ(TensorRing::Attach(base, bytes - 1).code(), ErrorCode::kProtocolError);  // too small
+  put32(8, 0);  // no slots: % 0 would crash
+  EXPECT_EQ(TensorRing::Attach(base, bytes).code(), ErrorCode::kProtocolError);
+  ASSERT_TRUE(fresh().ok());
+  put32(8, 0xffffffffu);  // more slots than the region holds
+  EXPECT_EQ(TensorRing::Attach(base, bytes).code(), ErrorCode::kProtocolError);
+  ASSERT_TRUE(fresh().ok());
+  put64(16, uint64_t{1} << 62);  // slot size that overflows
+  EXPECT_EQ(TensorRing::Attach(base, bytes).code(), ErrorCode::kProtocolError);
+  ASSERT_TRUE(fresh().ok());
+  put64(24, bytes);  // slots start past the end
+  EXPECT_EQ(TensorRing::Attach(base, bytes).code(), ErrorCode::kProtocolError);
+  ASSERT_TRUE(fresh().ok());
+  put64(64, 100);  // published far ahead of released
+  EXPECT_EQ(TensorRing::Attach(base, bytes).code(), ErrorCode::kProtocolError);
+
+  // After a good attach, a scribbled position or slot size is caught on use.
+  auto ring = fresh();
+  ASSERT_TRUE(ring.ok());
+  auto w = ring->AcquireForWrite(0);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(ring->Publish(*w, 1, 10).ok());
+  put64(64 + 64, 5);  // released beyond published
+  EXPECT_EQ(ring->AcquireForRead(0).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(ring->AcquireForWrite(0).code(), ErrorCode::kProtocolError);
+  put64(64 + 64, 0);
+  put32(8, 1 << 20);  // the header's slot count changes: the ring keeps its own
+  auto r = ring->AcquireForRead(0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes, 10u);
+  EXPECT_EQ(ring->slots(), kSlots);
 }
 
 TEST(TensorRing, FramesCrossProcessesInOrderAndAKilledConsumerLosesNone) {

@@ -33,7 +33,10 @@ class TensorRing {
   static size_t BytesFor(uint32_t slots, size_t slot_bytes);
   // Formats [base, base+size) as an empty ring.
   static Result<TensorRing> Create(void* base, size_t size, uint32_t slots, size_t slot_bytes);
-  // Attaches to a ring another process created (any address).
+  // Attaches to a ring another process created (any address). The header is
+  // validated (PROTOCOL_ERROR when its geometry does not fit the region or its
+  // positions are impossible), and every later read of what the other side
+  // wrote is bounds-checked.
   static Result<TensorRing> Attach(void* base, size_t size);
 
   TensorRing() = default;
@@ -54,10 +57,17 @@ class TensorRing {
   size_t slot_bytes() const;
 
  private:
+  // The layout in shared memory (tensor_ring.cc).
   struct Header;
-  TensorRing(Header* h, char* data) : h_(h), data_(data) {}
+  static size_t DataOffset(uint32_t slots);  // where the slots start
+  TensorRing(Header* h, char* data, uint32_t slots, size_t slot_bytes)
+      : h_(h), data_(data), slots_(slots), slot_bytes_(slot_bytes) {}
+  static Status Corrupt(uint64_t head, uint64_t tail);
   Header* h_ = nullptr;
   char* data_ = nullptr;
+  // Checked at Attach and kept here: the header's copies are never trusted again.
+  uint32_t slots_ = 0;
+  size_t slot_bytes_ = 0;
 };
 
 }  // namespace membroker
