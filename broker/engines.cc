@@ -230,4 +230,13 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&
   return r;
 }
 
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EnginePeersRequest&) {
+  auto it = engines_.find(s.engine);
+  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  ipc::EnginePeersReply r;
+  for (const auto& [peer_id, slot] : it->second.peers)
+    if (const Session* peer = FindSession(peer_id)) r.peers.push_back({slot, peer->cred.pid});
+  return r;
+}
+
 }  // namespace membroker::broker

@@ -10,13 +10,15 @@
 #include <map>
 #include <string>
 
+#include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/protocol.h"
 
 namespace membroker::broker {
 
 // Peers per engine: each connected peer owns one slot of the engine's control
-// block (a 4 KiB allocation: a header and 63 slots of 64 bytes).
-inline constexpr uint32_t kEngineSlots = 63;
+// block (membroker/ipc/engine_control.h).
+using ipc::kEngineSlots;
+static_assert(kEngineSlots == ipc::kMaxEnginePeers);
 inline constexpr size_t kMaxQueuedNotifies = 256;
 
 struct Engine {

@@ -198,6 +198,14 @@ struct Encoder {
     auto vec = b.CreateVector(es);
     return w::CreateEventsReply(b, vec, m.dropped).Union();
   }
+  fb::Offset<void> operator()(const EnginePeersRequest&) {
+    return w::CreateEnginePeersRequest(b).Union();
+  }
+  fb::Offset<void> operator()(const EnginePeersReply& m) {
+    std::vector<fb::Offset<w::EnginePeer>> ps;
+    for (const auto& p : m.peers) ps.push_back(w::CreateEnginePeer(b, p.slot, p.pid));
+    return w::CreateEnginePeersReply(b, b.CreateVector(ps)).Union();
+  }
   fb::Offset<void> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -486,6 +494,17 @@ Result<Message> Read(const w::ErrorReply* m) {
                : ErrorCode::kInternal;
   MB_RETURN_IF_ERROR(
       ReadString(m->message(), kMaxErrorMessageBytes, "message", &r.message));
+  return Message(std::move(r));
+}
+
+Result<Message> Read(const w::EnginePeersRequest*) { return Message(EnginePeersRequest{}); }
+
+Result<Message> Read(const w::EnginePeersReply* m) {
+  EnginePeersReply r;
+  if (auto ps = m->peers()) {
+    if (ps->size() > kMaxEnginePeers) return Malformed("too many engine peers");
+    for (const auto* p : *ps) r.peers.push_back({p->slot(), p->pid()});
+  }
   return Message(std::move(r));
 }
 

@@ -8,9 +8,12 @@
 // its busy counter, then reads the generation; if the generation is the one
 // its cached region list came from, it copies and drops the counter.
 // DeregisterMem tells the broker first, then bumps the generation, then waits
-// until every live peer's counter is zero. Both sides use sequentially
-// consistent atomics, so either the peer sees the new generation (and
-// refreshes its regions from the broker) or DeregisterMem sees it busy.
+// until the counter of every peer the broker says is connected is zero. Both
+// sides use sequentially consistent atomics, so either the peer sees the new
+// generation (and refreshes its regions from the broker) or DeregisterMem
+// sees it busy. The block's layout is membroker/ipc/engine_control.h; who the
+// peers are (slot, pid) comes from the broker, never from the block, and the
+// wait is bounded ("drain_timeout_ms").
 #include "membroker/transfer_engine.h"
 
 #include <signal.h>
@@ -33,6 +36,7 @@
 
 #include "client_core.h"
 #include "futex.h"
+#include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
@@ -43,25 +47,13 @@ namespace membroker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kControlMagic = 0x4d42454e;  // "MBEN"
 constexpr size_t kRegionAlign = 4096;
 constexpr size_t kCopyChunk = 1 << 20;             // deadline checks between chunks
 constexpr size_t kParallelCopyBytes = 8 << 20;     // below this one thread copies
 constexpr size_t kMaxIov = 1024;                   // IOV_MAX
 
-struct alignas(64) ControlSlot {
-  std::atomic<uint32_t> busy;  // transfers of this peer in flight
-  std::atomic<int32_t> pid;    // the peer's pid, so a dead peer is not waited for
-};
-struct ControlBlock {
-  std::atomic<uint32_t> magic;
-  std::atomic<uint32_t> generation;  // bumped when regions go away
-  std::atomic<uint32_t> draining;    // an owner is waiting for busy slots
-  uint8_t pad[52];
-  ControlSlot slots[63];
-};
-static_assert(sizeof(ControlBlock) == 4096);
-static_assert(std::atomic<uint32_t>::is_always_lock_free);
+using ControlBlock = ipc::EngineControlBlock;
+using ControlSlot = ipc::EngineControlSlot;
 
 bool PidAlive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -129,6 +121,17 @@ struct LocalRegion {
   size_t len = 0;
   uint64_t id = 0;
   bool read_only = false;
+  // Deregistered at the broker, but a peer was still inside a transfer when
+  // the drain timed out: the range stays locked here until a later
+  // DeregisterMem sees it drained.
+  bool draining = false;
+};
+
+// A peer the broker says is connected to this engine.
+struct ConnectedPeer {
+  uint32_t slot = 0;
+  pid_t pid = 0;
+  ipc::UniqueFd pidfd;  // opened while the broker vouched for the pid
 };
 
 struct RemoteMap {
@@ -202,8 +205,12 @@ class TransferEngine::Impl {
   Status CopyAll(std::vector<CopySegment>& segs, Clock::time_point deadline);
   Status CrossMemory(Peer& peer, TransferOp op, std::vector<iovec>& local, std::vector<iovec>& remote,
                      Clock::time_point deadline);
-  // Bumps our generation and waits until no live peer is inside a transfer.
-  void WaitForPeers();
+  // The peers the broker says are connected to this engine now.
+  Result<std::vector<ConnectedPeer>> ConnectedPeers();
+  // Bumps our generation and waits until none of `peers` is inside a
+  // transfer (or has exited), until deadline at most: TIMEOUT naming the
+  // peer that is still busy.
+  Status WaitForPeers(const std::vector<ConnectedPeer>& peers, Clock::time_point deadline);
   Result<void*> MapImported(const std::string& remote, uint64_t allocation, size_t* size);
   void ReleaseImported(void* base, size_t size, uint64_t allocation);
 
@@ -215,6 +222,7 @@ class TransferEngine::Impl {
   Reservation control_range_;
   Mapping control_map_;
   ControlBlock* control_ = nullptr;  // ours, mapped read-write
+  std::chrono::milliseconds drain_timeout_{10'000};
 
   std::shared_mutex local_mu_;  // shared: transfers; exclusive: deregistration
   std::map<uintptr_t, LocalRegion> local_;  // by address
@@ -236,23 +244,28 @@ Status TransferEngine::Impl::Initialize(const std::string& name,
   if (initialized_) return Status(ErrorCode::kAlreadyExists, "engine already initialized as \"" + name_ + "\"");
   if (name.empty() || name.size() > ipc::kMaxEngineNameBytes)
     return Status(ErrorCode::kParamInvalid, "engine name must be 1 to 128 bytes");
-  size_t copy_threads = 4, async_threads = 2;
+  size_t copy_threads = 4, async_threads = 2, drain_timeout_ms = 10'000;
   for (const auto& [key, value] : options) {
-    size_t* target = key == "copy_threads" ? &copy_threads : key == "async_threads" ? &async_threads : nullptr;
+    size_t* target = key == "copy_threads"       ? &copy_threads
+                     : key == "async_threads"    ? &async_threads
+                     : key == "drain_timeout_ms" ? &drain_timeout_ms
+                                                 : nullptr;
     if (target == nullptr) return Status(ErrorCode::kParamInvalid, "unknown engine option \"" + key + "\"");
+    const unsigned long max = target == &drain_timeout_ms ? 600'000 : 64;
     char* end = nullptr;
     unsigned long v = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || v < 1 || v > 64)
-      return Status(ErrorCode::kParamInvalid, "option " + key + " must be 1 to 64");
+    if (value.empty() || *end != '\0' || v < 1 || v > max)
+      return Status(ErrorCode::kParamInvalid, "option " + key + " must be 1 to " + std::to_string(max));
     *target = v;
   }
+  drain_timeout_ = std::chrono::milliseconds(drain_timeout_ms);
   // The control block: a 4 KiB allocation mapped here; peers map it too.
   MB_ASSIGN_OR_RETURN(PhysicalHandle h, client_.MallocPhysical(sizeof(ControlBlock)));
   MB_ASSIGN_OR_RETURN(Reservation range, client_.ReserveMemAddress(h.size()));
   MB_ASSIGN_OR_RETURN(Mapping map, client_.MapMem(range.base(), h.size(), 0, h));
   MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineInitRequest{name, h.id()}).status());
   control_ = map.as<ControlBlock>();
-  control_->magic.store(kControlMagic);
+  control_->magic.store(ipc::kEngineControlMagic);
   control_handle_ = std::move(h);
   control_range_ = std::move(range);
   control_map_ = std::move(map);
@@ -273,8 +286,10 @@ void TransferEngine::Impl::Finalize() {
   }
   for (const auto& n : names) (void)Disconnect(n, 60'000);
   std::unique_lock<std::shared_mutex> lk(local_mu_);
+  // Who may still be inside our memory: asked before the broker forgets them.
+  auto peers = ConnectedPeers();
   (void)core_->conn().Call(ipc::EngineFinalizeRequest{});
-  WaitForPeers();
+  if (peers.ok()) (void)WaitForPeers(*peers, Clock::now() + drain_timeout_);  // bounded either way
   for (const auto& [addr, r] : local_) core_->ForgetEngineRange(addr);
   local_.clear();
   copy_pool_.Stop();
@@ -285,17 +300,47 @@ void TransferEngine::Impl::Finalize() {
   initialized_ = false;
 }
 
-void TransferEngine::Impl::WaitForPeers() {
+Result<std::vector<ConnectedPeer>> TransferEngine::Impl::ConnectedPeers() {
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::EnginePeersRequest{}));
+  auto* m = std::get_if<ipc::EnginePeersReply>(&r.body);
+  if (m == nullptr) return Status(ErrorCode::kProtocolError, "EnginePeersRequest got a wrong reply");
+  std::vector<ConnectedPeer> out;
+  for (const ipc::EnginePeer& p : m->peers) {
+    if (p.slot >= ipc::kEngineSlots) return Status(ErrorCode::kProtocolError, "the broker named a slot out of range");
+    ConnectedPeer c{p.slot, p.pid, {}};
+    if (auto fd = ipc::PidfdOpenIfSupported(p.pid); fd.ok()) c.pidfd = std::move(*fd);
+    else continue;  // exited already: nothing to wait for
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Status TransferEngine::Impl::WaitForPeers(const std::vector<ConnectedPeer>& peers,
+                                          Clock::time_point deadline) {
   control_->generation.fetch_add(1);
   control_->draining.fetch_add(1);
-  for (ControlSlot& slot : control_->slots) {
+  Status st;
+  for (const ConnectedPeer& p : peers) {
+    ControlSlot& slot = control_->slots[p.slot];
     for (;;) {
       uint32_t busy = slot.busy.load();
-      if (busy == 0 || !PidAlive(slot.pid.load())) break;
-      detail::FutexWait(&slot.busy, busy, std::chrono::milliseconds(10));  // re-checks the pid every 10 ms
+      const bool alive = p.pidfd.valid() ? ipc::PidfdAlive(p.pidfd.get()) : PidAlive(p.pid);
+      if (busy == 0 || !alive) break;
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        st = Status(ErrorCode::kTimeout,
+                    "a peer engine (pid " + std::to_string(p.pid) + ") is still inside a transfer into this "
+                    "engine's memory after " + std::to_string(drain_timeout_.count()) +
+                    " ms (engine option drain_timeout_ms)");
+        break;
+      }
+      // Woken when the peer's last transfer ends; re-checks its pidfd every 10 ms.
+      detail::FutexWait(&slot.busy, busy, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(10)));
     }
+    if (!st.ok()) break;
   }
   control_->draining.fetch_sub(1);
+  return st;
 }
 
 Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle) {
@@ -330,8 +375,13 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
   auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& kv) { return kv.second.id == id; });
   if (it == local_.end())
     return Status(ErrorCode::kParamInvalid, "unknown MemHandle (never registered, or deregistered)");
-  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineDeregisterRequest{id}).status());
-  WaitForPeers();  // peers' transfers into it finish; later ones refresh and miss it
+  if (!it->second.draining) {
+    MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineDeregisterRequest{id}).status());
+    it->second.draining = true;  // gone at the broker; ours until the peers drain
+  }
+  // Peers' transfers into it finish; later ones refresh and miss it.
+  MB_ASSIGN_OR_RETURN(std::vector<ConnectedPeer> peers, ConnectedPeers());
+  MB_RETURN_IF_ERROR(WaitForPeers(peers, Clock::now() + drain_timeout_));
   core_->ForgetEngineRange(it->first);
   local_.erase(it);
   return Status::Ok();
@@ -407,9 +457,8 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
     return control.status();
   }
   peer->control = static_cast<ControlBlock*>(*control);
-  ControlSlot& slot = peer->control->slots[peer->slot % 63];
+  ControlSlot& slot = peer->control->slots[peer->slot % ipc::kEngineSlots];
   slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
-  slot.pid.store(::getpid());
   std::lock_guard<std::mutex> lk(peers_mu_);
   peers_[remote] = std::move(peer);
   return Status::Ok();
@@ -490,13 +539,13 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
     auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.len; });
-    if (d.len == 0 || it == local_.end())
+    if (d.len == 0 || it == local_.end() || it->second.draining)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
                                                   ": local range is empty or not inside memory this engine registered");
     if (op == READ && it->second.read_only)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
   }
-  ControlSlot& slot = peer->control->slots[peer->slot % 63];
+  ControlSlot& slot = peer->control->slots[peer->slot % ipc::kEngineSlots];
   for (int attempt = 0;; ++attempt) {
     bool retry = false;
     slot.busy.fetch_add(1);

@@ -15,6 +15,9 @@
 #include "broker_process.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
+#include "membroker/ipc/engine_control.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
 
 namespace membroker::testing {
 namespace {
@@ -454,6 +457,70 @@ TEST(Transfer, AnotherUsersEngineIsRefused) {
   EXPECT_EQ(local.engine->Connect("nobody", 1000).code(), ErrorCode::kPermissionDenied);
   ch.Send("exit");
   EXPECT_EQ(WaitChild(pid), 0);
+}
+
+// A same-uid peer that scribbles on this engine's control block (busy counters
+// for its own slot and others, a live pid where old layouts kept one) cannot
+// wedge DeregisterMem: the engine waits only for the peers the broker says
+// are connected, at most drain_timeout_ms, and a retry after the peer is gone
+// completes.
+TEST(TransferTest, AHostilePeerCannotWedgeDeregisterMem) {
+  BrokerProcess b;
+  auto owner = Client::Connect({b.socket(), "owner"});
+  ASSERT_TRUE(owner.ok());
+  TransferEngine engine(*owner);
+  ASSERT_TRUE(engine.Initialize("victim", {{"drain_timeout_ms", "300"}}).ok());
+  Region region = MakeRegion(*owner, kSize, /*pageable=*/false);
+  MemHandle handle = nullptr;
+  ASSERT_TRUE(engine.RegisterMem({reinterpret_cast<uintptr_t>(region.data()), kSize}, MEM_HOST, handle).ok());
+
+  Channel ch;
+  pid_t evil = ForkChild([&] {
+    ch.AsChild();
+    using namespace ipc;
+    auto sock = ConnectSeqpacket(b.socket());
+    if (!sock.ok()) return 10;
+    uint64_t rid = 1;
+    auto call = [&](Message m, Frame* f) -> Result<Envelope> {
+      auto bytes = Encode({kProtocolVersion, rid++, 0, std::move(m)});
+      MB_RETURN_IF_ERROR(SendFrame(sock->get(), bytes, {}));
+      MB_RETURN_IF_ERROR(RecvFrame(sock->get(), f));
+      return Decode(f->bytes);
+    };
+    Frame f;
+    if (!call(HelloRequest{"evil"}, &f).ok()) return 11;
+    auto control = call(MallocRequest{4096}, &f);
+    if (!control.ok() || !std::holds_alternative<MallocReply>(control->body)) return 12;
+    const uint64_t own_control = std::get<MallocReply>(control->body).handle;
+    if (!call(EngineInitRequest{"evil", own_control}, &f).ok()) return 13;
+    auto info = call(EngineConnectRequest{"victim", 1000}, &f);
+    if (!info.ok() || !std::holds_alternative<EngineInfoReply>(info->body)) return 14;
+    const auto& i = std::get<EngineInfoReply>(info->body);
+    auto imported = call(EngineImportRequest{"victim", i.control_allocation}, &f);
+    if (!imported.ok() || f.fds.size() != 1) return 15;
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0].get(), 0);
+    if (p == MAP_FAILED) return 16;
+    auto* block = static_cast<EngineControlBlock*>(p);
+    for (uint32_t s = 0; s < kEngineSlots; ++s) {
+      block->slots[s].busy.store(1);  // "inside a transfer", in every slot
+      block->slots[s].unused = 1;     // where a pid used to be trusted: init's
+    }
+    ch.Send("scribbled");
+    ch.Receive();  // stays alive, connected and "busy" until killed
+    return 0;
+  });
+  ch.AsParent();
+  ASSERT_EQ(ch.Receive(), "scribbled");
+  Status st = engine.DeregisterMem(handle);
+  EXPECT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
+  EXPECT_NE(st.message().find("pid " + std::to_string(evil)), std::string::npos) << st.message();
+  // The range stays locked while it may still be written: no unmap yet.
+  EXPECT_EQ(owner->UnmapMem(region.map).code(), ErrorCode::kBusy);
+  ::kill(evil, SIGKILL);
+  EXPECT_EQ(WaitChild(evil), 128 + SIGKILL);
+  EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);
+  EXPECT_TRUE(engine.DeregisterMem(handle).ok());
+  EXPECT_EQ(engine.DeregisterMem(handle).code(), ErrorCode::kParamInvalid);
 }
 
 }  // namespace

@@ -54,6 +54,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
       PublishRequest{"pipeline/ring0", 7, kPublishReadOnly | kPublishPersist},
       LookupRequest{"pipeline/ring0", 2500},
       UnpublishRequest{"pipeline/ring0"},
+      EnginePeersRequest{},
+      EnginePeersReply{{{3, 4242}, {62, 7}}},
       ListNamesRequest{"pipeline/"},
       ListNamesReply{{{"pipeline/ring0", 7, 1 << 20, true, true, 4242}}, true},
       SubscribeRequest{"pipeline/"},

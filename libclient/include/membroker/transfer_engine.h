@@ -66,7 +66,9 @@ class TransferEngine {
   // Registers local_engine_name with the broker (unique per broker: a live name
   // gives ALREADY_EXISTS). Options: "copy_threads" (threads that split large
   // memcpy batches, default 4), "async_threads" (threads that run
-  // TransferAsync requests, default 2); an unknown option is PARAM_INVALID.
+  // TransferAsync requests, default 2), "drain_timeout_ms" (how long
+  // DeregisterMem and Finalize wait for connected peers' transfers into this
+  // engine's memory, default 10000); an unknown option is PARAM_INVALID.
   Status Initialize(const std::string& local_engine_name,
                     const std::map<std::string, std::string>& options = {});
   // Disconnects every peer, waits for transfers in flight (ours, and peers'
@@ -78,8 +80,10 @@ class TransferEngine {
   // HostRegister range. The range cannot be unmapped, protected below
   // read-write or host-unregistered until DeregisterMem (BUSY).
   Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
-  // Waits for transfers that may use the memory - this engine's and connected
-  // peers' - then forgets it.
+  // Waits for transfers that may use the memory - this engine's and those of
+  // the peers the broker says are connected - then forgets it. TIMEOUT when a
+  // peer is still inside a transfer after drain_timeout_ms: the range stays
+  // locked (not unmappable) and a later call waits again.
   Status DeregisterMem(MemHandle handle);
 
   // Waits up to timeout_ms for remote_engine to appear (TIMEOUT otherwise).

@@ -49,7 +49,9 @@
   X(ListNamesReply, Reply, 0)           \
   X(SubscribeRequest, Request, 0)       \
   X(WaitEventsRequest, Request, 0)      \
-  X(EventsReply, Reply, 0)
+  X(EventsReply, Reply, 0)              \
+  X(EnginePeersRequest, Request, 0)     \
+  X(EnginePeersReply, Reply, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

@@ -31,6 +31,7 @@ inline constexpr size_t kMaxNotifiesPerReply = 32;
 inline constexpr size_t kMaxObjectNameBytes = 256;
 inline constexpr size_t kMaxNamesPerReply = 128;
 inline constexpr size_t kMaxEventsPerReply = 64;
+inline constexpr size_t kMaxEnginePeers = 63;  // = kEngineSlots (engine_control.h)
 
 // Publish flags.
 inline constexpr uint32_t kPublishReadOnly = 1u << 0;
@@ -266,6 +267,18 @@ struct EventsReply {
   std::vector<NameEvent> events;
   uint64_t dropped = 0;
   bool operator==(const EventsReply&) const = default;
+};
+struct EnginePeersRequest {
+  bool operator==(const EnginePeersRequest&) const = default;
+};
+struct EnginePeer {
+  uint32_t slot = 0;
+  int32_t pid = 0;
+  bool operator==(const EnginePeer&) const = default;
+};
+struct EnginePeersReply {
+  std::vector<EnginePeer> peers;
+  bool operator==(const EnginePeersReply&) const = default;
 };
 struct PingRequest {
   bool operator==(const PingRequest&) const = default;
