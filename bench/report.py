@@ -138,7 +138,10 @@ if steps:
     md += ["", "memfd+fd pays one wake-up and the read; membroker adds the import's broker round trip",
            "and the reserve/map calls. Compare the round trip with Ping in the control-path table."]
 md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPACKET echo server", "",
-       "The peer is a one-process poll() echo server driven by the same client processes.", "",
+       "The peer is a one-process poll() echo server driven by the same client processes.",
+       "Both serve sessions in turns: the broker ends a session's turn with its first answered",
+       "request, as the echo server answers one datagram per connection per poll(), so p50 and",
+       "p99 say how long every client waits, not how fast a few are served again and again.", "",
        "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs |",
        "| --- | --- | --- | --- | --- | --- |"]
 for t in (x for x in load if x["bench"] == "throughput"):
@@ -342,10 +345,14 @@ goal("throughput", "16 clients: >= 0.7x the echo server's requests/s",
      "the broker does more per request than the echo server (libuv poll, decode, dispatch, encode: "
      f"{instr.get('ping', '?')} user-space instructions per ping, instructions table) on the same 2 cores as "
      "the 16 clients, which keep both busy" + ping_cpu())
-t256 = next((t for t in load if t["bench"] == "throughput" and t["clients"] == 256), None)
-if t256:
-    goal_rows.append(("throughput", "256 clients: report p99", f"{t256['broker_p99_us']:.0f} µs "
-                      f"(echo {t256['echo_p99_us']:.0f} µs)", "reported", ""))
+for n in (64, 256):
+    tn = next((t for t in load if t["bench"] == "throughput" and t["clients"] == n), None)
+    r = None if tn is None or not tn["echo_p99_us"] else tn["broker_p99_us"] / tn["echo_p99_us"]
+    goal("fairness", f"{n} clients: p99 within 1.2x of the echo server's",
+         None if r is None else f"{r:.2f}x ({tn['broker_p99_us']:.0f} / {tn['echo_p99_us']:.0f} µs)",
+         r is not None and r <= 1.2,
+         "a session's turn ends with its first answered request (broker/sessions.cc); one quick run's "
+         "p99 of 0.7 s per case moves by tens of percent between runs on 2 shared cores")
 c100 = next((c for c in load if c["bench"] == "crash_cleanup" and c["allocations"] == 100), None)
 goal("crash cleanup", "100 allocations (+ 100 imports): p99 < 10 ms",
      None if c100 is None else f"{c100['p99_ms']:.2f} ms", c100 is not None and c100["p99_ms"] < 10,

@@ -41,6 +41,7 @@ struct Session {
   bool close_after_flush = false;
   bool polling_writable = false;
   uint32_t inflight = 0;        // requests handed to worker threads
+  uint64_t frames_sent = 0;     // replies and events sent (a turn ends with one)
   Ledger ledger;
   Usage usage;                            // charged to this client (see accounting.h)
   std::map<uint64_t, uint64_t> host_regs;  // HostRegister: address -> size

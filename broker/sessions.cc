@@ -16,8 +16,12 @@
 namespace membroker::broker {
 
 namespace {
-// Frames read from one client per wakeup, so one busy client cannot starve others.
-constexpr int kFramesPerWakeup = 64;
+// Fairness: a session's turn in the loop ends with the first request that was
+// answered, so a client that sends its next request the moment its reply
+// arrives waits for the others' turns like everyone else, instead of being
+// served again and again in one wakeup. Requests answered only on failure
+// (NO_REPLY_ON_SUCCESS frees) do not end the turn, up to this many per turn.
+constexpr int kFramesPerTurn = 64;
 }  // namespace
 
 void Broker::Accept() {
@@ -98,7 +102,7 @@ void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
 
 void Broker::ReadFrames(Session& s) {
   ipc::Frame frame;
-  for (int i = 0; i < kFramesPerWakeup && !s.closing; ++i) {
+  for (int i = 0; i < kFramesPerTurn && !s.closing; ++i) {
     bool would_block = false;
     Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
     if (would_block) return;
@@ -113,13 +117,16 @@ void Broker::ReadFrames(Session& s) {
       }
       return;
     }
+    const uint64_t sent_before = s.frames_sent;
     HandleFrame(s, std::move(frame));
+    if (s.frames_sent != sent_before) return;  // answered: the turn ends (level-triggered poll comes back)
   }
 }
 
 void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
                   std::span<const int> fds) {
   if (s.closing) return;
+  ++s.frames_sent;
   ipc::Envelope env{ipc::kProtocolVersion, request_id, 0, std::move(body)};
   std::vector<uint8_t> bytes = ipc::Encode(env);
   if (s.outbound.empty()) {
