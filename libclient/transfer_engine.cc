@@ -171,7 +171,7 @@ struct AsyncRequest {
 
 }  // namespace
 
-class TransferEngine::Impl {
+class __attribute__((visibility("hidden"))) TransferEngine::Impl {
  public:
   Impl(const Client& client, std::shared_ptr<detail::ClientCore> core)
       : client_(client), core_(std::move(core)) {}

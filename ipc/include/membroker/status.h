@@ -9,6 +9,10 @@
 #include <utility>
 #include <variant>
 
+// libmembroker.so is built with hidden visibility: only what is marked
+// MEMBROKER_API (the public API) is exported.
+#define MEMBROKER_API [[gnu::visibility("default")]]
+
 namespace membroker {
 
 enum class ErrorCode : int32_t {
@@ -35,9 +39,9 @@ enum class ErrorCode : int32_t {
 };
 
 // "PARAM_INVALID" etc.; "UNKNOWN" for codes this build does not know.
-std::string_view ErrorCodeName(ErrorCode code);
+MEMBROKER_API std::string_view ErrorCodeName(ErrorCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] MEMBROKER_API Status {
  public:
   Status() = default;
   Status(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}

@@ -116,7 +116,7 @@ struct ConnectOptions {
   uint32_t call_timeout_ms = 30000;
 };
 
-class PhysicalHandle {
+class MEMBROKER_API PhysicalHandle {
  public:
   PhysicalHandle() = default;
   ~PhysicalHandle();
@@ -153,7 +153,7 @@ class PhysicalHandle {
   uint32_t export_flags_ = 0;  // the flags export_token_ was made with
 };
 
-class Reservation {
+class MEMBROKER_API Reservation {
  public:
   Reservation() = default;
   ~Reservation();
@@ -175,7 +175,7 @@ class Reservation {
   size_t size_ = 0;
 };
 
-class Mapping {
+class MEMBROKER_API Mapping {
  public:
   Mapping() = default;
   ~Mapping();
@@ -198,7 +198,7 @@ class Mapping {
   uint64_t map_id_ = 0;
 };
 
-class Client {
+class MEMBROKER_API Client {
  public:
   // Connects and completes the handshake: one round trip.
   static Result<Client> Connect(const ConnectOptions& options);

@@ -19,7 +19,7 @@
 
 namespace membroker {
 
-class TensorRing {
+class MEMBROKER_API TensorRing {
  public:
   struct Slot {
     uint64_t sequence = 0;  // position in the ring's history (0, 1, 2, ...)

@@ -54,7 +54,7 @@ struct Notify {
 using MemHandle = void*;        // from RegisterMem; never dereferenced
 using TransferReq = uint64_t;   // from TransferAsync
 
-class TransferEngine {
+class MEMBROKER_API TransferEngine {
  public:
   // The engine talks to the broker over client's connection (shared, not
   // consumed). One engine per Client.
