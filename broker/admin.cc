@@ -33,7 +33,7 @@ size_t OpenFdCount() {
 // Stats whose values only grow: Prometheus counters.
 bool IsCounter(const std::string& key) {
   static const char* kCounters[] = {
-      "clients_total", "clients_crashed", "clients_kicked", "clients_refused",
+      "clients_total", "clients_crashed", "clients_kicked", "clients_refused", "connections_refused",
       "allocations_created", "allocations_freed", "exports_created", "imports",
       "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
       "protocol_errors", "huge_fallbacks"};
@@ -60,6 +60,8 @@ Record Broker::StatsRecord() const {
       .Num("clients_kicked", Closes(CloseWhy::kProtocolViolation) + Closes(CloseWhy::kSlowReader) +
                                  Closes(CloseWhy::kKicked))
       .Num("clients_refused", counters_.clients_refused)
+      .Num("clients_handshaking", Handshaking())
+      .Num("connections_refused", counters_.connections_refused)
       .Num("allocations_live", table_.all().size())
       .Num("allocations_4k", by_page[0])
       .Num("allocations_2m", by_page[1])
@@ -88,7 +90,8 @@ Record Broker::StatsRecord() const {
       .Num("requests", counters_.requests)
       .Num("errors_sent", counters_.errors_sent)
       .Num("protocol_errors", counters_.protocol_errors)
-      .Num("open_fds", OpenFdCount());
+      .Num("open_fds", OpenFdCount())
+      .Num("fd_limit", FdLimit());
   return r;
 }
 

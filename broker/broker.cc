@@ -105,6 +105,14 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   b->loop_.data = b.get();
   MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->background_timer_)));
   b->background_timer_.data = b.get();
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->handshake_timer_)));
+  b->handshake_timer_.data = b.get();
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->listen_retry_timer_)));
+  b->listen_retry_timer_.data = b.get();
+  // Kept for the moment the broker runs out of fds: closing it makes room to
+  // accept a connection and refuse it with a reason.
+  b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!b->reserve_fd_) return ipc::ErrnoStatus("open", "/dev/null (the reserve fd)", errno);
   MB_RETURN_IF_ERROR(b->Listen());
   MB_RETURN_IF_ERROR(b->ListenAdmin());
   b->FillPools();  // before READY: a ready broker serves pooled sizes at once
@@ -192,7 +200,7 @@ Status Broker::Run() {
 void Broker::Stop() {
   if (stopping_) return;
   stopping_ = true;
-  uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);  // stops it even if paused
   uv_close(reinterpret_cast<uv_handle_t*>(&admin_pipe_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
@@ -205,6 +213,8 @@ void Broker::Stop() {
   CloseAdminConnections(&loop_, reinterpret_cast<uv_handle_t*>(&admin_pipe_));
   RunBackground();  // deferred returns go now; refills do not (stopping_)
   uv_close(reinterpret_cast<uv_handle_t*>(&background_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&handshake_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&listen_retry_timer_), nullptr);
 }
 
 void Broker::OnListenReadable(uv_poll_t* h, int status, int) {

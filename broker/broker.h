@@ -33,6 +33,7 @@ namespace membroker::broker {
 struct BrokerCounters {
   uint64_t clients_total = 0;
   uint64_t clients_refused = 0;  // not admitted by the uid/gid policy
+  uint64_t connections_refused = 0;  // turned away at accept (out of fds, handshake backlog, full)
   uint64_t released_on_disconnect = 0;
   uint64_t requests = 0;
   uint64_t errors_sent = 0;
@@ -121,11 +122,11 @@ class Broker {
   void Flush(Session& s);
   // Why a connection ended, as the caller saw it...
   enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
-                           kBrokerStopping, kIoError };
+                           kBrokerStopping, kIoError, kHandshakeTimeout, kRefused };
   // ...and as the logs and counters say it (a peer's close is clean after a
   // goodbye, a crash otherwise). Counted per kind; stats derive from these.
   enum class CloseWhy { kClean, kCrash, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
-                        kBrokerStopping, kIoError, kCount };
+                        kBrokerStopping, kIoError, kHandshakeTimeout, kRefused, kCount };
   static const char* CloseWhyName(CloseWhy why);
   uint64_t Closes(CloseWhy why) const { return closes_[static_cast<size_t>(why)]; }
   // The one end of a session, whatever the reason (session_end.cc).
@@ -141,13 +142,29 @@ class Broker {
  private:
   // Sends a reply; fds are borrowed (duplicated only if the reply must queue).
   void Send(Session& s, uint64_t request_id, ipc::Message body, std::span<const int> fds = {});
-  void CloseAfterReply(Session& s);
+  void CloseAfterReply(Session& s, CloseReason reason = CloseReason::kProtocolViolation);
   void SendError(Session& s, uint64_t request_id, const Status& st);
   Session* FindSession(uint64_t id);
   // True if the session's process has exited: its remaining frames and the
   // end of its socket are read now, so the names it held are free at once.
   bool ReapIfExited(uint64_t session_id);
   bool Admits(const Session& s) const;
+
+  // Admission at the limits (admission.cc).
+  // Sends `why` (request id 0) on a connection it will not serve, then closes it.
+  void Refuse(ipc::UniqueFd conn, const char* reason, const Status& why);
+  // accept() failed for lack of fds: refuses one pending connection with the
+  // reserve fd; false when none could be taken (the listener pauses).
+  bool RefuseForLackOfFds(int err);
+  void PauseListening();
+  // Counts a refusal; logs it unless one was logged in the last second.
+  void LogRefusal(const char* reason, const std::string& detail);
+  size_t Handshaking() const;  // connections that have not said hello
+  size_t Handshaken() const;
+  void ArmHandshakeTimer();
+  // Closes the connection that has waited longest for its hello.
+  void EvictOldestHandshaking();
+  void CloseSilentSessions();
 
   // Requests (requests.cc, engines.cc, names.cc). HandleFrame decodes a frame
   // and hands it to the Handle overload of its message type; each returns
@@ -252,6 +269,14 @@ class Broker {
   uv_poll_t listen_poll_{};
   ipc::UniqueFd listen_fd_;
   bool socket_bound_ = false;  // our socket file exists and is ours to unlink
+  ipc::UniqueFd reserve_fd_;    // closed to accept-and-refuse when out of fds
+  bool listening_paused_ = false;
+  uv_timer_t listen_retry_timer_{};
+  uv_timer_t handshake_timer_{};
+  struct {
+    uint64_t window_start = 0;  // uv_now() of the last refusal logged
+    uint64_t suppressed = 0;    // refusals since, not logged
+  } refusal_log_;
   uv_pipe_t admin_pipe_{};
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};
@@ -276,6 +301,9 @@ class Broker {
   // worker closes it all (see CloseSession).
   ReturnBatch* return_batch_ = nullptr;
 };
+
+// The open-file limit the broker runs under (RLIMIT_NOFILE, soft).
+uint64_t FdLimit();
 
 // Closes every admin connection on loop except the listener (at shutdown).
 void CloseAdminConnections(uv_loop_t* loop, uv_handle_t* listener);

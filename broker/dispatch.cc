@@ -55,7 +55,9 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   if (!answer.status.ok()) {
     if (answer.status.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
     SendError(s, rid, answer.status);
-    if (first_hello) CloseAfterReply(s);  // a failed handshake ends the connection
+    if (first_hello)  // a failed handshake ends the connection
+      CloseAfterReply(s, answer.status.code() == ErrorCode::kResourceExhausted ? CloseReason::kRefused
+                                                                              : CloseReason::kProtocolViolation);
     return;
   }
   if (answer.deferred) return;

@@ -19,7 +19,11 @@ const char kUsage[] =
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
     "  --max-pinned-bytes SIZE  budget for pinned memory; default: an eighth of RAM\n"
-    "  --max-clients N          clients connected at once (default 1024)\n"
+    "  --max-clients N          clients connected at once, past their handshake (default 1024);\n"
+    "                           as many more may wait for their handshake\n"
+    "  --handshake-timeout-ms MS close connections that send no hello within MS (default 5000)\n"
+    "  --max-outbound-bytes SIZE replies waiting for one client that does not read (default 4M)\n"
+    "  --max-outbound-total SIZE replies waiting for all such clients together (default 256M)\n"
     "  --quota-client SPEC      per-client quota, e.g. bytes=1G,pinned=64M,allocations=1000,imports=100\n"
     "  --quota-uid UID:SPEC     per-uid quota for UID, or 'default:SPEC' for every other uid\n"
     "  --pool SIZE:POLICY:COUNT keep COUNT allocations of SIZE ready (POLICY: normal, huge-first,\n"
@@ -74,6 +78,15 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "max-clients") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a positive count");
     o->max_clients = n;
+  } else if (key == "handshake-timeout-ms") {
+    if (!ParseSize(value, &n) || n == 0 || n > 600000) return Bad(key, value, "milliseconds, 1 to 600000");
+    o->handshake_timeout_ms = static_cast<uint32_t>(n);
+  } else if (key == "max-outbound-bytes") {
+    if (!ParseSize(value, &n) || n < 65536) return Bad(key, value, "a size of at least 64K");
+    o->max_outbound_bytes = n;
+  } else if (key == "max-outbound-total") {
+    if (!ParseSize(value, &n) || n < 65536) return Bad(key, value, "a size of at least 64K");
+    o->max_outbound_total_bytes = n;
   } else if (key == "background-delay-ms") {
     if (!ParseSize(value, &n) || n > 60000) return Bad(key, value, "milliseconds, 0 to 60000");
     o->background_delay_ms = static_cast<uint32_t>(n);

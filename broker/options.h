@@ -25,8 +25,13 @@ struct Options {
   int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
   uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
   uint64_t max_pinned_bytes = 0;        // broker-wide pinned budget; 0 = an eighth of RAM
-  size_t max_clients = 1024;
-  size_t max_outbound_frames = 1024;    // a client that does not read is dropped
+  size_t max_clients = 1024;            // clients past their handshake
+  // Connections that have not sent their hello: at most max_clients of them
+  // at once, each closed if it has not within this time.
+  uint32_t handshake_timeout_ms = 5000;
+  size_t max_outbound_frames = 1024;    // a client that does not read is dropped...
+  uint64_t max_outbound_bytes = 4ull << 20;          // ...or when this many bytes wait for it
+  uint64_t max_outbound_total_bytes = 256ull << 20;  // replies waiting for all slow readers
   size_t max_inflight_per_client = 64;  // concurrent slow requests per client
   uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
   // Pool refills and returns of freed pages wait until takes and frees have

@@ -39,6 +39,12 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
     return Status(ErrorCode::kVersionMismatch,
                   "broker speaks protocol " + std::to_string(ipc::kProtocolVersion) +
                       ", client speaks " + std::to_string(m.protocol_version));
+  if (Handshaken() >= options_.max_clients) {
+    ++counters_.connections_refused;
+    return Status(ErrorCode::kResourceExhausted,
+                  "the broker serves " + std::to_string(options_.max_clients) +
+                      " clients already (--max-clients); try again later");
+  }
   s.hello_done = true;
   s.name = m.client_name;
   ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}};

@@ -35,10 +35,12 @@ struct Session {
   bool admitted = false;      // passed the uid/gid policy
   std::string name;
   std::chrono::system_clock::time_point connected_since;
+  uint64_t accepted_ms = 0;  // uv_now() at accept: the handshake deadline counts from here
   bool hello_done = false;
   bool said_goodbye = false;    // a clean exit; anything else is counted as a crash
   bool closing = false;         // uv_close has been called
   bool close_after_flush = false;
+  int close_reason = 1;         // Broker::CloseReason once the queue is flushed
   bool polling_writable = false;
   uint32_t inflight = 0;        // requests handed to worker threads
   uint64_t frames_sent = 0;     // replies and events sent (a turn ends with one)

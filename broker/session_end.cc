@@ -21,13 +21,15 @@
 
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/pidfd.h"
 
 namespace membroker::broker {
 
 const char* Broker::CloseWhyName(CloseWhy why) {
   static const char* kNames[] = {"clean",        "crash",           "protocol_violation",
                                  "slow_reader",  "kicked",          "not_admitted",
-                                 "broker_stopping", "io_error"};
+                                 "broker_stopping", "io_error", "handshake_timeout",
+                                 "refused"};
   static_assert(std::size(kNames) == static_cast<size_t>(CloseWhy::kCount));
   return kNames[static_cast<size_t>(why)];
 }
@@ -35,6 +37,10 @@ const char* Broker::CloseWhyName(CloseWhy why) {
 void Broker::CloseSession(Session& s, CloseReason reason, const std::string& detail) {
   if (s.closing) return;
   s.closing = true;
+  // A peer whose process is gone crashed, whatever the last read returned
+  // (a reset, an error): it is counted and logged as a crash.
+  if (reason == CloseReason::kIoError && !s.said_goodbye && !ipc::PidfdAlive(s.pidfd.get()))
+    reason = CloseReason::kPeerClosed;
   CloseWhy why = static_cast<CloseWhy>(static_cast<int>(reason) + 1);
   if (reason == CloseReason::kPeerClosed) why = s.said_goodbye ? CloseWhy::kClean : CloseWhy::kCrash;
   ++closes_[static_cast<size_t>(why)];

@@ -28,20 +28,33 @@ void Broker::Accept() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        MB_ERROR("accept_failed", "error=\"%s\"", std::strerror(errno));
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EMFILE || err == ENFILE) {
+        if (RefuseForLackOfFds(err)) continue;  // one refused; more may wait
+        return;
+      }
+      LogRefusal("accept_failed", std::strerror(err));
       return;
     }
     ipc::UniqueFd conn(fd);
-    if (sessions_.size() >= options_.max_clients) {
-      MB_WARN("refused", "reason=max_clients connected=%zu", sessions_.size());
-      continue;  // closing it tells the client
-    }
+    // Clients past their handshake are capped at --max-clients (at Hello);
+    // as many more may be waiting for theirs. When that many wait, the one
+    // waiting longest makes room: silent connections cannot lock out a
+    // client that says hello at once.
+    if (Handshaking() >= options_.max_clients) EvictOldestHandshaking();
     auto cred = ipc::GetPeerCred(conn.get());
     if (!cred.ok()) continue;
     auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
-    if (!pidfd.ok()) continue;  // it exited already
+    if (!pidfd.ok()) {
+      if (pidfd.code() == ErrorCode::kResourceExhausted)  // EMFILE: we cannot follow its process
+        Refuse(std::move(conn), "out_of_fds",
+               Status(ErrorCode::kResourceExhausted,
+                      "the broker is out of file descriptors (limit " + std::to_string(FdLimit()) +
+                          "); connection refused, try again later"));
+      continue;  // otherwise it exited already
+    }
     auto* s = new Session();
     s->id = next_session_id_++;
     s->fd = std::move(conn);
@@ -53,6 +66,7 @@ void Broker::Accept() {
             static_cast<unsigned long long>(s->id), static_cast<int>(s->cred.pid), s->cred.uid,
             s->cred.gid, s->admitted ? "yes" : "no");
     s->connected_since = std::chrono::system_clock::now();
+    s->accepted_ms = uv_now(&loop_);
     // A session that cannot be polled would never be served nor closed: it
     // is refused instead (closing its socket tells the client).
     if (Status st = UvStatus("uv_poll_init", uv_poll_init(&loop_, &s->poll, s->fd.get())); !st.ok()) {
@@ -70,6 +84,7 @@ void Broker::Accept() {
       CloseSession(*s, CloseReason::kIoError, st.message());
       continue;
     }
+    ArmHandshakeTimer();
   }
 }
 
@@ -93,7 +108,12 @@ void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
   auto* s = static_cast<Session*>(h->data);
   if (s->closing) return;
   if (status < 0) {
-    self->CloseSession(*s, CloseReason::kIoError, uv_strerror(status));
+    // libuv reports a socket error (EPOLLERR: the peer reset the connection,
+    // closing with replies unread) as UV_EBADF. What is left to read says
+    // what happened: a goodbye, or the peer's end (a crash if it said none).
+    self->ReadFrames(*s);
+    if (!s->closing)
+      self->CloseSession(*s, CloseReason::kPeerClosed, std::string("socket error: ") + uv_strerror(status));
     return;
   }
   if (events & UV_WRITABLE) self->Flush(*s);
@@ -185,7 +205,7 @@ void Broker::Flush(Session& s) {
     s.outbound.pop_front();
   }
   if (s.close_after_flush) {
-    CloseAfterReply(s);  // the queue is empty now: it closes
+    CloseAfterReply(s, static_cast<CloseReason>(s.close_reason));  // the queue is empty now: it closes
     return;
   }
   s.polling_writable = false;
@@ -213,12 +233,14 @@ bool Broker::ReapIfExited(uint64_t session_id) {
   return true;
 }
 
-void Broker::CloseAfterReply(Session& s) {
-  if (s.outbound.empty())
-    CloseSession(s, s.admitted ? CloseReason::kProtocolViolation : CloseReason::kNotAdmitted,
-                 "closed after final reply");
-  else
+void Broker::CloseAfterReply(Session& s, CloseReason reason) {
+  if (!s.admitted) reason = CloseReason::kNotAdmitted;
+  if (s.outbound.empty()) {
+    CloseSession(s, reason, "closed after final reply");
+  } else {
     s.close_after_flush = true;
+    s.close_reason = static_cast<int>(reason);
+  }
 }
 
 }  // namespace membroker::broker

@@ -12,9 +12,24 @@ Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request) {
   std::vector<uint8_t> bytes = ipc::Encode({ipc::kProtocolVersion, rid, flags, std::move(request)});
   std::lock_guard<std::mutex> lk(send_mu_);
   Status st = ipc::SendFrame(sock_.get(), bytes, {});
-  if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
+  if (!st.ok() && st.code() != ErrorCode::kParamInvalid) {
+    // A broker that refused this connection said why before closing it.
+    if (Status why = ReadRefusal(); !why.ok()) return why;
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
+  }
   return st;
+}
+
+Status Connection::ReadRefusal() {
+  pollfd p{sock_.get(), POLLIN, 0};
+  if (::poll(&p, 1, 0) != 1) return Status::Ok();
+  ipc::Frame frame;
+  if (!ipc::RecvFrame(sock_.get(), &frame).ok()) return Status::Ok();
+  auto env = ipc::Decode(frame.bytes);
+  if (!env.ok() || env->request_id != 0 || !std::holds_alternative<ipc::ErrorReply>(env->body))
+    return Status::Ok();
+  Status why = ipc::StatusOf(env->body);
+  return Status(why.code(), "the broker refused the connection: " + why.message());
 }
 
 Status Connection::Notify(ipc::Message request) {
@@ -32,6 +47,13 @@ void Connection::Deliver(ipc::Frame frame) {
     return;
   }
   uint64_t rid = env->request_id;
+  if (rid == 0 && std::holds_alternative<ipc::ErrorReply>(env->body)) {
+    // The broker refused the connection (out of fds, too many clients) and
+    // closes it: every call gets the reason.
+    Status why = ipc::StatusOf(env->body);
+    broken_ = Status(why.code(), "the broker refused the connection: " + why.message());
+    return;
+  }
   if (waiting_.erase(rid) == 1) {
     replies_.emplace(rid, Reply{std::move(env->body), std::move(frame.fds)});
     return;

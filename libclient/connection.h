@@ -51,6 +51,9 @@ class Connection {
   Status Send(uint64_t rid, uint32_t flags, ipc::Message request);
   void Deliver(ipc::Frame frame);  // called with mu_ held
 
+  // After a failed send: the refusal (ErrorReply, request id 0) the broker
+  // sent before closing, if it is there; Ok otherwise.
+  Status ReadRefusal();
   // A late reply to an abandoned call: release what it granted.
   void ReleaseLateGrant(const ipc::Message& request_kind, const ipc::Message& reply);
 

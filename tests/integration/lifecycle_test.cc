@@ -169,7 +169,8 @@ TEST(Lifecycle, ClientsPastMaxClientsAreTurnedAway) {
   auto two = Client::Connect({b.socket(), "two"});
   ASSERT_TRUE(one.ok() && two.ok());
   auto three = Client::Connect({b.socket(), "three"});
-  EXPECT_EQ(three.code(), ErrorCode::kNotConnected);
+  EXPECT_EQ(three.code(), ErrorCode::kResourceExhausted) << three.status().ToString();
+  EXPECT_NE(three.status().message().find("--max-clients"), std::string::npos) << three.status().message();
   EXPECT_TRUE(one->Ping().ok());
   *two = Client();  // a slot frees up
   EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);

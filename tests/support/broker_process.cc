@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -32,9 +34,14 @@ std::string ReadAllFromFd(int fd) {
   return out;
 }
 
-pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out_fd) {
+pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out_fd,
+                  uint64_t fd_limit = 0) {
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (fd_limit != 0) {
+      rlimit rl{fd_limit, fd_limit};
+      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+    }
     if (out_fd >= 0) {
       ::dup2(out_fd, 2);
     }
@@ -66,7 +73,7 @@ std::string BinaryPath(const char* name) {
   return dir + "/examples/" + name;
 }
 
-BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_file) {
+BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_file, uint64_t fd_limit) {
   char tmpl[] = "/tmp/membroker-test.XXXXXX";
   char* d = ::mkdtemp(tmpl);
   if (d == nullptr) std::abort();
@@ -83,7 +90,7 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_fi
     log_fd = ::open(log_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (log_fd < 0) std::abort();
   }
-  pid_ = SpawnBroker(args, ready[1], log_fd);
+  pid_ = SpawnBroker(args, ready[1], log_fd, fd_limit);
   ::close(ready[1]);
   if (log_fd >= 0) ::close(log_fd);
   std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it
@@ -118,27 +125,39 @@ std::string BrokerProcess::Admin(const std::string& command) const {
   return reply.ok() ? *reply : "";
 }
 
-uint64_t BrokerProcess::Stat(const std::string& key) const {
-  std::string json = Admin("stats --json");
+namespace {
+// One field of a stats --json answer, or nothing (no answer, no such field).
+std::optional<uint64_t> StatIn(const std::string& json, const std::string& key) {
   std::string needle = "\"" + key + "\": ";
   size_t at = json.find(needle);
-  if (at == std::string::npos) {
+  if (at == std::string::npos) return std::nullopt;
+  return std::strtoull(json.c_str() + at + needle.size(), nullptr, 10);
+}
+}  // namespace
+
+uint64_t BrokerProcess::Stat(const std::string& key) const {
+  std::string json = Admin("stats --json");
+  std::optional<uint64_t> v = StatIn(json, key);
+  if (!v) {
     ADD_FAILURE() << "no stat '" << key << "' in " << json;
     return UINT64_MAX;
   }
-  return std::strtoull(json.c_str() + at + needle.size(), nullptr, 10);
+  return *v;
 }
 
 uint64_t BrokerProcess::WaitForStat(const std::string& key, uint64_t value) const {
   // The broker learns of a peer's death from its event loop; an admin request
   // may be served first. Poll with a deadline instead of sleeping blindly.
+  // A broker out of fds may turn the admin connection away meanwhile: that
+  // is "not yet" too, until the deadline.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  uint64_t v = Stat(key);
+  std::optional<uint64_t> v = StatIn(Admin("stats --json"), key);
   while (v != value && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    v = Stat(key);
+    v = StatIn(Admin("stats --json"), key);
   }
-  return v;
+  if (!v) return Stat(key);  // reports the failure
+  return *v;
 }
 
 size_t BrokerProcess::FdCount() const {

@@ -16,7 +16,9 @@ class BrokerProcess {
  public:
   // Starts membrokerd with extra flags; aborts the test on failure. With
   // log_to_file its stderr goes to log_path() instead of the test's.
-  explicit BrokerProcess(std::vector<std::string> extra_args = {}, bool log_to_file = false);
+  // fd_limit: the broker's RLIMIT_NOFILE (soft and hard), 0 for the test's.
+  explicit BrokerProcess(std::vector<std::string> extra_args = {}, bool log_to_file = false,
+                         uint64_t fd_limit = 0);
   ~BrokerProcess();
 
   const std::string& socket() const { return socket_; }

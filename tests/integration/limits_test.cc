@@ -1,0 +1,142 @@
+// The broker at the edges of its resources: out of fds, connections that never
+// say hello, clients that never read, peers that die mid-conversation. Each
+// case against the real broker binary.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
+
+namespace membroker::testing {
+namespace {
+
+size_t CountLines(const std::string& path, const std::string& needle) {
+  std::ifstream in(path);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+// Waits (at most timeout_ms) for the broker to close a raw connection; true
+// if it did. What it sent first, if anything, goes to *first.
+bool ClosedByBroker(int fd, int timeout_ms, ipc::Message* first = nullptr) {
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, timeout_ms) == 1) {
+    ipc::Frame f;
+    Status st = ipc::RecvFrame(fd, &f);
+    if (!st.ok()) return st.code() == ErrorCode::kNotConnected;
+    auto env = ipc::Decode(f.bytes);
+    if (env.ok() && first != nullptr) *first = env->body;
+  }
+  return false;
+}
+
+ConnectOptions Opts(const BrokerProcess& b, const std::string& name) {
+  ConnectOptions o{b.socket(), name};
+  o.call_timeout_ms = 5000;  // an unanswered connect fails the test instead of hanging it
+  return o;
+}
+
+// At its open-file limit the broker refuses new connections with a reason
+// (RESOURCE_EXHAUSTED naming file descriptors), logs the refusals at most
+// once a second instead of spinning on the listen backlog, and takes clients
+// again as soon as fds are free.
+TEST(Limits, OutOfFdsRefusesWithAReasonAndLogsLittle) {
+  BrokerProcess b({}, /*log_to_file=*/true, /*fd_limit=*/48);
+  std::vector<Client> clients;
+  Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    auto c = Client::Connect(Opts(b, "filler"));
+    if (c.ok())
+      clients.push_back(std::move(*c));
+    else
+      refused = c.status();
+  }
+  ASSERT_FALSE(refused.ok()) << "48 fds held 64 clients?";
+  EXPECT_EQ(refused.code(), ErrorCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("file descriptors"), std::string::npos) << refused.message();
+  for (int i = 0; i < 50; ++i) {
+    auto again = Client::Connect(Opts(b, "more"));
+    ASSERT_FALSE(again.ok());
+    EXPECT_EQ(again.code(), ErrorCode::kResourceExhausted) << again.status().ToString();
+  }
+  // The ones connected are still served.
+  EXPECT_TRUE(clients.front().Ping().ok());
+  const size_t held = clients.size();
+  clients.resize(held - 3);  // three disconnect: room again
+  EXPECT_EQ(b.WaitForStat("clients_connected", held - 3), held - 3);
+  EXPECT_TRUE(Client::Connect(Opts(b, "later")).ok());
+  EXPECT_GE(b.Stat("connections_refused"), 51u);
+  EXPECT_EQ(b.Stat("fd_limit"), 48u);
+  clients.clear();
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.Stop(), 0);
+  // 51 refusals within a second or two: a handful of lines, not one each.
+  EXPECT_LE(CountLines(b.log_path(), " refused "), 5u);
+}
+
+// Connections that never send their hello neither lock real clients out of a
+// broker at --max-clients nor stay for ever: as many may wait as
+// --max-clients, the longest-waiting one makes room for a newcomer, and each
+// is closed after --handshake-timeout-ms.
+TEST(Limits, SilentConnectionsDoNotLockOutRealClients) {
+  BrokerProcess b({"--max-clients", "8", "--handshake-timeout-ms", "300"});
+  std::vector<ipc::UniqueFd> silent;
+  for (int i = 0; i < 8; ++i) {
+    auto s = ipc::ConnectSeqpacket(b.socket());
+    ASSERT_TRUE(s.ok());
+    silent.push_back(std::move(*s));
+  }
+  EXPECT_EQ(b.WaitForStat("clients_handshaking", 8), 8u);
+  // A real client gets in: the longest-waiting silent one made room.
+  auto real = Client::Connect(Opts(b, "real"));
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  EXPECT_TRUE(real->Ping().ok());
+  EXPECT_TRUE(ClosedByBroker(silent.front().get(), 0)) << "the oldest silent connection is still open";
+  EXPECT_EQ(b.Stat("clients_handshaking"), 7u);
+  // And the others are closed by the deadline.
+  for (auto& s : silent) EXPECT_TRUE(ClosedByBroker(s.get(), 10000));
+  EXPECT_EQ(b.WaitForStat("clients_handshaking", 0), 0u);
+  EXPECT_EQ(b.Stat("clients_connected"), 1u);
+  EXPECT_TRUE(real->Ping().ok());
+}
+
+// A client SIGKILLed with replies unread in its socket makes the broker's
+// next read fail with a reset, not an EOF: it is still a crash.
+TEST(Limits, APeerKilledWithUnreadRepliesIsACrash) {
+  BrokerProcess b;
+  Channel ch;
+  pid_t child = ForkChild([&] {
+    ch.AsChild();
+    auto s = ipc::ConnectSeqpacket(b.socket());
+    if (!s.ok()) return 10;
+    for (uint64_t rid = 1; rid <= 20; ++rid) {
+      ipc::Message m = rid == 1 ? ipc::Message(ipc::HelloRequest{"unread"}) : ipc::Message(ipc::PingRequest{});
+      auto bytes = ipc::Encode({ipc::kProtocolVersion, rid, 0, m});
+      if (!ipc::SendFrame(s->get(), bytes, {}).ok()) return 11;
+    }
+    ch.Send("sent");
+    ch.Receive();  // killed here, its 20 replies unread
+    return 0;
+  });
+  ch.AsParent();
+  ASSERT_EQ(ch.Receive(), "sent");
+  EXPECT_EQ(b.WaitForStat("requests", 20), 20u);  // all answered, none read
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.Stat("clients_crashed"), 1u);
+}
+
+}  // namespace
+}  // namespace membroker::testing
