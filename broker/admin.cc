@@ -90,6 +90,7 @@ Record Broker::StatsRecord() const {
       .Num("requests", counters_.requests)
       .Num("errors_sent", counters_.errors_sent)
       .Num("protocol_errors", counters_.protocol_errors)
+      .Num("bytes_queued", outbound_bytes_)
       .Num("open_fds", OpenFdCount())
       .Num("fd_limit", FdLimit());
   return r;

@@ -293,6 +293,7 @@ class Broker {
   uint64_t background_deadline_ = 0;  // uv_now() by which they start; valid while the timer runs
   BrokerCounters counters_;
   uint64_t closes_[static_cast<size_t>(CloseWhy::kCount)] = {};
+  uint64_t outbound_bytes_ = 0;  // replies queued for every slow reader together
   std::map<std::string, Engine> engines_;  // by name
   std::vector<Waiter*> waiters_;
   std::map<std::string, NamedEntry> names_;

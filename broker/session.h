@@ -58,6 +58,7 @@ struct Session {
   std::deque<ipc::NameEvent> events;
   uint64_t events_dropped = 0;
   std::deque<OutFrame> outbound;
+  uint64_t outbound_bytes = 0;  // bytes of the frames in `outbound`
 };
 
 }  // namespace membroker::broker

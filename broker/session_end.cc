@@ -66,6 +66,8 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
           static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid),
           LogText(s.name).c_str(), CloseWhyName(why), released, detail.empty() ? "" : " detail=\"",
           LogText(detail).c_str(), detail.empty() ? "" : "\"");
+  outbound_bytes_ -= s.outbound_bytes;
+  s.outbound_bytes = 0;
   s.outbound.clear();
   sessions_.erase(s.id);
   // 6. Work still running for this session finds it gone and releases its result.

@@ -158,8 +158,22 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
       return;
     }
   }
+  // A client that does not read is dropped before its replies cost the
+  // broker unbounded memory: capped in frames, in bytes, and for all slow
+  // readers together.
   if (s.outbound.size() >= options_.max_outbound_frames) {
     CloseSession(s, CloseReason::kSlowReader, "outbound queue full");
+    return;
+  }
+  if (s.outbound_bytes + bytes.size() > options_.max_outbound_bytes) {
+    CloseSession(s, CloseReason::kSlowReader,
+                 std::to_string(s.outbound_bytes) + " bytes of replies unread (--max-outbound-bytes)");
+    return;
+  }
+  if (outbound_bytes_ + bytes.size() > options_.max_outbound_total_bytes) {
+    CloseSession(s, CloseReason::kSlowReader,
+                 std::to_string(outbound_bytes_) +
+                     " bytes of replies wait for slow readers in all (--max-outbound-total)");
     return;
   }
   // Queued: the frame needs its own fds, since the originals may close first.
@@ -172,6 +186,8 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
     }
     out.fds.emplace_back(copy);
   }
+  s.outbound_bytes += out.bytes.size();
+  outbound_bytes_ += out.bytes.size();
   s.outbound.push_back(std::move(out));
   if (!s.polling_writable) {
     s.polling_writable = true;
@@ -202,6 +218,8 @@ void Broker::Flush(Session& s) {
       CloseSession(s, CloseReason::kIoError, st.message());
       return;
     }
+    s.outbound_bytes -= out.bytes.size();
+    outbound_bytes_ -= out.bytes.size();
     s.outbound.pop_front();
   }
   if (s.close_after_flush) {

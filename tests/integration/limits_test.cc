@@ -138,5 +138,34 @@ TEST(Limits, APeerKilledWithUnreadRepliesIsACrash) {
   EXPECT_EQ(b.Stat("clients_crashed"), 1u);
 }
 
+// A client that asks and never reads is dropped once its unread replies pass
+// --max-outbound-bytes, long before the frame cap: the broker's memory stays
+// bounded, and what was queued is counted in stats.bytes_queued meanwhile.
+TEST(Limits, ASlowReaderIsCappedInBytes) {
+  BrokerProcess b({"--max-outbound-bytes", "256K"});
+  auto owner = Client::Connect(Opts(b, "publisher"));
+  ASSERT_TRUE(owner.ok());
+  auto h = owner->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  const std::string pad(200, 'n');
+  for (int i = 0; i < 128; ++i) ASSERT_TRUE(owner->Publish("big/" + std::to_string(i) + pad, *h).ok());
+  auto raw = ipc::ConnectSeqpacket(b.socket());
+  ASSERT_TRUE(raw.ok());
+  uint64_t rid = 1;
+  auto send = [&](ipc::Message m) {
+    return ipc::SendFrame(raw->get(), ipc::Encode({ipc::kProtocolVersion, rid++, 0, std::move(m)}), {});
+  };
+  ASSERT_TRUE(send(ipc::HelloRequest{"never-reads"}).ok());
+  // Each answer lists 128 names (~30 KiB): 100 of them are far past 256 KiB
+  // plus what the socket buffers, and far below the 1024-frame cap.
+  int sent = 0;
+  for (; sent < 100; ++sent)
+    if (!send(ipc::ListNamesRequest{"big/"}).ok()) break;  // the broker dropped it already
+  EXPECT_EQ(b.WaitForStat("clients_kicked", 1), 1u);
+  EXPECT_EQ(b.Stat("bytes_queued"), 0u);
+  EXPECT_EQ(b.Stat("clients_connected"), 1u);
+  EXPECT_TRUE(owner->Ping().ok());
+}
+
 }  // namespace
 }  // namespace membroker::testing
