@@ -4,6 +4,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/ranges.h"
 
@@ -33,8 +34,7 @@ ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
   if (!s.engine.empty())
     return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine + "\"");
-  if (m.name.empty() || m.name.find('\0') != std::string::npos)
-    return Status(ErrorCode::kParamInvalid, "an engine name must be non-empty text");
+  MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxEngineNameBytes, "an engine name"));
   if (auto it = engines_.find(m.name); it != engines_.end() && !ReapIfExited(it->second.session_id))
     return Status(ErrorCode::kAlreadyExists,
                   "engine name \"" + m.name + "\" is in use by client " +

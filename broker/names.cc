@@ -2,15 +2,14 @@
 // a name that is not there yet), Unpublish, ListNames, Subscribe, WaitEvents.
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/memfd.h"
 
 namespace membroker::broker {
 
 namespace {
 Status CheckName(const std::string& name) {
-  if (name.empty() || name.find('\0') != std::string::npos)
-    return Status(ErrorCode::kParamInvalid, "a name must be non-empty text");
-  return Status::Ok();
+  return ipc::CheckName(name, ipc::kMaxObjectNameBytes, "a name");
 }
 bool HasPrefix(const std::string& name, const std::string& prefix) {
   return name.compare(0, prefix.size(), prefix) == 0;

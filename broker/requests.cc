@@ -10,6 +10,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/ranges.h"
@@ -39,6 +40,8 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
     return Status(ErrorCode::kVersionMismatch,
                   "broker speaks protocol " + std::to_string(ipc::kProtocolVersion) +
                       ", client speaks " + std::to_string(m.protocol_version));
+  if (!m.client_name.empty())
+    MB_RETURN_IF_ERROR(ipc::CheckName(m.client_name, ipc::kMaxClientNameBytes, "the client name"));
   if (Handshaken() >= options_.max_clients) {
     ++counters_.connections_refused;
     return Status(ErrorCode::kResourceExhausted,
@@ -55,6 +58,9 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
+  if (m.policy > ipc::PagePolicy::kHuge1GOnly)
+    return Status(ErrorCode::kParamInvalid,
+                  "unknown page policy " + std::to_string(static_cast<int>(m.policy)));
   if (m.size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   if (m.size > ipc::kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid,

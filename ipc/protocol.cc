@@ -2,6 +2,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"
 #include "membroker_generated.h"
 
@@ -218,6 +219,10 @@ Status Malformed(const std::string& why) {
 }
 
 // Copies a capped, optional string field.
+// Copies a capped, optional name field: well-formed UTF-8 too (flatbuffers
+// strings are UTF-8, and names end up in JSON).
+Status ReadName(const fb::String* s, size_t cap, const char* field, std::string* out);
+
 Status ReadString(const fb::String* s, size_t cap, const char* field, std::string* out) {
   if (s == nullptr) {
     out->clear();
@@ -229,13 +234,19 @@ Status ReadString(const fb::String* s, size_t cap, const char* field, std::strin
   return Status::Ok();
 }
 
+Status ReadName(const fb::String* s, size_t cap, const char* field, std::string* out) {
+  MB_RETURN_IF_ERROR(ReadString(s, cap, field, out));
+  if (!IsValidUtf8(*out)) return Malformed(std::string(field) + " is not valid UTF-8");
+  return Status::Ok();
+}
+
 bool ValidPolicy(w::PagePolicy p) {
   return p >= w::PagePolicy_MIN && p <= w::PagePolicy_MAX;
 }
 
 Result<Message> Read(const w::HelloRequest* m) {
   HelloRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->client_name(), kMaxClientNameBytes, "client_name",
+  MB_RETURN_IF_ERROR(ReadName(m->client_name(), kMaxClientNameBytes, "client_name",
                                 &r.client_name));
   r.protocol_version = m->protocol_version();
   r.features = m->features();
@@ -256,7 +267,8 @@ Result<Message> Read(const w::HelloReply* m) {
 }
 
 Result<Message> Read(const w::MallocRequest* m) {
-  if (!ValidPolicy(m->policy())) return Malformed("unknown page policy");
+  // An unknown policy is the request's mistake, not a broken frame: the
+  // broker answers PARAM_INVALID and the connection stays.
   return Message(
       MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags(), m->export_flags()});
 }
@@ -315,7 +327,7 @@ Result<Message> Read(const w::UnregisterHostRequest* m) {
 
 Result<Message> Read(const w::EngineInitRequest* m) {
   EngineInitRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxEngineNameBytes, "name", &r.name));
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxEngineNameBytes, "name", &r.name));
   r.control_allocation = m->control_allocation();
   return Message(std::move(r));
 }
@@ -338,14 +350,14 @@ Result<Message> Read(const w::EngineDeregisterRequest* m) {
 
 Result<Message> Read(const w::EngineConnectRequest* m) {
   EngineConnectRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+  MB_RETURN_IF_ERROR(ReadName(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
   r.timeout_ms = m->timeout_ms();
   return Message(std::move(r));
 }
 
 Result<Message> Read(const w::EngineRegionsRequest* m) {
   EngineRegionsRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->remote(),
+  MB_RETURN_IF_ERROR(ReadName(m->remote(),
                                 kMaxEngineNameBytes, "remote", &r.remote));
   return Message(std::move(r));
 }
@@ -363,7 +375,7 @@ Result<Message> Read(const w::EngineInfoReply* m) {
 
 Result<Message> Read(const w::EngineImportRequest* m) {
   EngineImportRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+  MB_RETURN_IF_ERROR(ReadName(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
   r.allocation = m->allocation();
   return Message(std::move(r));
 }
@@ -374,15 +386,15 @@ Result<Message> Read(const w::EngineReleaseRequest* m) {
 
 Result<Message> Read(const w::EngineDisconnectRequest* m) {
   EngineDisconnectRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->remote(),
+  MB_RETURN_IF_ERROR(ReadName(m->remote(),
                                 kMaxEngineNameBytes, "remote", &r.remote));
   return Message(std::move(r));
 }
 
 Result<Message> Read(const w::EngineNotifyRequest* m) {
   EngineNotifyRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
-  MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxNotifyNameBytes, "name", &r.name));
+  MB_RETURN_IF_ERROR(ReadName(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxNotifyNameBytes, "name", &r.name));
   MB_RETURN_IF_ERROR(ReadString(m->message(), kMaxNotifyMessageBytes, "message", &r.message));
   return Message(std::move(r));
 }
@@ -398,8 +410,8 @@ Result<Message> Read(const w::EngineNotifiesReply* m) {
     if (ns->size() > kMaxNotifiesPerReply) return Malformed("too many notifies");
     for (const auto* n : *ns) {
       EngineNotify e;
-      MB_RETURN_IF_ERROR(ReadString(n->from(), kMaxEngineNameBytes, "from", &e.from));
-      MB_RETURN_IF_ERROR(ReadString(n->name(), kMaxNotifyNameBytes, "name", &e.name));
+      MB_RETURN_IF_ERROR(ReadName(n->from(), kMaxEngineNameBytes, "from", &e.from));
+      MB_RETURN_IF_ERROR(ReadName(n->name(), kMaxNotifyNameBytes, "name", &e.name));
       MB_RETURN_IF_ERROR(
           ReadString(n->message(), kMaxNotifyMessageBytes, "message", &e.message));
       r.notifies.push_back(std::move(e));
@@ -410,7 +422,7 @@ Result<Message> Read(const w::EngineNotifiesReply* m) {
 
 Result<Message> Read(const w::PublishRequest* m) {
   PublishRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxObjectNameBytes, "name", &r.name));
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
   r.allocation = m->allocation();
   r.flags = m->flags();
   return Message(std::move(r));
@@ -418,20 +430,20 @@ Result<Message> Read(const w::PublishRequest* m) {
 
 Result<Message> Read(const w::LookupRequest* m) {
   LookupRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxObjectNameBytes, "name", &r.name));
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
   r.timeout_ms = m->timeout_ms();
   return Message(std::move(r));
 }
 
 Result<Message> Read(const w::UnpublishRequest* m) {
   UnpublishRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->name(), kMaxObjectNameBytes, "name", &r.name));
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
   return Message(std::move(r));
 }
 
 Result<Message> Read(const w::ListNamesRequest* m) {
   ListNamesRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+  MB_RETURN_IF_ERROR(ReadName(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
   return Message(std::move(r));
 }
 
@@ -442,7 +454,7 @@ Result<Message> Read(const w::ListNamesReply* m) {
     if (os->size() > kMaxNamesPerReply) return Malformed("too many names");
     for (const auto* o : *os) {
       NamedObject n{"", o->allocation(), o->size(), o->read_only(), o->persist(), o->publisher_pid()};
-      MB_RETURN_IF_ERROR(ReadString(o->name(), kMaxObjectNameBytes, "name", &n.name));
+      MB_RETURN_IF_ERROR(ReadName(o->name(), kMaxObjectNameBytes, "name", &n.name));
       r.objects.push_back(std::move(n));
     }
   }
@@ -451,7 +463,7 @@ Result<Message> Read(const w::ListNamesReply* m) {
 
 Result<Message> Read(const w::SubscribeRequest* m) {
   SubscribeRequest r;
-  MB_RETURN_IF_ERROR(ReadString(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+  MB_RETURN_IF_ERROR(ReadName(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
   return Message(std::move(r));
 }
 
@@ -467,7 +479,7 @@ Result<Message> Read(const w::EventsReply* m) {
     for (const auto* e : *es) {
       if (e->kind() > w::NameEventKind_MAX) return Malformed("unknown event kind");
       NameEvent n{static_cast<NameEventKind>(e->kind()), "", e->allocation(), e->pid()};
-      MB_RETURN_IF_ERROR(ReadString(e->name(), kMaxObjectNameBytes, "name", &n.name));
+      MB_RETURN_IF_ERROR(ReadName(e->name(), kMaxObjectNameBytes, "name", &n.name));
       r.events.push_back(std::move(n));
     }
   }

@@ -1,6 +1,7 @@
 #include "membroker/client.h"
 
 #include "client_core.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/syscall.h"
 
@@ -40,8 +41,8 @@ Status Empty(const char* what) {
 }  // namespace
 
 Result<Client> Client::Connect(const ConnectOptions& options) {
-  if (options.client_name.size() > ipc::kMaxClientNameBytes)
-    return Status(ErrorCode::kParamInvalid, "client name longer than 256 bytes");
+  if (!options.client_name.empty())
+    MB_RETURN_IF_ERROR(ipc::CheckName(options.client_name, ipc::kMaxClientNameBytes, "the client name"));
   auto sock = ipc::ConnectSeqpacket(options.socket_path);
   if (!sock.ok())
     return Status(ErrorCode::kNotConnected,
@@ -65,6 +66,9 @@ Result<size_t> Client::GetAllocationGranularity(const AllocationProp& prop,
 Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp& prop) {
   if (!core_) return detail::NotConnectedClient();
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
+  if (prop.page_policy > PagePolicy::kHuge1GOnly)
+    return Status(ErrorCode::kParamInvalid,
+                  "unknown page policy " + std::to_string(static_cast<int>(prop.page_policy)));
   uint32_t flags = (prop.pinned ? ipc::kMallocPinned : 0) |
                    (prop.same_address ? ipc::kMallocSameAddress : 0) |
                    (prop.exported ? ipc::kMallocExport : 0);
@@ -164,6 +168,8 @@ Status Client::SetPidToShareableHandle(const std::string& token, std::span<const
   if (!core_) return detail::NotConnectedClient();
   if (pids.size() > ipc::kMaxPidsPerRequest)
     return Status(ErrorCode::kParamInvalid, "at most 1024 pids per call");
+  if (token.empty() || token.size() > ipc::kMaxTokenBytes)  // cannot be a token: none by that name
+    return Status(ErrorCode::kNotFound, "no such token exported by this client");
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::SetPidRequest{
                                            token, std::vector<int32_t>(pids.begin(), pids.end())}));
   return Status::Ok();
@@ -171,8 +177,8 @@ Status Client::SetPidToShareableHandle(const std::string& token, std::span<const
 
 Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& token) {
   if (!core_) return detail::NotConnectedClient();
-  if (token.empty() || token.size() > ipc::kMaxTokenBytes)
-    return Status(ErrorCode::kParamInvalid, "token is empty or too long");
+  if (token.empty() || token.size() > ipc::kMaxTokenBytes)  // cannot be a token (docs: NOT_FOUND)
+    return Status(ErrorCode::kNotFound, "unknown token (empty or longer than 128 bytes)");
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ImportRequest{token}));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ImportRequest got a wrong reply");

@@ -214,6 +214,8 @@ Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
 }
 
 Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
+  if (access != Access::kNone && access != Access::kRead && access != Access::kReadWrite)
+    return Status(ErrorCode::kParamInvalid, "unknown access value " + std::to_string(static_cast<int>(access)));
   uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
   if (size == 0 || size % kPage != 0 || va % kPage != 0)
     return Status(ErrorCode::kParamInvalid, "address and size must be page-aligned (size non-zero)");

@@ -1,14 +1,13 @@
 // Client calls for named objects and their events (docs/NAMES.md).
 #include "client_core.h"
 #include "membroker/client.h"
+#include "membroker/ipc/escape.h"
 
 namespace membroker {
 
 namespace {
 Status CheckName(const std::string& name) {
-  if (name.empty() || name.size() > ipc::kMaxObjectNameBytes)
-    return Status(ErrorCode::kParamInvalid, "a name is 1 to 256 bytes");
-  return Status::Ok();
+  return ipc::CheckName(name, ipc::kMaxObjectNameBytes, "a name");
 }
 uint32_t Millis(int timeout_ms) { return timeout_ms < 0 ? 0 : static_cast<uint32_t>(timeout_ms); }
 }  // namespace

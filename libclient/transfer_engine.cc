@@ -37,6 +37,7 @@
 #include "client_core.h"
 #include "futex.h"
 #include "membroker/ipc/engine_control.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
@@ -242,8 +243,7 @@ Status TransferEngine::Impl::Initialize(const std::string& name,
                                         const std::map<std::string, std::string>& options) {
   if (!core_) return Status(ErrorCode::kNotConnected, "the client is not connected");
   if (initialized_) return Status(ErrorCode::kAlreadyExists, "engine already initialized as \"" + name_ + "\"");
-  if (name.empty() || name.size() > ipc::kMaxEngineNameBytes)
-    return Status(ErrorCode::kParamInvalid, "engine name must be 1 to 128 bytes");
+  MB_RETURN_IF_ERROR(ipc::CheckName(name, ipc::kMaxEngineNameBytes, "an engine name"));
   size_t copy_threads = 4, async_threads = 2, drain_timeout_ms = 10'000;
   for (const auto& [key, value] : options) {
     size_t* target = key == "copy_threads"       ? &copy_threads
@@ -427,8 +427,7 @@ void TransferEngine::Impl::DropPeerMappings(Peer& peer) {
 
 Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (!initialized_) return NotInitialized();
-  if (remote.empty() || remote.size() > ipc::kMaxEngineNameBytes)
-    return Status(ErrorCode::kParamInvalid, "remote engine name must be 1 to 128 bytes");
+  MB_RETURN_IF_ERROR(ipc::CheckName(remote, ipc::kMaxEngineNameBytes, "a remote engine name"));
   if (auto old = FindPeer(remote)) {
     if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + remote + "\"");
     (void)Disconnect(remote, timeout_ms);  // the old peer went away: start over
@@ -720,6 +719,7 @@ Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyD
   if (peer == nullptr || peer->lost.load()) return NotConnected(remote);
   if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
     return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
+  if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");
   return core_->conn().Call(ipc::EngineNotifyRequest{remote, notify.name, notify.notify_msg}).status();
 }
 

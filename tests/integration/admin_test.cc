@@ -149,10 +149,13 @@ TEST(Admin, MetricsConfigAndHelp) {
 
 TEST(Admin, ClientNamesAreEscapedInJson) {
   BrokerProcess b;
-  auto c = Client::Connect({b.socket(), "we\"ird\\name\n"});
+  auto c = Client::Connect({b.socket(), "we\"ird\\näme"});
   ASSERT_TRUE(c.ok());
   std::string j = b.Admin("list clients --json");
-  EXPECT_NE(j.find(R"("name": "we\"ird\\name\u000a")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("name": "we\"ird\\näme")"), std::string::npos) << j;
+  // Names are UTF-8 without control characters: the library refuses others.
+  EXPECT_EQ(Client::Connect({b.socket(), "new\nline"}).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(Client::Connect({b.socket(), "bad\xff"}).code(), ErrorCode::kParamInvalid);
 }
 
 TEST(Demo, HandoffOutlivesTheProducer) {

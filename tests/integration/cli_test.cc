@@ -20,6 +20,8 @@
 #include "broker_process.h"
 #include "membroker/client.h"
 #include "membroker/ipc/admin_commands.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/protocol.h"
 #include "membroker/transfer_engine.h"
 
 namespace membroker::testing {
@@ -250,19 +252,32 @@ TEST(Cli, UsageErrorsAreExitTwoWithAReason) {
 TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
   BrokerProcess b({}, /*log_to_file=*/true);
   {
-    auto c = Client::Connect({b.socket(), "evil\nmembrokerd 2026-01-01T00:00:00.000Z info forged"});
+    // A quote cannot end a log field early, nor a backslash fake an escape.
+    auto c = Client::Connect({b.socket(), "evil\" forged=\"yes \\"});
     ASSERT_TRUE(c.ok());
     auto h = c->MallocPhysical(4096);
     ASSERT_TRUE(h.ok());
-    ASSERT_TRUE(c->Publish("row\nforged-row", *h).ok());
+    ASSERT_TRUE(c->Publish("row \"quoted\"", *h).ok());
+    // Control characters never get in, whoever sends them.
+    EXPECT_EQ(c->Publish("row\nforged-row", *h).code(), ErrorCode::kParamInvalid);
+    auto raw = ipc::ConnectSeqpacket(b.socket());
+    ASSERT_TRUE(raw.ok());
+    auto hello = ipc::Encode({ipc::kProtocolVersion, 1, 0,
+                              ipc::HelloRequest{"x\nmembrokerd 2026-01-01T00:00:00.000Z info forged"}});
+    ASSERT_TRUE(ipc::SendFrame(raw->get(), hello, {}).ok());
+    ipc::Frame f;
+    ASSERT_TRUE(ipc::RecvFrame(raw->get(), &f).ok());
+    auto reply = ipc::Decode(f.bytes);
+    ASSERT_TRUE(reply.ok());
+    ASSERT_TRUE(std::holds_alternative<ipc::ErrorReply>(reply->body));
+    EXPECT_EQ(std::get<ipc::ErrorReply>(reply->body).code, ErrorCode::kParamInvalid);
+
     Output clients = RunCtl({"--admin-socket", b.admin_socket(), "list", "clients"});
     EXPECT_EQ(clients.code, 0);
-    EXPECT_EQ(clients.out.find("\ninfo forged"), std::string::npos) << clients.out;
-    EXPECT_NE(clients.out.find("evil\\nmembrokerd"), std::string::npos) << clients.out;
+    EXPECT_NE(clients.out.find("evil\\\" forged=\\\"yes \\\\"), std::string::npos) << clients.out;
     Output names = RunCtl({"--admin-socket", b.admin_socket(), "list", "names"});
-    EXPECT_NE(names.out.find("row\\nforged-row"), std::string::npos) << names.out;
-    // Exactly a header and one row.
-    EXPECT_EQ(std::count(names.out.begin(), names.out.end(), '\n'), 2) << names.out;
+    EXPECT_NE(names.out.find("row \\\"quoted\\\""), std::string::npos) << names.out;
+    EXPECT_EQ(std::count(names.out.begin(), names.out.end(), '\n'), 2) << names.out;  // a header and one row
   }
   EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
   EXPECT_EQ(b.Stop(), 0);
@@ -271,7 +286,8 @@ TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
   std::istringstream lines(log);
   for (std::string line; std::getline(lines, line);)
     EXPECT_EQ(line.rfind("membrokerd ", 0), 0u) << "a log line not written by the broker: " << line;
-  EXPECT_NE(log.find("name=\"evil\\nmembrokerd"), std::string::npos) << log;
+  EXPECT_NE(log.find("name=\"evil\\\" forged=\\\"yes \\\\\""), std::string::npos) << log;
+  EXPECT_EQ(log.find(" forged=\"yes"), std::string::npos) << "a field forged into the log";
 }
 
 }  // namespace

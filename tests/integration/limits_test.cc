@@ -167,5 +167,60 @@ TEST(Limits, ASlowReaderIsCappedInBytes) {
   EXPECT_TRUE(owner->Ping().ok());
 }
 
+// Misuse is answered, never punished: a bad argument is an error reply and the
+// client keeps its connection and everything it holds (docs/API.md). Only
+// frames that are not the protocol end a connection.
+TEST(Limits, MisuseNeverCostsTheConnection) {
+  BrokerProcess b;
+  auto c = Client::Connect(Opts(b, "clumsy"));
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(1 << 16);
+  ASSERT_TRUE(h.ok());
+  auto range = c->ReserveMemAddress(1 << 16);
+  ASSERT_TRUE(range.ok());
+  auto map = c->MapMem(range->base(), 1 << 16, 0, *h);
+  ASSERT_TRUE(map.ok());
+
+  AllocationProp bad_policy;
+  bad_policy.page_policy = static_cast<PagePolicy>(9);
+  EXPECT_EQ(c->MallocPhysical(4096, bad_policy).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(c->SetPidToShareableHandle(std::string(200, 't'), {}).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(c->ImportFromShareableHandle("").code(), ErrorCode::kNotFound);
+  EXPECT_EQ(c->MemSetAccess(map->data(), 1 << 16, static_cast<Access>(7)).code(), ErrorCode::kParamInvalid);
+  // Above the per-allocation limit (1 TiB): PARAM_INVALID; within it but past
+  // the budget: RESOURCE_EXHAUSTED.
+  EXPECT_EQ(c->MallocPhysical(size_t{1} << 63).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(c->MallocPhysical(size_t{1} << 39).code(), ErrorCode::kResourceExhausted);
+  // Waits in the broker are capped at 10 minutes.
+  EXPECT_EQ(c->Lookup("nothing/here", 10 * 60 * 1000 + 1).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(c->Publish("bad\x01name", *h).code(), ErrorCode::kParamInvalid);
+
+  // All of it left the client as it was.
+  EXPECT_TRUE(c->Ping().ok());
+  EXPECT_TRUE(c->ExportToShareableHandle(*h, kExportNoPidCheck).ok());
+  EXPECT_TRUE(c->MemSetAccess(map->data(), 1 << 16, Access::kRead).ok());
+  EXPECT_EQ(c->async_errors(), 0u);
+
+  // The broker itself answers what a raw client sends wrong, and keeps it.
+  auto raw = ipc::ConnectSeqpacket(b.socket());
+  ASSERT_TRUE(raw.ok());
+  uint64_t rid = 1;
+  auto call = [&](ipc::Message m) -> Result<ipc::Envelope> {
+    MB_RETURN_IF_ERROR(ipc::SendFrame(raw->get(), ipc::Encode({ipc::kProtocolVersion, rid++, 0, std::move(m)}), {}));
+    ipc::Frame f;
+    MB_RETURN_IF_ERROR(ipc::RecvFrame(raw->get(), &f));
+    return ipc::Decode(f.bytes);
+  };
+  ASSERT_TRUE(call(ipc::HelloRequest{"raw"}).ok());
+  auto r = call(ipc::MallocRequest{4096, static_cast<ipc::PagePolicy>(9), 0});
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(std::holds_alternative<ipc::ErrorReply>(r->body));
+  EXPECT_EQ(std::get<ipc::ErrorReply>(r->body).code, ErrorCode::kParamInvalid);
+  auto ping = call(ipc::PingRequest{});
+  ASSERT_TRUE(ping.ok()) << ping.status().ToString();
+  EXPECT_TRUE(std::holds_alternative<ipc::OkReply>(ping->body));
+  EXPECT_EQ(b.Stat("clients_kicked"), 0u);
+}
+
 }  // namespace
 }  // namespace membroker::testing

@@ -109,9 +109,15 @@ TEST(Protocol, TooManyPidsAreRejected) {
   EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, m})).code(), ErrorCode::kProtocolError);
 }
 
-TEST(Protocol, UnknownPagePolicyIsRejected) {
+// An unknown policy in a request is the broker's to judge (PARAM_INVALID,
+// the connection stays): it decodes as it came. In a reply it is malformed.
+TEST(Protocol, UnknownPagePolicyReachesTheBrokerButNotTheClient) {
   MallocRequest m{4096, static_cast<PagePolicy>(9), 0};
-  EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, m})).code(), ErrorCode::kProtocolError);
+  auto r = Decode(Encode({kProtocolVersion, 1, 0, m}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(static_cast<int>(std::get<MallocRequest>(r->body).policy), 9);
+  HelloReply h{1, kProtocolVersion, 0, {{static_cast<PagePolicy>(9), 4096, 4096}}};
+  EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, h})).code(), ErrorCode::kProtocolError);
 }
 
 TEST(Protocol, UnknownUnionTypeIsRejected) {

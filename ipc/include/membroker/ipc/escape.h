@@ -7,11 +7,23 @@
 #include <string>
 #include <string_view>
 
+#include "membroker/status.h"
+
 namespace membroker::ipc {
 
 // Printable ASCII stays as it is, except '\\' and '"' (escaped with a
 // backslash); \n, \r and \t become those two-character escapes; every other
 // byte becomes \xNN. The result is one line of printable ASCII.
 std::string EscapeText(std::string_view s);
+
+// Whether s is well-formed UTF-8 (no overlong forms, surrogates or code
+// points past U+10FFFF): flatbuffers strings must be, and JSON needs it.
+bool IsValidUtf8(std::string_view s);
+
+// The rule for names (client, engine, named object, notify names): 1 to
+// max_bytes bytes of UTF-8 without control characters. PARAM_INVALID naming
+// `what` otherwise. Checked by the client library before sending and by the
+// broker on receipt.
+Status CheckName(std::string_view name, size_t max_bytes, std::string_view what);
 
 }  // namespace membroker::ipc
