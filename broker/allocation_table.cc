@@ -64,6 +64,10 @@ Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_
     return Status(ErrorCode::kParamInvalid, "unknown export flags " + std::to_string(flags));
   Allocation* a = Find(id);
   if (a == nullptr) return Status(ErrorCode::kInvalidHandle, "unknown handle");
+  if (a->tokens.size() >= kMaxExportsPerAllocation)
+    return Status(ErrorCode::kResourceExhausted,
+                  "allocation " + std::to_string(id) + " has " + std::to_string(kMaxExportsPerAllocation) +
+                      " exports already (share one token with several pids instead)");
   ExportEntry e;
   e.allocation = id;
   e.exporter = exporter;
@@ -84,17 +88,21 @@ Status AllocationTable::SetPids(const std::string& token, uint64_t requester,
   auto it = exports_.find(token);
   if (it == exports_.end() || it->second.exporter != requester)
     return Status(ErrorCode::kNotFound, "no such token exported by this client");
-  std::vector<ipc::UniqueFd> fds;
+  // Duplicates collapse; each pid is tied to the process running now.
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  std::vector<ExportEntry::AllowedProcess> allowed;
   for (pid_t p : pids) {
     if (p <= 0) return Status(ErrorCode::kParamInvalid, "pid " + std::to_string(p) + " is invalid");
-    auto fd = ipc::PidfdOpenIfSupported(p);
-    if (!fd.ok())
-      return Status(ErrorCode::kParamInvalid,
-                    "pid " + std::to_string(p) + " does not name a running process");
-    fds.push_back(std::move(*fd));
+    auto start = ipc::ProcessStartTime(p);
+    if (!start.ok()) {
+      if (start.code() == ErrorCode::kNotFound)
+        return Status(ErrorCode::kParamInvalid, "pid " + std::to_string(p) + " does not name a running process");
+      return start.status();  // RESOURCE_EXHAUSTED when the broker is out of fds, saying so
+    }
+    allowed.push_back({p, *start});
   }
-  it->second.pids = std::move(pids);
-  it->second.pid_fds = std::move(fds);
+  it->second.allowed = std::move(allowed);
   return Status::Ok();
 }
 
@@ -111,9 +119,14 @@ Result<const ExportEntry*> AllocationTable::CheckImport(const std::string& token
   } else if (e.flags & ipc::kExportNoPidCheck) {
     allowed = who.uid == e.exporter_uid || who.uid == 0;
   } else {
-    auto at = std::find(e.pids.begin(), e.pids.end(), who.pid);
-    // The named process must still be the one running under that pid.
-    allowed = at != e.pids.end() && ipc::PidfdAlive(e.pid_fds[at - e.pids.begin()].get());
+    // The importer (alive: its pid is its own) must be the process that was
+    // named, not a later one that got the same pid number.
+    auto at = std::find_if(e.allowed.begin(), e.allowed.end(),
+                           [&](const ExportEntry::AllowedProcess& a) { return a.pid == who.pid; });
+    if (at != e.allowed.end()) {
+      auto start = ipc::ProcessStartTime(who.pid);
+      allowed = start.ok() && *start == at->start_time;
+    }
   }
   if (!allowed) return kNoToken;
   return &e;

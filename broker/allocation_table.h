@@ -45,13 +45,22 @@ struct Allocation {
   std::vector<std::string> tokens;
 };
 
+// Exports of one allocation at once: each holds a token (and, read-only, an fd).
+inline constexpr size_t kMaxExportsPerAllocation = 64;
+
 struct ExportEntry {
   uint64_t allocation = 0;
   uint64_t exporter = 0;  // client id
   uid_t exporter_uid = 0;
   uint32_t flags = 0;
-  std::vector<pid_t> pids;  // who may import (unless kExportNoPidCheck)
-  std::vector<ipc::UniqueFd> pid_fds;  // the processes those pids named at SetPids time
+  // Who may import (unless kExportNoPidCheck): each pid with the start time of
+  // the process it named at SetPids time, so a recycled pid never inherits
+  // an entry - and no fd is held per entry.
+  struct AllowedProcess {
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+  };
+  std::vector<AllowedProcess> allowed;
   ipc::UniqueFd read_only_fd;  // set for kExportReadOnly
 };
 

@@ -222,5 +222,58 @@ TEST(Limits, MisuseNeverCostsTheConnection) {
   EXPECT_EQ(b.Stat("clients_kicked"), 0u);
 }
 
+// An allow-list costs the broker no fds (pids are tied to their process by
+// its start time), duplicates collapse, one allocation has at most 64
+// exports, and running out of fds is said as such, never as "no such pid".
+TEST(Limits, AllowListsCannotExhaustTheBrokersFds) {
+  BrokerProcess b({}, false, /*fd_limit=*/64);
+  auto c = Client::Connect(Opts(b, "exporter"));
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  auto token = c->ExportToShareableHandle(*h);
+  ASSERT_TRUE(token.ok());
+  const uint64_t fds_before = b.Stat("open_fds");
+  std::vector<pid_t> mine(1024, ::getpid());
+  ASSERT_TRUE(c->SetPidToShareableHandle(*token, mine).ok());
+  EXPECT_EQ(b.Stat("open_fds"), fds_before);
+  // The allow-list still admits exactly that process.
+  auto again = Client::Connect(Opts(b, "importer"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->ImportFromShareableHandle(*token).ok());
+  pid_t other = ForkChild([&] {
+    auto o = Client::Connect(Opts(b, "stranger"));
+    return o.ok() && o->ImportFromShareableHandle(*token).code() == ErrorCode::kNotFound ? 0 : 1;
+  });
+  EXPECT_EQ(WaitChild(other), 0);
+  // Exports of one allocation are bounded.
+  int made = 1;
+  Status st;
+  for (; made < 100; ++made) {
+    auto t = c->ExportToShareableHandle(*h);
+    if (!t.ok()) {
+      st = t.status();
+      break;
+    }
+  }
+  EXPECT_EQ(made, 64);
+  EXPECT_EQ(st.code(), ErrorCode::kResourceExhausted) << st.ToString();
+  // Out of fds (allocations take them all), a pid check says what ran out.
+  std::vector<PhysicalHandle> fill;
+  for (int i = 0; i < 100; ++i) {
+    auto f = c->MallocPhysical(4096);
+    if (!f.ok()) {
+      EXPECT_EQ(f.code(), ErrorCode::kResourceExhausted) << f.status().ToString();
+      break;
+    }
+    fill.push_back(std::move(*f));
+  }
+  Status out = c->SetPidToShareableHandle(*token, mine);
+  EXPECT_EQ(out.code(), ErrorCode::kResourceExhausted) << out.ToString();
+  EXPECT_NE(out.message().find("file descriptors"), std::string::npos) << out.message();
+  fill.clear();
+  EXPECT_TRUE(c->Ping().ok());
+}
+
 }  // namespace
 }  // namespace membroker::testing

@@ -22,4 +22,11 @@ bool PidfdAlive(int pidfd);
 // instead of an error (the caller then has the weaker, pid-only guarantee).
 Result<UniqueFd> PidfdOpenIfSupported(pid_t pid);
 
+// When the process now running as pid started (clock ticks since boot, field
+// 22 of /proc/PID/stat). A pid and its start time name one process instance
+// for good - a pid reused later has a later start time - without holding an
+// fd. NOT_FOUND if no process has that pid; RESOURCE_EXHAUSTED if no fd is
+// left to read it with.
+Result<uint64_t> ProcessStartTime(pid_t pid);
+
 }  // namespace membroker::ipc
