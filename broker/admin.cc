@@ -73,8 +73,10 @@ Record Broker::StatsRecord() const {
       .Num("bytes_pending", counters_.bytes_pending)
       .Num("bytes_returning", BytesReturning())
       .Num("bytes_budget", options_.max_bytes)
+      .Str("bytes_budget_source", budget_source_)
       .Num("pinned_bytes", accounting_.total().pinned_bytes)
       .Num("pinned_budget", options_.max_pinned_bytes)
+      .Str("pinned_budget_source", pinned_budget_source_)
       .Num("host_registered_bytes", host_registered)
       .Num("same_address_bytes", window_.used())
       .Num("engines", engines_.size())
@@ -250,7 +252,7 @@ std::string Broker::MetricsText() const {
   std::string out;
   const Record stats = StatsRecord();
   for (const auto& f : stats.fields()) {
-    if (f.key == "pid") continue;
+    if (f.key == "pid" || f.quoted) continue;  // not a number
     bool counter = IsCounter(f.key);
     std::string name = "membroker_" + f.key + (counter ? "_total" : "");
     if (f.key == "clients_total") name = "membroker_clients_total";

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "log.h"
+#include "memory_limits.h"
 #include "uv_status.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/syscall.h"
@@ -24,11 +25,6 @@ namespace membroker::broker {
 namespace {
 constexpr int kListenBacklog = 512;
 
-uint64_t RamBytes() {
-  struct sysinfo si {};
-  if (::sysinfo(&si) != 0) return 8ull << 30;
-  return static_cast<uint64_t>(si.totalram) * si.mem_unit;
-}
 }  // namespace
 
 Result<gid_t> ResolveGroup(const std::string& name) {
@@ -76,8 +72,25 @@ Status PrepareSocketPath(const std::string& path) {
 Broker::Broker(Options options)
     : options_(std::move(options)), window_(options_.va_window_base, options_.va_window_size) {
   g_log_level = options_.log_level;
-  if (options_.max_bytes == 0) options_.max_bytes = RamBytes() / 2;
-  if (options_.max_pinned_bytes == 0) options_.max_pinned_bytes = RamBytes() / 8;
+  // Defaults from the memory the broker really lives in (a container's
+  // cgroup, not the host's RAM), so a request past them is an error reply,
+  // never the OOM killer.
+  const MemoryCeiling memory = MemoryAvailable();
+  budget_source_ = "--max-bytes";
+  if (options_.max_bytes == 0) {
+    options_.max_bytes = memory.bytes / 2;
+    budget_source_ = "half of " + memory.source + " (" + std::to_string(memory.bytes) + ")";
+  }
+  pinned_budget_source_ = "--max-pinned-bytes";
+  if (options_.max_pinned_bytes == 0) {
+    const MemoryCeiling lockable = LockableMemory();
+    options_.max_pinned_bytes = memory.bytes / 8;
+    pinned_budget_source_ = "an eighth of " + memory.source + " (" + std::to_string(memory.bytes) + ")";
+    if (lockable.bytes < options_.max_pinned_bytes) {
+      options_.max_pinned_bytes = lockable.bytes;
+      pinned_budget_source_ = lockable.source + " (" + std::to_string(lockable.bytes) + ")";
+    }
+  }
   accounting_.max_bytes = options_.max_bytes;
   accounting_.max_pinned_bytes = options_.max_pinned_bytes;
   accounting_.client_limits = options_.quota_client;
@@ -173,7 +186,17 @@ Status Broker::Run() {
     ssize_t written = 0;
     Status st = ipc::CheckedCall("write", "--ready-fd " + std::to_string(options_.ready_fd), &written,
                                  [&] { return ::write(options_.ready_fd, line, static_cast<size_t>(n)); });
-    ::close(options_.ready_fd);
+    // stdin, stdout and stderr stay open (on /dev/null): a socket accepted
+    // later must never take their numbers (--ready-fd 1 is common).
+    if (options_.ready_fd <= 2) {
+      int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      if (null_fd >= 0) {
+        ::dup2(null_fd, options_.ready_fd);
+        ::close(null_fd);
+      }
+    } else {
+      ::close(options_.ready_fd);
+    }
     options_.ready_fd = -1;
     if (st.ok() && written != n) st = Status(ErrorCode::kInternal, "short write to --ready-fd");
     if (!st.ok()) {

@@ -292,6 +292,8 @@ class Broker {
   ReturnBatch deferred_returns_;      // frees waiting for a pause
   uint64_t background_deadline_ = 0;  // uv_now() by which they start; valid while the timer runs
   BrokerCounters counters_;
+  std::string budget_source_;         // where options_.max_bytes came from
+  std::string pinned_budget_source_;  // and options_.max_pinned_bytes
   uint64_t closes_[static_cast<size_t>(CloseWhy::kCount)] = {};
   uint64_t outbound_bytes_ = 0;  // replies queued for every slow reader together
   std::map<std::string, Engine> engines_;  // by name

@@ -1,4 +1,5 @@
 // membrokerd: the membroker daemon.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -21,6 +22,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // fds 0-2 open (on /dev/null if they came closed), so no socket the broker
+  // accepts ever takes one of their numbers.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) != fd) return 1;
   ::signal(SIGPIPE, SIG_IGN);
   // One fd per allocation: use the whole hard limit.
   rlimit rl{};

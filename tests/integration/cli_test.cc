@@ -2,12 +2,18 @@
 // binary, as text and as --json, against a broker that has something of each
 // kind to show. And the docs: every command they mention exists, and every
 // command in the table is documented.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
 #include <cstdio>
 #include <map>
 #include <fstream>
@@ -288,6 +294,43 @@ TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
     EXPECT_EQ(line.rfind("membrokerd ", 0), 0u) << "a log line not written by the broker: " << line;
   EXPECT_NE(log.find("name=\"evil\\\" forged=\\\"yes \\\\\""), std::string::npos) << log;
   EXPECT_EQ(log.find(" forged=\"yes"), std::string::npos) << "a field forged into the log";
+}
+
+// An admin socket that closes connections at once (what a broker out of fds
+// does) gives exit 1 and a one-line reason, never death by SIGPIPE (141).
+TEST(Cli, AnAdminSocketThatHangsUpIsExitOneWithAReason) {
+  char tmpl[] = "/tmp/membroker-hangup.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/admin.sock";
+  int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(lfd, 64), 0);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    while (!stop.load()) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 50) != 1) continue;
+      int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      linger l{1, 0};  // a reset, as a refusing broker's close can be
+      ::setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+      ::close(c);
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    Output o = RunCtl({"--admin-socket", path, "stats"});
+    EXPECT_EQ(o.code, 1) << o.err;
+    EXPECT_EQ(o.err.rfind("membrokerctl: ", 0), 0u) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  }
+  stop = true;
+  server.join();
+  ::close(lfd);
+  ::unlink(path.c_str());
+  ::rmdir(tmpl);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "broker_process.h"
 #include "membroker/client.h"
+#include "membroker/ipc/admin_client.h"
 
 namespace membroker::testing {
 namespace {
@@ -148,6 +149,42 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
   EXPECT_EQ(c->async_errors(), 0u);
   EXPECT_EQ(b.Stat("clients_connected"), 1u);
+}
+
+// --ready-fd 1 (stdout) is common: once READY is written the broker keeps fd 1
+// open on /dev/null, so an accepted connection never gets that number (one
+// that did was never served).
+TEST(Lifecycle, ReadyOnStdoutKeepsServing) {
+  char tmpl[] = "/tmp/membroker-ready1.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, sock = dir + "/b.sock", admin = dir + "/b.admin";
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::string bin = BinaryPath("membrokerd");
+    ::execl(bin.c_str(), bin.c_str(), "--socket", sock.c_str(), "--admin-socket", admin.c_str(),
+            "--ready-fd", "1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  char buf[64] = {};
+  ASSERT_GT(::read(out[0], buf, sizeof(buf) - 1), 0);
+  EXPECT_EQ(std::string(buf).rfind("READY ", 0), 0u) << buf;
+  for (int i = 0; i < 3; ++i) {
+    auto reply = ipc::AskAdmin(admin, "stats", std::chrono::seconds(5));
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    auto c = Client::Connect({sock, "after-ready"});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->Ping().ok());
+  }
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(WaitChild(pid), 0);
+  ::close(out[0]);
+  ::rmdir(dir.c_str());
 }
 
 TEST(Lifecycle, NonSocketFileAtThePathIsNotTouched) {

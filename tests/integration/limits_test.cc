@@ -2,6 +2,7 @@
 // say hello, clients that never read, peers that die mid-conversation. Each
 // case against the real broker binary.
 #include <poll.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -273,6 +274,61 @@ TEST(Limits, AllowListsCannotExhaustTheBrokersFds) {
   EXPECT_NE(out.message().find("file descriptors"), std::string::npos) << out.message();
   fill.clear();
   EXPECT_TRUE(c->Ping().ok());
+}
+
+// A memory cgroup this test makes, removed again whatever happens.
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(uint64_t limit) {
+    const std::string name = "membroker-test-" + std::to_string(::getpid());
+    // v2 where the unified hierarchy has the memory controller, else v1.
+    for (const char* root : {"/sys/fs/cgroup", "/sys/fs/cgroup/memory"}) {
+      const bool v2 = std::string(root) == "/sys/fs/cgroup";
+      if (v2 && ::access("/sys/fs/cgroup/cgroup.controllers", F_OK) != 0) continue;
+      const std::string dir = std::string(root) + "/" + name;
+      if (::mkdir(dir.c_str(), 0755) != 0) continue;
+      std::ofstream f(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+      f << limit;
+      f.close();
+      if (!f) {
+        ::rmdir(dir.c_str());
+        continue;
+      }
+      dir_ = dir;
+      return;
+    }
+  }
+  ~MemoryCgroup() {
+    if (!dir_.empty()) ::rmdir(dir_.c_str());  // empty once its broker has exited
+  }
+  bool ok() const { return !dir_.empty(); }
+  std::string procs() const { return dir_ + "/cgroup.procs"; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// In a 1 GiB memory cgroup the broker's default budget comes from the
+// cgroup, not the host's RAM, and says so; a 2 GiB request is an error reply,
+// not the OOM killer ending the broker.
+TEST(Limits, TheDefaultBudgetComesFromTheMemoryCgroup) {
+  MemoryCgroup cg(1ull << 30);
+  if (!cg.ok()) GTEST_SKIP() << "cannot make a memory cgroup here (needs root and a writable cgroupfs)";
+  {
+    BrokerProcess b({}, false, 0, cg.procs());
+    EXPECT_EQ(b.Stat("bytes_budget"), 512ull << 20);
+    std::string stats = b.Admin("stats");
+    EXPECT_NE(stats.find("bytes_budget_source: half of cgroup memory."), std::string::npos) << stats;
+    EXPECT_NE(stats.find(cg.dir()), std::string::npos) << stats;
+    auto c = Client::Connect(Opts(b, "greedy"));
+    ASSERT_TRUE(c.ok());
+    auto big = c->MallocPhysical(size_t{2} << 30);
+    EXPECT_EQ(big.code(), ErrorCode::kResourceExhausted) << big.status().ToString();
+    auto fits = c->MallocPhysical(size_t{256} << 20);
+    EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+    EXPECT_TRUE(c->Ping().ok());  // the broker is alive and serving
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -35,9 +36,14 @@ std::string ReadAllFromFd(int fd) {
 }
 
 pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out_fd,
-                  uint64_t fd_limit = 0) {
+                  uint64_t fd_limit = 0, const std::string& cgroup_procs = "") {
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (!cgroup_procs.empty()) {
+      FILE* f = std::fopen(cgroup_procs.c_str(), "w");
+      if (f == nullptr || std::fprintf(f, "%d\n", static_cast<int>(::getpid())) < 0 || std::fclose(f) != 0)
+        _exit(125);
+    }
     if (fd_limit != 0) {
       rlimit rl{fd_limit, fd_limit};
       if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
@@ -73,7 +79,8 @@ std::string BinaryPath(const char* name) {
   return dir + "/examples/" + name;
 }
 
-BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_file, uint64_t fd_limit) {
+BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_file, uint64_t fd_limit,
+                             const std::string& cgroup_procs) {
   char tmpl[] = "/tmp/membroker-test.XXXXXX";
   char* d = ::mkdtemp(tmpl);
   if (d == nullptr) std::abort();
@@ -90,7 +97,7 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_fi
     log_fd = ::open(log_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (log_fd < 0) std::abort();
   }
-  pid_ = SpawnBroker(args, ready[1], log_fd, fd_limit);
+  pid_ = SpawnBroker(args, ready[1], log_fd, fd_limit, cgroup_procs);
   ::close(ready[1]);
   if (log_fd >= 0) ::close(log_fd);
   std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it

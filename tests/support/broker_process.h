@@ -17,8 +17,9 @@ class BrokerProcess {
   // Starts membrokerd with extra flags; aborts the test on failure. With
   // log_to_file its stderr goes to log_path() instead of the test's.
   // fd_limit: the broker's RLIMIT_NOFILE (soft and hard), 0 for the test's.
+  // cgroup_procs: a cgroup.procs file the broker process joins before exec.
   explicit BrokerProcess(std::vector<std::string> extra_args = {}, bool log_to_file = false,
-                         uint64_t fd_limit = 0);
+                         uint64_t fd_limit = 0, const std::string& cgroup_procs = "");
   ~BrokerProcess();
 
   const std::string& socket() const { return socket_; }
