@@ -231,7 +231,8 @@ class Broker {
   // Gives s one more reference to a, recorded in `into` (its ledger or its
   // engine's holdings) and charged as an import, and sends the ImportReply
   // carrying fd.
-  Status GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Ledger& into);
+  Status GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Ledger& into,
+                     const std::string& metadata = "");
   // Drops one reference; the allocation goes when the last one does.
   void DropReference(uint64_t allocation_id);
   // Closes the batch's fds on a worker, counted in bytes_returning meanwhile.

@@ -64,7 +64,7 @@ void Broker::DropReference(uint64_t id) {
 }
 
 Status Broker::GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only,
-                           Ledger& into) {
+                           Ledger& into, const std::string& metadata) {
   if (into.Holds(a.id))
     return Status(ErrorCode::kAlreadyExists, "this client already holds allocation " +
                                                  std::to_string(a.id) +
@@ -75,7 +75,7 @@ Status Broker::GrantImport(Session& s, uint64_t rid, const Allocation& a, int fd
   into.Add(a.id, read_only);
   table_.AddHolder(a.id);
   table_.CountImport();
-  Send(s, rid, ipc::ImportReply{a.id, a.size, a.page_size, read_only, a.pinned, a.fixed_address},
+  Send(s, rid, ipc::ImportReply{a.id, a.size, a.page_size, read_only, a.pinned, a.fixed_address, metadata},
        std::span<const int>(&fd, 1));
   return Status::Ok();
 }

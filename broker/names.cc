@@ -40,6 +40,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   e.uid = s.cred.uid;
   e.read_only = read_only;
   e.persist = m.flags & ipc::kPublishPersist;
+  e.metadata = m.metadata;
   table_.AddHolder(m.allocation);  // the publication's own reference
   NamedEntry& entry = names_.emplace(m.name, std::move(e)).first->second;
   MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d",
@@ -57,7 +58,8 @@ Status Broker::GrantNamed(Session& s, uint64_t rid, const NamedEntry& e) {
                   "\"" + e.name + "\" was published by another user (uid " + std::to_string(e.uid) + ")");
   const Allocation* a = table_.Find(e.allocation);
   if (a == nullptr) return Status(ErrorCode::kNotFound, "\"" + e.name + "\" is gone");
-  return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->memory.fd.get(), e.read_only, s.ledger);
+  return GrantImport(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->memory.fd.get(), e.read_only, s.ledger,
+                     e.metadata);
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::LookupRequest& m) {

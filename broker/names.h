@@ -25,6 +25,7 @@ struct NamedEntry {
   bool read_only = false;
   bool persist = false;
   ipc::UniqueFd read_only_fd;  // what lookups of a read-only object get
+  std::string metadata;        // the publisher's, given to every lookup
 };
 
 }  // namespace membroker::broker

@@ -75,8 +75,11 @@ struct Encoder {
     return w::CreateImportRequest(b, t).Union();
   }
   fb::Offset<void> operator()(const ImportReply& m) {
+    auto meta = m.metadata.empty() ? fb::Offset<fb::Vector<uint8_t>>()
+                                   : b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()),
+                                                    m.metadata.size());
     return w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only, m.pinned,
-                                 m.fixed_address)
+                                 m.fixed_address, meta)
                 .Union();
   }
   fb::Offset<void> operator()(const PingRequest&) {
@@ -159,7 +162,10 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const PublishRequest& m) {
     auto n = b.CreateString(m.name);
-    return w::CreatePublishRequest(b, n, m.allocation, static_cast<w::PublishFlags>(m.flags)).Union();
+    auto meta = m.metadata.empty() ? fb::Offset<fb::Vector<uint8_t>>()
+                                   : b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()),
+                                                    m.metadata.size());
+    return w::CreatePublishRequest(b, n, m.allocation, static_cast<w::PublishFlags>(m.flags), meta).Union();
   }
   fb::Offset<void> operator()(const LookupRequest& m) {
     auto n = b.CreateString(m.name);
@@ -231,6 +237,15 @@ Status ReadString(const fb::String* s, size_t cap, const char* field, std::strin
   if (s->size() > cap)
     return Malformed(std::string(field) + " longer than " + std::to_string(cap) + " bytes");
   out->assign(s->c_str(), s->size());
+  return Status::Ok();
+}
+
+// Copies a capped, optional byte vector.
+Status ReadBytes(const fb::Vector<uint8_t>* v, size_t cap, const char* field, std::string* out) {
+  out->clear();
+  if (v == nullptr) return Status::Ok();
+  if (v->size() > cap) return Malformed(std::string(field) + " longer than " + std::to_string(cap) + " bytes");
+  out->assign(reinterpret_cast<const char*>(v->data()), v->size());
   return Status::Ok();
 }
 
@@ -313,8 +328,9 @@ Result<Message> Read(const w::ImportRequest* m) {
 }
 
 Result<Message> Read(const w::ImportReply* m) {
-  return Message(ImportReply{m->handle(), m->size(), m->page_size(), m->read_only(),
-                             m->pinned(), m->fixed_address()});
+  ImportReply r{m->handle(), m->size(), m->page_size(), m->read_only(), m->pinned(), m->fixed_address(), {}};
+  MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
+  return Message(std::move(r));
 }
 
 Result<Message> Read(const w::RegisterHostRequest* m) {
@@ -425,6 +441,7 @@ Result<Message> Read(const w::PublishRequest* m) {
   MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
   r.allocation = m->allocation();
   r.flags = m->flags();
+  MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
   return Message(std::move(r));
 }
 

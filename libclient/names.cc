@@ -12,12 +12,15 @@ Status CheckName(const std::string& name) {
 uint32_t Millis(int timeout_ms) { return timeout_ms < 0 ? 0 : static_cast<uint32_t>(timeout_ms); }
 }  // namespace
 
-Status Client::Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags) {
+Status Client::Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags,
+                       std::string_view metadata) {
   if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
+  if (metadata.size() > ipc::kMaxObjectMetadataBytes)
+    return Status(ErrorCode::kParamInvalid, "metadata is at most 4096 bytes");
   if (!handle.valid() || !core_->HoldsUnfreed(handle.id()))
     return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
-  return core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags}).status();
+  return core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags, std::string(metadata)}).status();
 }
 
 Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
@@ -27,8 +30,10 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
                                                              std::chrono::milliseconds(Millis(timeout_ms))));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "LookupRequest got a wrong reply");
-  return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only, m->pinned,
-                     m->fixed_address);
+  PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
+                                 m->pinned, m->fixed_address);
+  h.metadata_ = std::move(m->metadata);
+  return h;
 }
 
 Status Client::Unpublish(const std::string& name) {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "membroker/status.h"
@@ -137,6 +138,9 @@ class MEMBROKER_API PhysicalHandle {
   void* fixed_address() const { return reinterpret_cast<void*>(fixed_address_); }
   // The token of an allocation made with prop.exported; empty otherwise.
   const std::string& export_token() const { return export_token_; }
+  // For a handle from Lookup: the metadata its publisher gave (Publish);
+  // empty otherwise.
+  const std::string& metadata() const { return metadata_; }
 
  private:
   friend class Client;
@@ -151,6 +155,7 @@ class MEMBROKER_API PhysicalHandle {
   uint64_t fixed_address_ = 0;
   std::string export_token_;
   uint32_t export_flags_ = 0;  // the flags export_token_ was made with
+  std::string metadata_;
 };
 
 class MEMBROKER_API Reservation {
@@ -265,7 +270,10 @@ class MEMBROKER_API Client {
   // the handle's allocation (the publication holds its own reference). Names
   // are unique per broker (ALREADY_EXISTS). Without kPublishPersist the name
   // goes when this process exits.
-  Status Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags = 0);
+  // metadata (at most 4 KiB, e.g. a tensor's dtype and shape) is kept with the
+  // name and given to every Lookup (PhysicalHandle::metadata()).
+  Status Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags = 0,
+                 std::string_view metadata = {});
   // A handle to the named allocation, as an import. Waits in the broker up to
   // timeout_ms for the name to be published (TIMEOUT); 0: NOT_FOUND at once.
   Result<PhysicalHandle> Lookup(const std::string& name, int timeout_ms = 0);

@@ -31,6 +31,7 @@ inline constexpr size_t kMaxNotifiesPerReply = 32;
 inline constexpr size_t kMaxObjectNameBytes = 256;
 inline constexpr size_t kMaxNamesPerReply = 128;
 inline constexpr size_t kMaxEventsPerReply = 64;
+inline constexpr size_t kMaxObjectMetadataBytes = 4096;  // a named object's (a tensor's dtype, shape...)
 inline constexpr size_t kMaxEnginePeers = 63;  // = kEngineSlots (engine_control.h)
 
 // Publish flags.
@@ -121,6 +122,7 @@ struct ImportReply {  // + the allocation's fd
   bool read_only = false;
   bool pinned = false;
   uint64_t fixed_address = 0;
+  std::string metadata;  // a named object's, for lookups
   bool operator==(const ImportReply&) const = default;
 };
 struct RegisterHostRequest {
@@ -218,6 +220,7 @@ struct PublishRequest {
   std::string name;
   uint64_t allocation = 0;
   uint32_t flags = 0;
+  std::string metadata;
   bool operator==(const PublishRequest&) const = default;
 };
 struct LookupRequest {  // answered by ImportReply + fd
