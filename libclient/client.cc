@@ -263,6 +263,7 @@ PhysicalHandle& PhysicalHandle::operator=(PhysicalHandle&& o) noexcept {
     fixed_address_ = o.fixed_address_;
     export_token_ = std::move(o.export_token_);
     export_flags_ = o.export_flags_;
+    metadata_ = std::move(o.metadata_);
   }
   return *this;
 }

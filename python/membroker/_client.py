@@ -1,0 +1,138 @@
+"""The Pythonic client: membroker.connect() and what it returns."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import _membroker
+from ._errors import Error
+from ._tensor import Tensor, _np
+
+
+class Client:
+    """One connection to membrokerd (thread-safe). Use it as a context
+    manager, or call close(); everything the process holds is released by
+    the broker when the process ends, whatever way it ends."""
+
+    def __init__(self, native):
+        self._c = native
+
+    # -- the connection ---------------------------------------------------------------------------------
+    @property
+    def client_id(self) -> int:
+        return self._c.client_id
+
+    def ping(self) -> None:
+        """One round trip to the broker."""
+        self._c.ping()
+
+    def close(self) -> None:
+        """Drops this object's hold on the connection (it closes when the last
+        handle and mapping made through it are gone too)."""
+        self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def native(self):
+        if self._c is None:
+            raise _errors_not_connected()
+        return self._c
+
+    # -- the VMM path -----------------------------------------------------------------------------------
+    def malloc_physical(self, size: int, page_policy: str = "normal", pinned: bool = False,
+                        same_address: bool = False, exported: bool = False, export_flags: int = 0):
+        """Broker memory of at least `size` bytes (rounded to the page size):
+        a PhysicalHandle. page_policy: normal, huge-first, huge, huge1g."""
+        return self.native.malloc_physical(size, page_policy, pinned, same_address, exported, export_flags)
+
+    def reserve(self, size: int, alignment: int = 0):
+        """An address range of this process, reserved (not yet backed)."""
+        return self.native.reserve(size, alignment)
+
+    def map(self, reservation, handle, at: int = 0, size: int = 0, offset: int = 0, populate: bool = False):
+        """Maps handle (from offset, size bytes; all by default) at reservation.base + at: a
+        Mapping, which supports the buffer protocol, __array_interface__ and DLPack."""
+        return self.native.map(reservation, handle, at, size, offset, populate)
+
+    def map_handle(self, handle):
+        """Reserves a range for the whole handle and maps it there."""
+        return self.map(self.reserve(handle.size), handle)
+
+    def set_access(self, mapping, access: str) -> None:
+        """'none', 'read' or 'read-write' for the whole mapping."""
+        self.native.set_access(mapping, access)
+
+    # -- sharing ---------------------------------------------------------------------------------------
+    def export(self, handle, no_pid_check: bool = False, read_only: bool = False) -> str:
+        """A token another process may import (after set_pids, or any process of this uid
+        with no_pid_check)."""
+        return self.native.export(handle, no_pid_check, read_only)
+
+    def set_pids(self, token: str, pids: Sequence[int]) -> None:
+        self.native.set_pids(token, list(pids))
+
+    def import_handle(self, token: str):
+        return self.native.import_handle(token)
+
+    # -- named objects ---------------------------------------------------------------------------------
+    def publish(self, name: str, handle, read_only: bool = False, persist: bool = False,
+                metadata: bytes = b"") -> None:
+        self.native.publish(handle, name, read_only, persist, metadata)
+
+    def lookup(self, name: str, timeout_ms: int = 0):
+        """The handle published as name, waiting up to timeout_ms (membroker.Timeout after)."""
+        return self.native.lookup(name, timeout_ms)
+
+    def unpublish(self, name: str) -> None:
+        self.native.unpublish(name)
+
+    def list_names(self, prefix: str = "") -> list[dict]:
+        return self.native.list_names(prefix)
+
+    # -- tensors ---------------------------------------------------------------------------------------
+    def new_tensor(self, shape: Sequence[int], dtype="float32", page_policy: str = "normal") -> Tensor:
+        """An uninitialised C-order tensor in fresh broker memory, mapped here."""
+        np = _np()
+        dt = np.dtype(dtype)
+        nbytes = dt.itemsize
+        for s in shape:
+            nbytes *= int(s)
+        handle = self.malloc_physical(max(nbytes, 1), page_policy)
+        return Tensor(handle, self.map_handle(handle), dt.str, shape)
+
+    def tensor_from(self, array, page_policy: str = "normal") -> Tensor:
+        """A broker-memory copy of a numpy array (or anything np.asarray takes)."""
+        np = _np()
+        src = np.ascontiguousarray(np.asarray(array))
+        t = self.new_tensor(src.shape, src.dtype, page_policy)
+        t.numpy()[...] = src
+        return t
+
+    def publish_tensor(self, name: str, tensor: Tensor, read_only: bool = False, persist: bool = False) -> None:
+        """Publishes the tensor's memory under name with its dtype, shape and strides."""
+        self.publish(name, tensor.handle, read_only, persist, tensor.metadata())
+
+    def lookup_tensor(self, name: str, timeout_ms: int = 0) -> Tensor:
+        """The tensor published as name, mapped here (read-only if published so)."""
+        handle = self.lookup(name, timeout_ms)
+        meta = Tensor.parse_metadata(handle.metadata)
+        return Tensor(handle, self.map_handle(handle), meta["dtype"], meta["shape"], meta["strides"],
+                      meta["offset"])
+
+
+def _errors_not_connected():
+    from ._errors import NotConnected
+    return NotConnected("this Client is closed", 10)
+
+
+def connect(socket: str, name: str = "", call_timeout_ms: int = 30000) -> Client:
+    """Connects to the broker at `socket` (one round trip). call_timeout_ms bounds how long
+    any call waits for the broker beyond what it asks the broker to wait."""
+    return Client(_membroker.Client.connect(socket, name, call_timeout_ms))
+
+
+__all__ = ["Client", "connect", "Error"]

@@ -1,0 +1,98 @@
+"""Tensors in broker memory: a mapping plus dtype, shape and strides."""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+# numpy is imported where needed, torch only when asked for: the package
+# works without either.
+
+
+def _np():
+    import numpy
+    return numpy
+
+
+class Tensor:
+    """A tensor whose bytes live in one broker allocation, mapped into this
+    process. .numpy() and .torch() are views over the same pages (no copy);
+    each keeps the mapping alive for as long as it lives. .read_only is true
+    for tensors looked up from a read-only publication: their views refuse
+    writes (numpy: not writeable; torch: a warning, as torch has no read-only
+    tensors - use .numpy() where it matters)."""
+
+    def __init__(self, handle, mapping, dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None,
+                 offset: int = 0):
+        np = _np()
+        self.handle = handle
+        self.mapping = mapping
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        itemsize = self.dtype.itemsize
+        if strides is None:  # C order
+            strides, step = [], itemsize
+            for s in reversed(self.shape):
+                strides.insert(0, step)
+                step *= s
+        self.strides = tuple(int(s) for s in strides)
+        self.offset = int(offset)
+        extent = self.offset + (max((n - 1) * st for n, st in zip(self.shape, self.strides)) + itemsize
+                                if all(self.shape) else 0)
+        if self.offset < 0 or any(st < 0 for st in self.strides) or extent > mapping.size:
+            raise ValueError(f"a {self.dtype} tensor of shape {self.shape} and strides {self.strides} at offset "
+                             f"{self.offset} does not fit {mapping.size} bytes")
+
+    @property
+    def read_only(self) -> bool:
+        return self.mapping.read_only
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+    def numpy(self):
+        """An ndarray over the tensor's pages (not writeable when read-only).
+        Its .base holds the mapping, which stays mapped while the array lives."""
+        np = _np()
+        return np.ndarray(shape=self.shape, dtype=self.dtype, buffer=self.mapping, offset=self.offset,
+                          strides=self.strides)
+
+    def torch(self):
+        """A torch tensor over the tensor's pages (torch.from_numpy of .numpy())."""
+        import torch
+        import warnings
+        arr = self.numpy()
+        if self.read_only:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns about non-writeable arrays
+                return torch.from_numpy(arr)
+        return torch.from_numpy(arr)
+
+    def metadata(self) -> bytes:
+        return json.dumps({"dtype": self.dtype.str, "shape": list(self.shape), "strides": list(self.strides),
+                           "offset": self.offset}).encode()
+
+    @staticmethod
+    def parse_metadata(blob: bytes) -> dict:
+        try:
+            meta = json.loads(blob.decode())
+            return {"dtype": str(meta["dtype"]), "shape": [int(x) for x in meta["shape"]],
+                    "strides": [int(x) for x in meta["strides"]], "offset": int(meta.get("offset", 0))}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"not a membroker tensor's metadata: {blob[:80]!r}") from e
+
+    def close(self):
+        """No new views; the memory stays mapped while existing ones live."""
+        self.mapping.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"membroker.Tensor(dtype={self.dtype}, shape={self.shape}, read_only={self.read_only})"

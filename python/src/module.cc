@@ -1,0 +1,438 @@
+// _membroker: the C++ client library for Python (pybind11). The Pythonic
+// layer - error classes, tensors, the test fixture - is membroker/__init__.py
+// and friends; this file only wraps the C++ API.
+//
+// Lifetime: every Python object keeps what it depends on alive (a Mapping its
+// Reservation, PhysicalHandle and Client), and memory stays mapped while any
+// view of it exists: the buffer protocol's views, numpy arrays made from
+// __array_interface__ and DLPack capsules all hold a reference to the
+// Mapping, whose close() only refuses new views; the pages are unmapped when
+// the last reference goes.
+//
+// GIL: every call that can block (a broker round trip, a wait) releases it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "membroker/client.h"
+
+namespace py = pybind11;
+using namespace membroker;
+
+namespace {
+
+// The error a Status carries, raised as the Python class for its code
+// (membroker.Error subclasses, registered by __init__.py).
+struct BrokerError {
+  ErrorCode code;
+  std::string message;
+};
+// code (int) -> class. A handle that is never released: the interpreter may
+// already be gone when static destructors run.
+py::handle g_error_classes;
+
+[[noreturn]] void Raise(const Status& st) { throw BrokerError{st.code(), st.message()}; }
+void Check(const Status& st) {
+  if (!st.ok()) Raise(st);
+}
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+PagePolicy PolicyFrom(const std::string& name) {
+  if (name == "normal") return PagePolicy::kNormalOnly;
+  if (name == "huge-first") return PagePolicy::kHugeFirst;
+  if (name == "huge") return PagePolicy::kHugeOnly;
+  if (name == "huge1g") return PagePolicy::kHuge1GOnly;
+  Raise(Status(ErrorCode::kParamInvalid,
+               "unknown page policy '" + name + "' (normal, huge-first, huge, huge1g)"));
+}
+
+struct PyClient {
+  Client client;
+};
+
+struct PyHandle {
+  std::shared_ptr<PyClient> owner;
+  PhysicalHandle handle;
+};
+
+struct PyReservation {
+  std::shared_ptr<PyClient> owner;
+  Reservation reservation;
+};
+
+// A mapping and what it needs: Python references keep the reservation, the
+// handle and the client alive for as long as the mapping (and its views) are.
+struct PyMapping {
+  py::object reservation;  // PyReservation
+  py::object handle;       // PyHandle
+  std::shared_ptr<PyClient> owner;
+  Mapping mapping;
+  bool read_only = false;
+  bool closed = false;  // no new views; unmapped when the last reference goes
+
+  void CheckOpen() const {
+    if (closed) Raise(Status(ErrorCode::kNotMapped, "the mapping is closed (its existing views stay valid)"));
+  }
+  ~PyMapping() {
+    py::gil_scoped_release nogil;  // an unmap and a one-way release: no Python needed
+    mapping = Mapping();
+  }
+};
+
+// DLPack, legacy (DLManagedTensor, capsule "dltensor") and versioned
+// (DLPack 1.0's DLManagedTensorVersioned, capsule "dltensor_versioned", which
+// carries the read-only flag). The versioned struct is declared here from the
+// DLPack 1.0 specification; Debian's libdlpack-dev 0.6 predates it.
+struct DLPackVersion10 {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersioned10 {
+  DLPackVersion10 version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned10* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kDLFlagReadOnly = 1ull << 0;
+
+// What a capsule owns: the shape, and a reference to the mapping object.
+struct DLPackOwner {
+  int64_t shape[1];
+  PyObject* mapping;  // strong reference, dropped by the deleter
+};
+
+void ReleaseOwner(DLPackOwner* owner) {
+  py::gil_scoped_acquire gil;  // consumers may call deleters without the GIL
+  Py_XDECREF(owner->mapping);
+  delete owner;
+}
+
+DLTensor MakeTensor(PyMapping& m, DLPackOwner* owner) {
+  DLTensor t{};
+  t.data = m.mapping.data();
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLUInt, 8, 1};
+  owner->shape[0] = static_cast<int64_t>(m.mapping.size());
+  t.shape = owner->shape;
+  t.strides = nullptr;  // compact
+  t.byte_offset = 0;
+  return t;
+}
+
+py::capsule DLPackCapsule(py::object self, py::object max_version) {
+  PyMapping& m = self.cast<PyMapping&>();
+  m.CheckOpen();
+  auto* owner = new DLPackOwner{{0}, self.ptr()};
+  Py_INCREF(self.ptr());
+  bool versioned = false;
+  if (!max_version.is_none()) {
+    auto v = max_version.cast<std::pair<int, int>>();
+    versioned = v.first >= 1;
+  }
+  if (versioned) {
+    auto* t = new DLManagedTensorVersioned10{};
+    t->version = {1, 0};
+    t->manager_ctx = owner;
+    t->deleter = [](DLManagedTensorVersioned10* self) {
+      ReleaseOwner(static_cast<DLPackOwner*>(self->manager_ctx));
+      delete self;
+    };
+    t->flags = m.read_only ? kDLFlagReadOnly : 0;
+    t->dl_tensor = MakeTensor(m, owner);
+    return py::capsule(t, "dltensor_versioned", [](PyObject* cap) {
+      // Not consumed (still named so): the producer frees it.
+      if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        auto* t = static_cast<DLManagedTensorVersioned10*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+        t->deleter(t);
+      }
+    });
+  }
+  if (m.read_only)
+    Raise(Status(ErrorCode::kPermissionDenied,
+                 "this mapping is read-only, and the legacy DLPack capsule cannot say so: pass "
+                 "max_version=(1, 0), or use memoryview / __array_interface__"));
+  auto* t = new DLManagedTensor{};
+  t->manager_ctx = owner;
+  t->deleter = [](DLManagedTensor* self) {
+    ReleaseOwner(static_cast<DLPackOwner*>(self->manager_ctx));
+    delete self;
+  };
+  t->dl_tensor = MakeTensor(m, owner);
+  return py::capsule(t, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      t->deleter(t);
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_membroker, mod) {
+  mod.doc() = "membroker's C++ client library (use the membroker package, not this module)";
+
+  mod.def("_set_error_classes", [](py::dict classes) {
+    g_error_classes.dec_ref();
+    g_error_classes = classes.inc_ref();
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const BrokerError& e) {
+      py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+      const int code = static_cast<int>(e.code);
+      if (g_error_classes) {
+        py::dict classes = py::reinterpret_borrow<py::dict>(g_error_classes);
+        if (classes.contains(py::int_(code))) cls = classes[py::int_(code)];
+      }
+      PyErr_SetObject(cls.ptr(), py::make_tuple(e.message, code).ptr());
+    }
+  });
+  mod.def("error_code_name", [](int code) { return std::string(ErrorCodeName(static_cast<ErrorCode>(code))); });
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(mod, "Client")
+      .def_static(
+          "connect",
+          [](const std::string& socket, const std::string& name, uint32_t call_timeout_ms) {
+            ConnectOptions o{socket, name};
+            o.call_timeout_ms = call_timeout_ms;
+            Result<Client> c = [&] {
+              py::gil_scoped_release nogil;
+              return Client::Connect(o);
+            }();
+            auto pc = std::make_shared<PyClient>();
+            pc->client = Take(std::move(c));
+            return pc;
+          },
+          py::arg("socket"), py::arg("name") = "", py::arg("call_timeout_ms") = 30000)
+      .def_property_readonly("client_id", [](PyClient& c) { return c.client.client_id(); })
+      .def("ping",
+           [](PyClient& c) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = c.client.Ping();
+             }
+             Check(st);
+           })
+      .def(
+          "granularity",
+          [](PyClient& c, const std::string& policy, bool recommended) {
+            AllocationProp p;
+            p.page_policy = PolicyFrom(policy);
+            return Take(c.client.GetAllocationGranularity(
+                p, recommended ? GranularityOption::kRecommended : GranularityOption::kMinimum));
+          },
+          py::arg("page_policy") = "normal", py::arg("recommended") = false)
+      .def(
+          "malloc_physical",
+          [](std::shared_ptr<PyClient> c, size_t size, const std::string& policy, bool pinned,
+             bool same_address, bool exported, uint32_t export_flags) {
+            AllocationProp p;
+            p.page_policy = PolicyFrom(policy);
+            p.pinned = pinned;
+            p.same_address = same_address;
+            p.exported = exported;
+            p.export_flags = export_flags;
+            Result<PhysicalHandle> h = [&] {
+              py::gil_scoped_release nogil;
+              return c->client.MallocPhysical(size, p);
+            }();
+            auto ph = std::make_shared<PyHandle>();
+            ph->owner = c;
+            ph->handle = Take(std::move(h));
+            return ph;
+          },
+          py::arg("size"), py::arg("page_policy") = "normal", py::arg("pinned") = false,
+          py::arg("same_address") = false, py::arg("exported") = false, py::arg("export_flags") = 0)
+      .def(
+          "reserve",
+          [](std::shared_ptr<PyClient> c, size_t size, size_t alignment) {
+            auto r = std::make_shared<PyReservation>();
+            r->owner = c;
+            r->reservation = Take(c->client.ReserveMemAddress(size, alignment));
+            return r;
+          },
+          py::arg("size"), py::arg("alignment") = 0)
+      .def(
+          "map",
+          [](std::shared_ptr<PyClient> c, py::object reservation, py::object handle, size_t offset_in_reservation,
+             size_t size, size_t offset, bool populate) {
+            PyReservation& r = reservation.cast<PyReservation&>();
+            PyHandle& h = handle.cast<PyHandle&>();
+            if (size == 0) size = h.handle.size() - std::min(offset, h.handle.size());
+            auto m = std::make_shared<PyMapping>();
+            m->reservation = reservation;
+            m->handle = handle;
+            m->owner = c;
+            m->read_only = h.handle.read_only();
+            m->mapping = Take(c->client.MapMem(r.reservation.at(offset_in_reservation), size, offset, h.handle,
+                                               populate ? kMapPopulate : 0));
+            return m;
+          },
+          py::arg("reservation"), py::arg("handle"), py::arg("at") = 0, py::arg("size") = 0,
+          py::arg("offset") = 0, py::arg("populate") = false)
+      .def(
+          "set_access",
+          [](PyClient& c, PyMapping& m, const std::string& access) {
+            m.CheckOpen();
+            Access a = access == "none" ? Access::kNone
+                       : access == "read" ? Access::kRead
+                       : access == "read-write"
+                           ? Access::kReadWrite
+                           : (Raise(Status(ErrorCode::kParamInvalid,
+                                           "access is 'none', 'read' or 'read-write', not '" + access + "'")),
+                              Access::kNone);
+            Check(c.client.MemSetAccess(m.mapping.data(), m.mapping.size(), a));
+          },
+          py::arg("mapping"), py::arg("access"))
+      .def(
+          "export",
+          [](PyClient& c, PyHandle& h, bool no_pid_check, bool read_only) {
+            uint32_t flags = (no_pid_check ? kExportNoPidCheck : 0) | (read_only ? kExportReadOnly : 0);
+            Result<std::string> t = [&] {
+              py::gil_scoped_release nogil;
+              return c.client.ExportToShareableHandle(h.handle, flags);
+            }();
+            return Take(std::move(t));
+          },
+          py::arg("handle"), py::arg("no_pid_check") = false, py::arg("read_only") = false)
+      .def("set_pids",
+           [](PyClient& c, const std::string& token, std::vector<pid_t> pids) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = c.client.SetPidToShareableHandle(token, pids);
+             }
+             Check(st);
+           })
+      .def("import_handle",
+           [](std::shared_ptr<PyClient> c, const std::string& token) {
+             Result<PhysicalHandle> h = [&] {
+               py::gil_scoped_release nogil;
+               return c->client.ImportFromShareableHandle(token);
+             }();
+             auto ph = std::make_shared<PyHandle>();
+             ph->owner = c;
+             ph->handle = Take(std::move(h));
+             return ph;
+           })
+      .def(
+          "publish",
+          [](PyClient& c, PyHandle& h, const std::string& name, bool read_only, bool persist,
+             py::bytes metadata) {
+            uint32_t flags = (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0);
+            std::string meta = metadata;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.client.Publish(name, h.handle, flags, meta);
+            }
+            Check(st);
+          },
+          py::arg("handle"), py::arg("name"), py::arg("read_only") = false, py::arg("persist") = false,
+          py::arg("metadata") = py::bytes())
+      .def(
+          "lookup",
+          [](std::shared_ptr<PyClient> c, const std::string& name, int timeout_ms) {
+            Result<PhysicalHandle> h = [&] {
+              py::gil_scoped_release nogil;
+              return c->client.Lookup(name, timeout_ms);
+            }();
+            auto ph = std::make_shared<PyHandle>();
+            ph->owner = c;
+            ph->handle = Take(std::move(h));
+            return ph;
+          },
+          py::arg("name"), py::arg("timeout_ms") = 0)
+      .def("unpublish",
+           [](PyClient& c, const std::string& name) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = c.client.Unpublish(name);
+             }
+             Check(st);
+           })
+      .def(
+          "list_names",
+          [](PyClient& c, const std::string& prefix) {
+            Result<std::vector<NamedObjectInfo>> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.client.ListNames(prefix);
+            }();
+            py::list out;
+            for (const NamedObjectInfo& o : Take(std::move(r))) {
+              py::dict d;
+              d["name"] = o.name;
+              d["allocation"] = o.allocation;
+              d["size"] = o.size;
+              d["read_only"] = o.read_only;
+              d["persist"] = o.persist;
+              d["publisher_pid"] = o.publisher_pid;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("prefix") = "")
+      .def_property_readonly("async_errors", [](PyClient& c) { return c.client.async_errors(); });
+
+  py::class_<PyHandle, std::shared_ptr<PyHandle>>(mod, "PhysicalHandle")
+      .def_property_readonly("id", [](PyHandle& h) { return h.handle.id(); })
+      .def_property_readonly("size", [](PyHandle& h) { return h.handle.size(); })
+      .def_property_readonly("page_size", [](PyHandle& h) { return h.handle.page_size(); })
+      .def_property_readonly("read_only", [](PyHandle& h) { return h.handle.read_only(); })
+      .def_property_readonly("pinned", [](PyHandle& h) { return h.handle.pinned(); })
+      .def_property_readonly("from_pool", [](PyHandle& h) { return h.handle.from_pool(); })
+      .def_property_readonly("export_token", [](PyHandle& h) { return h.handle.export_token(); })
+      .def_property_readonly("metadata", [](PyHandle& h) { return py::bytes(h.handle.metadata()); })
+      .def_property_readonly("valid", [](PyHandle& h) { return h.handle.valid(); })
+      .def("free", [](PyHandle& h) { Check(h.owner->client.FreePhysical(h.handle)); });
+
+  py::class_<PyReservation, std::shared_ptr<PyReservation>>(mod, "Reservation")
+      .def_property_readonly("base", [](PyReservation& r) { return reinterpret_cast<uintptr_t>(r.reservation.base()); })
+      .def_property_readonly("size", [](PyReservation& r) { return r.reservation.size(); });
+
+  py::class_<PyMapping, std::shared_ptr<PyMapping>>(mod, "Mapping", py::buffer_protocol())
+      // A buffer getter must not throw (pybind11 would abort): a closed
+      // mapping offers an empty buffer instead of a new view.
+      .def_buffer([](PyMapping& m) {
+        const py::ssize_t n = m.closed ? 0 : static_cast<py::ssize_t>(m.mapping.size());
+        return py::buffer_info(m.mapping.data(), 1, py::format_descriptor<uint8_t>::format(), 1, {n}, {1},
+                               m.read_only);
+      })
+      .def_property_readonly("address", [](PyMapping& m) { return reinterpret_cast<uintptr_t>(m.mapping.data()); })
+      .def_property_readonly("size", [](PyMapping& m) { return m.mapping.size(); })
+      .def_property_readonly("read_only", [](PyMapping& m) { return m.read_only; })
+      .def_property_readonly("closed", [](PyMapping& m) { return m.closed; })
+      .def_property_readonly("__array_interface__",
+                             [](PyMapping& m) {
+                               m.CheckOpen();
+                               py::dict d;
+                               d["shape"] = py::make_tuple(m.mapping.size());
+                               d["typestr"] = "|u1";
+                               d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(m.mapping.data()), m.read_only);
+                               d["version"] = 3;
+                               return d;
+                             })
+      .def("__dlpack__",
+           [](py::object self, py::object stream, py::object max_version) {
+             (void)stream;  // host memory: nothing to synchronise
+             return DLPackCapsule(self, max_version);
+           },
+           py::arg("stream") = py::none(), py::arg("max_version") = py::none())
+      .def("__dlpack_device__", [](PyMapping&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
+      .def("close", [](PyMapping& m) { m.closed = true; });
+}

@@ -1,0 +1,172 @@
+"""The Python package against a real broker, with real child processes."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import membroker
+
+
+def child(code: str, *args: str, **kw) -> subprocess.Popen:
+    """A separate Python process running code (its argv follows)."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p: subprocess.Popen, timeout: float = 30) -> str:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, f"child failed ({p.returncode}):\n{out}\n{err}"
+    return out
+
+
+def test_every_error_class_carries_its_wire_code(mb):
+    for code, cls in membroker._errors.CLASSES.items():
+        assert issubclass(cls, membroker.Error)
+        assert cls.code == code and membroker.error_class(code) is cls
+    with pytest.raises(membroker.NotConnected) as e:
+        membroker.connect(mb.dir + "/missing.sock", "nobody")
+    assert e.value.code == 10 and e.value.code_name == "NOT_CONNECTED"
+    c = membroker.connect(mb.socket, "errors")
+    with pytest.raises(membroker.Timeout) as e:
+        c.lookup("not/there", timeout_ms=50)
+    assert "in time" in e.value.message
+    with pytest.raises(membroker.NotFound):
+        c.lookup("not/there")
+    with pytest.raises(membroker.ParamInvalid):
+        c.malloc_physical(4096, page_policy="enormous")
+    with pytest.raises(membroker.ParamInvalid):
+        c.malloc_physical(0)
+    with pytest.raises(membroker.NotFound):
+        c.import_handle("")
+    with pytest.raises(membroker.ResourceExhausted):
+        c.malloc_physical(1 << 39)
+    c.ping()  # none of it cost the connection
+
+
+def test_numpy_array_shared_with_another_process_without_a_copy(mb):
+    c = membroker.connect(mb.socket, "producer")
+    t = c.new_tensor((256, 1024), "float32")
+    a = t.numpy()
+    a[:] = np.arange(256 * 1024, dtype=np.float32).reshape(256, 1024)
+    c.publish_tensor("np/frame", t)
+    p = child("""
+        import sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "consumer")
+        t = c.lookup_tensor("np/frame", timeout_ms=5000)
+        a = t.numpy()
+        assert a.shape == (256, 1024) and a.dtype == np.float32, (a.shape, a.dtype)
+        print(float(a.sum()))
+        a[0, 0] = -7.0          # visible to the producer: the same pages
+        sys.stdout.flush()
+    """, mb.socket)
+    out = finish(p)
+    assert float(out) == float(np.arange(256 * 1024, dtype=np.float64).sum())
+    assert a[0, 0] == -7.0
+
+
+def test_torch_tensors_both_ways(mb):
+    import torch
+    c = membroker.connect(mb.socket, "torch-producer")
+    t = c.new_tensor((64, 64), "float32")
+    tt = t.torch()
+    tt.copy_(torch.full((64, 64), 3.0))
+    c.publish_tensor("torch/x", t)
+    p = child("""
+        import sys, torch, membroker
+        c = membroker.connect(sys.argv[1], "torch-consumer")
+        x = c.lookup_tensor("torch/x", timeout_ms=5000).torch()
+        assert x.dtype == torch.float32 and tuple(x.shape) == (64, 64)
+        assert float(x.sum()) == 3.0 * 64 * 64
+        x.mul_(2)              # in place, in broker memory
+    """, mb.socket)
+    finish(p)
+    assert float(tt.sum()) == 6.0 * 64 * 64
+
+
+def test_dlpack_legacy_and_versioned(mb):
+    import torch
+    c = membroker.connect(mb.socket, "dlpack")
+    h = c.malloc_physical(1 << 16)
+    m = c.map_handle(h)
+    t = torch.from_dlpack(m)         # legacy capsule (torch 1.13)
+    t[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    a = np.from_dlpack(m)            # legacy capsule (numpy 1.24 makes every DLPack import read-only)
+    assert a[:4].tolist() == [1, 2, 3, 4]
+    t[4] = 9
+    assert a[4] == 9                 # the same pages
+    assert m.__dlpack_device__() == (1, 0)
+    cap = m.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(cap)
+    # Read-only memory: the versioned capsule says so; the legacy one cannot, so it is refused.
+    token = c.export(h, no_pid_check=True, read_only=True)
+    other = membroker.connect(mb.socket, "reader")
+    ro = other.map_handle(other.import_handle(token))
+    assert ro.read_only and memoryview(ro).readonly
+    with pytest.raises(membroker.PermissionDenied):
+        ro.__dlpack__()
+    assert "dltensor_versioned" in repr(ro.__dlpack__(max_version=(1, 0)))
+
+
+def test_read_only_publication_refuses_writes(mb):
+    c = membroker.connect(mb.socket, "weights-loader")
+    w = c.tensor_from(np.ones((8, 8), dtype=np.float16))
+    c.publish_tensor("weights/ro", w, read_only=True)
+    r = membroker.connect(mb.socket, "worker").lookup_tensor("weights/ro", timeout_ms=1000)
+    arr = r.numpy()
+    assert r.read_only and not arr.flags.writeable and arr.dtype == np.float16
+    with pytest.raises(ValueError):
+        arr[0, 0] = 2
+    with pytest.raises(TypeError):
+        memoryview(r.mapping)[0] = 1
+    assert arr.sum() == 64
+
+
+def test_views_outlive_their_mapping_and_client(mb):
+    c = membroker.connect(mb.socket, "short-lived")
+    t = c.tensor_from(np.arange(1000, dtype=np.int64))
+    view = t.numpy()[10:20]
+    mv = memoryview(t.mapping)
+    t.close()                         # no new views...
+    assert len(memoryview(t.mapping)) == 0
+    with pytest.raises(membroker.NotMapped):
+        t.mapping.__array_interface__
+    del t, c
+    gc.collect()
+    assert view.tolist() == list(range(10, 20))   # ...but these stay mapped
+    assert mv[80] == 10
+    assert mb.stats()["allocations_live"] == 1
+    del view, mv
+    gc.collect()
+    assert mb.wait_for_stat("allocations_live", 0) == 0
+
+
+def test_a_consumer_killed_while_holding_views_leaves_nothing(mb):
+    c = membroker.connect(mb.socket, "owner")
+    t = c.new_tensor((1 << 20,), "uint8")
+    c.publish_tensor("crash/t", t)
+    p = child("""
+        import sys, time, membroker
+        c = membroker.connect(sys.argv[1], "doomed")
+        a = c.lookup_tensor("crash/t", timeout_ms=5000).numpy()
+        v = memoryview(a)
+        print("holding", flush=True)
+        time.sleep(60)
+    """, mb.socket)
+    assert p.stdout.readline().strip() == "holding"
+    assert mb.stats()["imports"] == 1
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    p.stdout.close()
+    p.stderr.close()
+    assert mb.wait_for_stat("clients_connected", 1) == 1
+    assert mb.stats()["clients_crashed"] == 1
+    c.unpublish("crash/t")
+    del t, c
+    gc.collect()
+    assert mb.wait_for_stat("allocations_live", 0) == 0
+    assert mb.stats()["clients_connected"] == 0 or mb.wait_for_stat("clients_connected", 0) == 0
