@@ -170,3 +170,15 @@ def test_a_consumer_killed_while_holding_views_leaves_nothing(mb):
     gc.collect()
     assert mb.wait_for_stat("allocations_live", 0) == 0
     assert mb.stats()["clients_connected"] == 0 or mb.wait_for_stat("clients_connected", 0) == 0
+
+
+def test_the_weight_sharing_example(mb):
+    """examples/python/weights.py: the loader exits, the workers still map its weights."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "..", "examples", "python", "weights.py")
+    out = subprocess.run([sys.executable, example, "--socket", mb.socket, "--workers", "3", "--mib", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("checksum") == 3 and "weights: ok" in out.stdout
+    assert mb.wait_for_stat("allocations_live", 0) == 0
+    assert mb.stats()["named_objects"] == 0
