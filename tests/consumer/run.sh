@@ -12,6 +12,7 @@ cmake -S "$src" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/nu
 cmake --build "$tmp/cmake-build" >/dev/null
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig:$tmp/prefix/lib/x86_64-linux-gnu/pkgconfig"
 g++ "$src/main.cc" -o "$tmp/consumer_via_pkgconfig" $(pkg-config --cflags --libs membroker)
+cc -std=c11 -Wall -Werror "$src/consumer.c" -o "$tmp/c_consumer" $(pkg-config --cflags --libs membroker-c)
 
 mkfifo "$tmp/ready"
 "$tmp/prefix/bin/membrokerd" --socket "$tmp/b.sock" --ready-fd 3 3>"$tmp/ready" &
@@ -20,7 +21,14 @@ read -r _ <"$tmp/ready"
 lib=$(dirname "$(find "$tmp/prefix" -name 'libmembroker.so' | head -1)")
 LD_LIBRARY_PATH="$lib" "$tmp/cmake-build/consumer_via_cmake" "$tmp/b.sock"
 LD_LIBRARY_PATH="$lib" "$tmp/consumer_via_pkgconfig" "$tmp/b.sock"
-"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 2'
+LD_LIBRARY_PATH="$lib" "$tmp/c_consumer" "$tmp/b.sock"
+# The installed Python package finds its library by itself (RPATH), from the prefix's dist-packages.
+site=$(dirname "$(find "$tmp/prefix" -path '*dist-packages/membroker/__init__.py' | head -1)")
+if [ -n "$site" ] && [ "$site" != . ]; then
+  PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c "import membroker, sys
+c = membroker.connect(sys.argv[1], 'py-consumer'); t = c.new_tensor((4, 4), 'float32'); t.numpy()[:] = 1; c.ping()" "$tmp/b.sock"
+fi
+"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 4'
 kill -TERM "$broker"
 wait "$broker"
-echo "installed package consumed via find_package and pkg-config"
+echo "installed package consumed via find_package and pkg-config, from C, and from Python"

@@ -1,0 +1,272 @@
+// The C API (membroker/membroker.h) over the C++ client: each opaque struct
+// owns its C++ object; errors become codes plus a thread-local message.
+#include "membroker/membroker.h"
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "membroker/client.h"
+#include "membroker/transfer_engine.h"
+
+using namespace membroker;
+
+struct mb_client {
+  Client client;
+};
+struct mb_handle {
+  PhysicalHandle handle;
+};
+struct mb_reservation {
+  Reservation reservation;
+};
+struct mb_mapping {
+  Mapping mapping;
+};
+struct mb_engine {
+  std::unique_ptr<TransferEngine> engine;
+};
+
+// The wire codes are the C codes.
+static_assert(MB_ADDRESS_IN_USE == static_cast<int>(ErrorCode::kAddressInUse));
+static_assert(MB_TIMEOUT == static_cast<int>(ErrorCode::kTimeout) &&
+              MB_NOT_CONNECTED == static_cast<int>(ErrorCode::kNotConnected));
+static_assert(MB_EXPORT_NO_PID_CHECK == kExportNoPidCheck && MB_EXPORT_READ_ONLY == kExportReadOnly);
+static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist);
+static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
+static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
+
+namespace {
+
+thread_local std::string t_last_error;
+
+int Fail(const Status& st) {
+  t_last_error = st.message();
+  return static_cast<int>(st.code());
+}
+int Fail(int code, const char* message) {
+  t_last_error = message;
+  return code;
+}
+int Done(const Status& st) { return st.ok() ? MB_OK : Fail(st); }
+
+// The C API never lets a C++ exception out (allocation failure included).
+template <typename Fn>
+int Guard(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return Fail(MB_RESOURCE_EXHAUSTED, "out of memory in the client library");
+  } catch (...) {
+    return Fail(MB_INTERNAL, "unexpected exception in the client library");
+  }
+}
+
+#define MB_NEED(cond, what) \
+  do {                      \
+    if (!(cond)) return Fail(MB_PARAM_INVALID, what); \
+  } while (0)
+
+}  // namespace
+
+extern "C" {
+
+const char* mb_last_error_message(void) { return t_last_error.c_str(); }
+
+const char* mb_error_name(int code) {
+  static thread_local std::string name;
+  name = std::string(ErrorCodeName(static_cast<ErrorCode>(code)));
+  return name.c_str();
+}
+
+int mb_connect(const char* socket_path, const char* client_name, uint32_t call_timeout_ms, mb_client** out) {
+  return Guard([&]() -> int {
+    MB_NEED(socket_path != nullptr && out != nullptr, "socket_path and out must not be NULL");
+    ConnectOptions o{socket_path, client_name ? client_name : ""};
+    if (call_timeout_ms != 0) o.call_timeout_ms = call_timeout_ms;
+    auto c = Client::Connect(o);
+    if (!c.ok()) return Fail(c.status());
+    *out = new mb_client{std::move(*c)};
+    return MB_OK;
+  });
+}
+
+void mb_client_close(mb_client* client) { delete client; }
+uint64_t mb_client_id(const mb_client* client) { return client ? client->client.client_id() : 0; }
+int mb_ping(mb_client* client) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr, "client is NULL");
+    return Done(client->client.Ping());
+  });
+}
+
+int mb_malloc_physical(mb_client* client, size_t size, int page_policy, uint32_t flags, mb_handle** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr && out != nullptr, "client and out must not be NULL");
+    MB_NEED(page_policy >= MB_NORMAL_ONLY && page_policy <= MB_HUGE1G_ONLY, "unknown page policy");
+    MB_NEED((flags & ~uint32_t{MB_MALLOC_PINNED | MB_MALLOC_SAME_ADDRESS}) == 0, "unknown malloc flags");
+    AllocationProp p;
+    p.page_policy = static_cast<PagePolicy>(page_policy);
+    p.pinned = flags & MB_MALLOC_PINNED;
+    p.same_address = flags & MB_MALLOC_SAME_ADDRESS;
+    auto h = client->client.MallocPhysical(size, p);
+    if (!h.ok()) return Fail(h.status());
+    *out = new mb_handle{std::move(*h)};
+    return MB_OK;
+  });
+}
+
+void mb_handle_free(mb_handle* handle) { delete handle; }
+uint64_t mb_handle_id(const mb_handle* h) { return h ? h->handle.id() : 0; }
+size_t mb_handle_size(const mb_handle* h) { return h ? h->handle.size() : 0; }
+size_t mb_handle_page_size(const mb_handle* h) { return h ? h->handle.page_size() : 0; }
+int mb_handle_read_only(const mb_handle* h) { return h && h->handle.read_only() ? 1 : 0; }
+
+int mb_reserve(mb_client* client, size_t size, size_t alignment, mb_reservation** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr && out != nullptr, "client and out must not be NULL");
+    auto r = client->client.ReserveMemAddress(size, alignment);
+    if (!r.ok()) return Fail(r.status());
+    *out = new mb_reservation{std::move(*r)};
+    return MB_OK;
+  });
+}
+void* mb_reservation_base(const mb_reservation* r) { return r ? r->reservation.base() : nullptr; }
+size_t mb_reservation_size(const mb_reservation* r) { return r ? r->reservation.size() : 0; }
+void mb_reservation_release(mb_reservation* r) { delete r; }
+
+int mb_map(mb_client* client, const mb_reservation* reservation, size_t at, size_t size, size_t offset,
+           const mb_handle* handle, mb_mapping** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && reservation && handle && out, "client, reservation, handle and out must not be NULL");
+    MB_NEED(at <= reservation->reservation.size(), "at lies past the reservation");
+    if (size == 0) size = offset < handle->handle.size() ? handle->handle.size() - offset : 0;
+    auto m = client->client.MapMem(reservation->reservation.at(at), size, offset, handle->handle);
+    if (!m.ok()) return Fail(m.status());
+    *out = new mb_mapping{std::move(*m)};
+    return MB_OK;
+  });
+}
+void* mb_mapping_data(const mb_mapping* m) { return m ? m->mapping.data() : nullptr; }
+size_t mb_mapping_size(const mb_mapping* m) { return m ? m->mapping.size() : 0; }
+void mb_unmap(mb_mapping* m) { delete m; }
+
+int mb_set_access(mb_client* client, const mb_mapping* mapping, int access) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr && mapping != nullptr, "client and mapping must not be NULL");
+    MB_NEED(access >= MB_ACCESS_NONE && access <= MB_ACCESS_READ_WRITE, "unknown access value");
+    return Done(client->client.MemSetAccess(mapping->mapping.data(), mapping->mapping.size(),
+                                            static_cast<Access>(access)));
+  });
+}
+
+int mb_export(mb_client* client, const mb_handle* handle, uint32_t flags, char* token, size_t capacity) {
+  return Guard([&]() -> int {
+    MB_NEED(client && handle && token, "client, handle and token must not be NULL");
+    auto t = client->client.ExportToShareableHandle(handle->handle, flags);
+    if (!t.ok()) return Fail(t.status());
+    if (t->size() + 1 > capacity) return Fail(MB_PARAM_INVALID, "token buffer too small (MB_TOKEN_BYTES)");
+    std::memcpy(token, t->c_str(), t->size() + 1);
+    return MB_OK;
+  });
+}
+
+int mb_set_pids(mb_client* client, const char* token, const pid_t* pids, size_t count) {
+  return Guard([&]() -> int {
+    MB_NEED(client && token && (pids || count == 0), "client, token and pids must not be NULL");
+    return Done(client->client.SetPidToShareableHandle(token, std::span<const pid_t>(pids, count)));
+  });
+}
+
+int mb_import(mb_client* client, const char* token, mb_handle** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && token && out, "client, token and out must not be NULL");
+    auto h = client->client.ImportFromShareableHandle(token);
+    if (!h.ok()) return Fail(h.status());
+    *out = new mb_handle{std::move(*h)};
+    return MB_OK;
+  });
+}
+
+int mb_publish(mb_client* client, const char* name, const mb_handle* handle, uint32_t flags) {
+  return Guard([&]() -> int {
+    MB_NEED(client && name && handle, "client, name and handle must not be NULL");
+    return Done(client->client.Publish(name, handle->handle, flags));
+  });
+}
+
+int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && name && out, "client, name and out must not be NULL");
+    auto h = client->client.Lookup(name, timeout_ms);
+    if (!h.ok()) return Fail(h.status());
+    *out = new mb_handle{std::move(*h)};
+    return MB_OK;
+  });
+}
+
+int mb_unpublish(mb_client* client, const char* name) {
+  return Guard([&]() -> int {
+    MB_NEED(client && name, "client and name must not be NULL");
+    return Done(client->client.Unpublish(name));
+  });
+}
+
+int mb_engine_create(mb_client* client, const char* local_name, mb_engine** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && local_name && out, "client, local_name and out must not be NULL");
+    auto e = std::make_unique<mb_engine>();
+    e->engine = std::make_unique<TransferEngine>(client->client);
+    if (Status st = e->engine->Initialize(local_name); !st.ok()) return Fail(st);
+    *out = e.release();
+    return MB_OK;
+  });
+}
+
+void mb_engine_destroy(mb_engine* engine) { delete engine; }
+
+int mb_engine_register(mb_engine* engine, uintptr_t addr, size_t len, uint64_t* mem_handle) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && mem_handle, "engine and mem_handle must not be NULL");
+    MemHandle h = nullptr;
+    if (Status st = engine->engine->RegisterMem({addr, len}, MEM_HOST, h); !st.ok()) return Fail(st);
+    *mem_handle = reinterpret_cast<uintptr_t>(h);
+    return MB_OK;
+  });
+}
+
+int mb_engine_deregister(mb_engine* engine, uint64_t mem_handle) {
+  return Guard([&]() -> int {
+    MB_NEED(engine != nullptr, "engine is NULL");
+    return Done(engine->engine->DeregisterMem(reinterpret_cast<MemHandle>(static_cast<uintptr_t>(mem_handle))));
+  });
+}
+
+int mb_engine_connect(mb_engine* engine, const char* remote, int timeout_ms) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote, "engine and remote must not be NULL");
+    return Done(engine->engine->Connect(remote, timeout_ms));
+  });
+}
+
+int mb_engine_disconnect(mb_engine* engine, const char* remote, int timeout_ms) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote, "engine and remote must not be NULL");
+    return Done(engine->engine->Disconnect(remote, timeout_ms));
+  });
+}
+
+int mb_engine_transfer_sync(mb_engine* engine, const char* remote, int op, const mb_transfer_desc* descs,
+                            size_t count, int timeout_ms) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote && (descs || count == 0), "engine, remote and descs must not be NULL");
+    MB_NEED(op == MB_READ || op == MB_WRITE, "op is MB_READ or MB_WRITE");
+    std::vector<TransferOpDesc> d(count);
+    for (size_t i = 0; i < count; ++i) d[i] = {descs[i].local_addr, descs[i].remote_addr, descs[i].len};
+    return Done(engine->engine->TransferSync(remote, static_cast<TransferOp>(op), d, timeout_ms));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,210 @@
+/* The C API, compiled as C, between two processes against a real broker:
+ * allocation, the VMM path, sharing by token with a pid allow-list, named
+ * objects, error codes and messages, and a transfer-engine WRITE into the
+ * other process's memory.   c_api_test PATH_TO_membrokerd */
+#define _GNU_SOURCE
+#include <membroker/membroker.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures = 0;
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
+              #cond, mb_last_error_message());                                        \
+      ++failures;                                                                     \
+    }                                                                                 \
+  } while (0)
+#define MUST(cond)                                                                   \
+  do {                                                                               \
+    if (!(cond)) { /* evaluated once: it may have effects */                        \
+      fprintf(stderr, "%s:%d: MUST(%s) failed; last error: %s\n", __FILE__, __LINE__, \
+              #cond, mb_last_error_message());                                       \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+enum { kSize = 1 << 20 };
+
+static pid_t g_broker = 0;
+static void stop_broker_on_failure(void) {
+  if (g_broker > 0) kill(g_broker, SIGKILL); /* a failed MUST leaves no broker behind */
+}
+
+static void send_line(int fd, const char* s) { MUST(write(fd, s, strlen(s) + 1) == (ssize_t)(strlen(s) + 1)); }
+static void recv_line(int fd, char* buf, size_t cap) {
+  size_t n = 0;
+  while (n + 1 < cap) {
+    ssize_t r = read(fd, buf + n, 1);
+    MUST(r == 1);
+    if (buf[n++] == '\0') return;
+  }
+  MUST(0);
+}
+
+/* The child: imports by token, checks the named object, and offers its own
+ * memory to the parent's engine. */
+static int child(const char* sock, int in, int out) {
+  mb_client* c = NULL;
+  MUST(mb_connect(sock, "c-child", 0, &c) == MB_OK);
+  char token[MB_TOKEN_BYTES];
+  recv_line(in, token, sizeof(token));
+  mb_handle* h = NULL;
+  MUST(mb_import(c, token, &h) == MB_OK);
+  mb_reservation* r = NULL;
+  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
+  mb_mapping* m = NULL;
+  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  const unsigned char* p = (const unsigned char*)mb_mapping_data(m);
+  for (size_t i = 0; i < kSize; i += 4096) CHECK(p[i] == (unsigned char)(i / 4096));
+  ((unsigned char*)mb_mapping_data(m))[1] = 0xab; /* seen by the parent: the same pages */
+
+  mb_handle* again = NULL;  /* one import per allocation and client */
+  CHECK(mb_import(c, token, &again) == MB_ALREADY_EXISTS && again == NULL);
+  mb_handle* named = NULL;
+  MUST(mb_lookup(c, "c-api/named", 5000, &named) == MB_OK);
+  CHECK(mb_handle_size(named) == 8192);
+  CHECK(mb_handle_read_only(named));
+
+  mb_engine* e = NULL;
+  MUST(mb_engine_create(c, "c-child", &e) == MB_OK);
+  mb_handle* own = NULL;
+  MUST(mb_malloc_physical(c, 65536, MB_NORMAL_ONLY, 0, &own) == MB_OK);
+  mb_reservation* orr = NULL;
+  mb_mapping* om = NULL;
+  MUST(mb_reserve(c, 65536, 0, &orr) == MB_OK && mb_map(c, orr, 0, 0, 0, own, &om) == MB_OK);
+  uint64_t reg = 0;
+  MUST(mb_engine_register(e, (uintptr_t)mb_mapping_data(om), 65536, &reg) == MB_OK);
+  char addr[64];
+  snprintf(addr, sizeof(addr), "%lu", (unsigned long)(uintptr_t)mb_mapping_data(om));
+  send_line(out, addr);
+  char done[16];
+  recv_line(in, done, sizeof(done)); /* the parent wrote into our memory */
+  CHECK(strcmp(done, "written") == 0);
+  CHECK(memcmp(mb_mapping_data(om), "hello from C", 12) == 0);
+
+  MUST(mb_engine_deregister(e, reg) == MB_OK);
+  mb_engine_destroy(e);
+  mb_unmap(om);
+  mb_reservation_release(orr);
+  mb_handle_free(own);
+  mb_handle_free(named);
+  mb_unmap(m);
+  mb_reservation_release(r);
+  mb_handle_free(h);
+  mb_client_close(c);
+  return failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: c_api_test PATH_TO_membrokerd\n");
+    return 2;
+  }
+  char dir[] = "/tmp/membroker-c.XXXXXX";
+  MUST(mkdtemp(dir) != NULL);
+  char sock[256], admin[256];
+  snprintf(sock, sizeof(sock), "%s/broker.sock", dir);
+  snprintf(admin, sizeof(admin), "%s/admin.sock", dir);
+  int ready[2];
+  MUST(pipe(ready) == 0);
+  pid_t broker = fork();
+  if (broker == 0) {
+    dup2(ready[1], 3);
+    execl(argv[1], argv[1], "--socket", sock, "--admin-socket", admin, "--ready-fd", "3", (char*)NULL);
+    _exit(127);
+  }
+  g_broker = broker;
+  atexit(stop_broker_on_failure);
+  close(ready[1]);
+  char line[64] = {0};
+  MUST(read(ready[0], line, sizeof(line) - 1) > 0 && strncmp(line, "READY ", 6) == 0);
+  close(ready[0]);
+
+  mb_client* c = NULL;
+  MUST(mb_connect(sock, "c-parent", 0, &c) == MB_OK);
+  CHECK(mb_client_id(c) != 0);
+  CHECK(mb_ping(c) == MB_OK);
+
+  /* Errors: codes and messages. */
+  mb_handle* bad = NULL;
+  CHECK(mb_malloc_physical(c, 0, MB_NORMAL_ONLY, 0, &bad) == MB_PARAM_INVALID && bad == NULL);
+  CHECK(strlen(mb_last_error_message()) > 0);
+  CHECK(mb_malloc_physical(c, 4096, 9, 0, &bad) == MB_PARAM_INVALID);
+  CHECK(mb_import(c, "00000000000000000000000000000000", &bad) == MB_NOT_FOUND);
+  CHECK(mb_lookup(c, "c-api/absent", 50, &bad) == MB_TIMEOUT);
+  CHECK(strcmp(mb_error_name(MB_TIMEOUT), "TIMEOUT") == 0);
+  mb_client* none = NULL;
+  CHECK(mb_connect("/nonexistent/membroker.sock", "x", 0, &none) == MB_NOT_CONNECTED);
+
+  mb_handle* h = NULL;
+  MUST(mb_malloc_physical(c, kSize, MB_NORMAL_ONLY, 0, &h) == MB_OK);
+  CHECK(mb_handle_size(h) == kSize && mb_handle_page_size(h) == 4096);
+  mb_reservation* r = NULL;
+  MUST(mb_reserve(c, kSize, 0, &r) == MB_OK);
+  mb_mapping* m = NULL;
+  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  unsigned char* p = (unsigned char*)mb_mapping_data(m);
+  for (size_t i = 0; i < kSize; i += 4096) p[i] = (unsigned char)(i / 4096);
+  char token[MB_TOKEN_BYTES];
+  MUST(mb_export(c, h, 0, token, sizeof(token)) == MB_OK);
+  mb_handle* small = NULL;
+  MUST(mb_malloc_physical(c, 8192, MB_NORMAL_ONLY, 0, &small) == MB_OK);
+  MUST(mb_publish(c, "c-api/named", small, MB_PUBLISH_READ_ONLY) == MB_OK);
+
+  int to_child[2], to_parent[2];
+  MUST(pipe(to_child) == 0 && pipe(to_parent) == 0);
+  pid_t kid = fork();
+  if (kid == 0) {
+    g_broker = 0; /* the parent's to stop, not ours */
+    close(to_child[1]);
+    close(to_parent[0]);
+    _exit(child(sock, to_child[0], to_parent[1]));
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  MUST(mb_set_pids(c, token, &kid, 1) == MB_OK); /* only the child may import */
+  send_line(to_child[1], token);
+
+  mb_engine* e = NULL;
+  MUST(mb_engine_create(c, "c-parent", &e) == MB_OK);
+  uint64_t reg = 0;
+  MUST(mb_engine_register(e, (uintptr_t)p, kSize, &reg) == MB_OK);
+  char addr[64];
+  recv_line(to_parent[0], addr, sizeof(addr));
+  MUST(mb_engine_connect(e, "c-child", 5000) == MB_OK);
+  memcpy(p + 4096, "hello from C", 12);
+  mb_transfer_desc d = {(uintptr_t)(p + 4096), (uintptr_t)strtoul(addr, NULL, 10), 4096};
+  CHECK(mb_engine_transfer_sync(e, "c-child", MB_WRITE, &d, 1, 5000) == MB_OK);
+  mb_transfer_desc outside = {(uintptr_t)p, 4096, 4096};
+  CHECK(mb_engine_transfer_sync(e, "c-child", MB_WRITE, &outside, 1, 5000) == MB_PARAM_INVALID);
+  send_line(to_child[1], "written");
+  int status = 0;
+  MUST(waitpid(kid, &status, 0) == kid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(p[1] == 0xab);
+
+  CHECK(mb_engine_disconnect(e, "c-child", 1000) == MB_OK || 1); /* it may have gone already */
+  MUST(mb_engine_deregister(e, reg) == MB_OK);
+  mb_engine_destroy(e);
+  CHECK(mb_unpublish(c, "c-api/named") == MB_OK);
+  mb_handle_free(small);
+  mb_unmap(m);
+  mb_reservation_release(r);
+  mb_handle_free(h);
+  mb_client_close(c);
+
+  kill(broker, SIGTERM);
+  MUST(waitpid(broker, &status, 0) == broker);
+  g_broker = 0;
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  rmdir(dir);
+  printf("c_api_test: %s\n", failures == 0 ? "ok" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
