@@ -159,6 +159,28 @@ for h in (x for x in load if x["bench"] == "head_of_line"):
         md += ["", f"The broker's loop thread waited {h['idle_loop_wait_us']:.1f} µs per request on a run queue",
                f"when idle and {h['busy_loop_wait_us']:.1f} µs beside the allocations, while its worker threads",
                f"used {h['busy_worker_cpus']:.2f} of the 2 CPUs creating them (`/proc/PID/task/TID/schedstat`)."]
+pyh = [x for x in load if x["bench"] == "python_handoff"]
+if pyh:
+    methods = ["membroker", "torch.multiprocessing", "shared_memory", "pickle"]
+    md += ["", "## Python hand-off: producer to consumer process, every element read", "",
+           "Medians in µs, from the producer making the tensor to the consumer's last read (the clock",
+           "is CLOCK_MONOTONIC, shared by both processes); `bench/python_handoff.py`.", "",
+           "| size | " + " | ".join(methods) + " | membroker vs fastest peer |",
+           "| --- | " + " | ".join("---" for _ in methods) + " | --- |"]
+    for size in sorted({x["size"] for x in pyh}):
+        row = {x["method"]: x["median_us"] for x in pyh if x["size"] == size}
+        peers = [row[m] for m in methods[1:] if m in row]
+        ratio = f"{min(peers) / row['membroker']:.2f}x" if peers and row.get("membroker") else "-"
+        md.append(f"| {human(size)} | " + " | ".join(f"{row[m]:.0f}" if m in row else "-" for m in methods) +
+                  f" | {ratio} |")
+    ping = next((x for x in load if x["bench"] == "python_ping"), None)
+    if ping:
+        md += ["", f"A Ping from Python costs {ping['python_us']:.1f} µs against {ping['cpp_us']:.1f} µs for the same",
+               f"call looped in C++ in the same process: {ping['overhead_us']:.2f} µs of Python per call."]
+    wv = next((x for x in load if x["bench"] == "python_weights"), None)
+    if wv:
+        md += ["", f"1 GiB of published weights ({wv['layers']} tensors) visible as torch tensors in "
+               f"{wv['workers']} worker processes: {wv['all_visible_ms']:.0f} ms ({wv['note']})."]
 md += ["", "## Crash cleanup", "",
        "SIGKILL a client holding N allocations of its own and M imports of a surviving client's",
        "exports; time until the admin socket reports them all released. 10,000 allocations plus",
@@ -358,6 +380,18 @@ for n in (64, 256):
          f"requests takes {tn['echo_rps'] / tn['broker_rps']:.2f}x as long (p50 ratio "
          f"{tn['broker_p50_us'] / tn['echo_p50_us']:.2f}x); a quick run's 0.7 s per case moves p99 by tens of "
          f"percent between runs on 2 shared cores")
+for size in (1 << 20, 64 << 20, 1 << 30):
+    row = {x["method"]: x["median_us"] for x in load if x["bench"] == "python_handoff" and x["size"] == size}
+    peers = [row[m] for m in ("torch.multiprocessing", "shared_memory", "pickle") if m in row]
+    r = min(peers) / row["membroker"] if peers and row.get("membroker") else None
+    goal("python", f"{human(size)} hand-off: at or ahead of the fastest Python peer",
+         None if r is None else f"{r:.2f}x", r is not None and r >= 1.0,
+         "membroker makes fresh broker memory per hand-off (a malloc round trip and page faults in the "
+         "producer) and the consumer's lookup and map; the peers' shared memory is made by the producer "
+         "alone")
+ping = next((x for x in load if x["bench"] == "python_ping"), None)
+goal("python", "a Python call's overhead over the C++ call: < 2 µs",
+     None if ping is None else f"{ping['overhead_us']:.2f} µs", ping is not None and ping["overhead_us"] < 2, "")
 c100 = next((c for c in load if c["bench"] == "crash_cleanup" and c["allocations"] == 100), None)
 goal("crash cleanup", "100 allocations (+ 100 imports): p99 < 10 ms",
      None if c100 is None else f"{c100['p99_ms']:.2f} ms", c100 is not None and c100["p99_ms"] < 10,

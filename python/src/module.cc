@@ -15,6 +15,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -387,7 +388,14 @@ PYBIND11_MODULE(_membroker, mod) {
             return out;
           },
           py::arg("prefix") = "")
-      .def_property_readonly("async_errors", [](PyClient& c) { return c.client.async_errors(); });
+      .def_property_readonly("async_errors", [](PyClient& c) { return c.client.async_errors(); })
+      // For bench/python_handoff.py: n Pings looped in C++, the seconds they took.
+      .def("ping_loop", [](PyClient& c, int n) {
+        py::gil_scoped_release nogil;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) Check(c.client.Ping());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
 
   py::class_<PyHandle, std::shared_ptr<PyHandle>>(mod, "PhysicalHandle")
       .def_property_readonly("id", [](PyHandle& h) { return h.handle.id(); })
