@@ -176,7 +176,8 @@ if pyh:
     ping = next((x for x in load if x["bench"] == "python_ping"), None)
     if ping:
         md += ["", f"A Ping from Python costs {ping['python_us']:.1f} µs against {ping['cpp_us']:.1f} µs for the same",
-               f"call looped in C++ in the same process: {ping['overhead_us']:.2f} µs of Python per call."]
+               f"call looped in C++ in the same process (medians of rounds that alternate the two): "
+               f"{ping['overhead_us']:.2f} µs of Python per call."]
     wv = next((x for x in load if x["bench"] == "python_weights"), None)
     if wv:
         md += ["", f"1 GiB of published weights ({wv['layers']} tensors) visible as torch tensors in "
@@ -390,8 +391,15 @@ for size in (1 << 20, 64 << 20, 1 << 30):
          "producer) and the consumer's lookup and map; the peers' shared memory is made by the producer "
          "alone")
 ping = next((x for x in load if x["bench"] == "python_ping"), None)
-goal("python", "a Python call's overhead over the C++ call: < 2 µs",
-     None if ping is None else f"{ping['overhead_us']:.2f} µs", ping is not None and ping["overhead_us"] < 2, "")
+if ping is not None and ping["overhead_us"] < 0:
+    # The C++ reference came out slower than the Python loop around it: the
+    # run measured the machine, not the binding. Said so, not judged.
+    goal_rows.append(("python", "a Python call's overhead over the C++ call: < 2 µs",
+                      f"not judged: the C++ loop took {ping['cpp_us']:.1f} µs per Ping, the Python loop "
+                      f"{ping['python_us']:.1f} µs", "-", ""))
+else:
+    goal("python", "a Python call's overhead over the C++ call: < 2 µs",
+         None if ping is None else f"{ping['overhead_us']:.2f} µs", ping is not None and ping["overhead_us"] < 2, "")
 c100 = next((c for c in load if c["bench"] == "crash_cleanup" and c["allocations"] == 100), None)
 goal("crash cleanup", "100 allocations (+ 100 imports): p99 < 10 ms",
      None if c100 is None else f"{c100['p99_ms']:.2f} ms", c100 is not None and c100["p99_ms"] < 10,
