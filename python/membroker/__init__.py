@@ -22,5 +22,6 @@ from . import _errors
 from ._errors import *  # noqa: F401,F403  (Error and one class per wire code)
 from ._tensor import Tensor  # noqa: F401
 from ._client import Client, connect  # noqa: F401
+from ._ring import TensorRing, TransferEngine  # noqa: F401
 
-__all__ = ["connect", "Client", "Tensor"] + _errors.__all__
+__all__ = ["connect", "Client", "Tensor", "TensorRing", "TransferEngine"] + _errors.__all__

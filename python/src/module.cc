@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "membroker/client.h"
+#include "membroker/tensor_ring.h"
+#include "membroker/transfer_engine.h"
 
 namespace py = pybind11;
 using namespace membroker;
@@ -178,6 +180,40 @@ py::capsule DLPackCapsule(py::object self, py::object max_version) {
     }
   });
 }
+
+// A ring lives in a mapping, which it keeps alive.
+struct PyRing {
+  py::object mapping;  // PyMapping
+  TensorRing ring;
+  size_t OffsetOf(void* p) const {
+    return static_cast<char*>(p) - static_cast<char*>(mapping.cast<PyMapping&>().mapping.data());
+  }
+};
+
+py::dict SlotDict(const PyRing& r, const TensorRing::Slot& s) {
+  py::dict d;
+  d["sequence"] = s.sequence;
+  d["offset"] = r.OffsetOf(s.data);  // into the ring's mapping
+  d["capacity"] = s.capacity;
+  d["frame_id"] = s.frame_id;
+  d["bytes"] = s.bytes;
+  return d;
+}
+
+TensorRing::Slot SlotFrom(const PyRing& r, py::dict d) {
+  TensorRing::Slot s;
+  s.sequence = d["sequence"].cast<uint64_t>();
+  s.capacity = d["capacity"].cast<size_t>();
+  s.data = static_cast<char*>(r.mapping.cast<PyMapping&>().mapping.data()) + d["offset"].cast<size_t>();
+  return s;
+}
+
+// An engine keeps its client, and every mapping it registered, alive.
+struct PyEngine {
+  std::shared_ptr<PyClient> owner;
+  std::unique_ptr<TransferEngine> engine;
+  std::map<uint64_t, py::object> registered;  // handle -> PyMapping
+};
 
 }  // namespace
 
@@ -443,4 +479,158 @@ PYBIND11_MODULE(_membroker, mod) {
            py::arg("stream") = py::none(), py::arg("max_version") = py::none())
       .def("__dlpack_device__", [](PyMapping&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
       .def("close", [](PyMapping& m) { m.closed = true; });
+
+  py::class_<PyRing, std::shared_ptr<PyRing>>(mod, "TensorRing")
+      .def_static("create",
+                  [](py::object mapping, uint32_t slots, size_t slot_bytes) {
+                    PyMapping& m = mapping.cast<PyMapping&>();
+                    m.CheckOpen();
+                    auto r = std::make_shared<PyRing>();
+                    r->mapping = mapping;
+                    r->ring = Take(TensorRing::Create(m.mapping.data(), m.mapping.size(), slots, slot_bytes));
+                    return r;
+                  })
+      .def_static("attach",
+                  [](py::object mapping) {
+                    PyMapping& m = mapping.cast<PyMapping&>();
+                    m.CheckOpen();
+                    auto r = std::make_shared<PyRing>();
+                    r->mapping = mapping;
+                    r->ring = Take(TensorRing::Attach(m.mapping.data(), m.mapping.size()));
+                    return r;
+                  })
+      .def_static("bytes_for", &TensorRing::BytesFor)
+      .def_property_readonly("mapping", [](PyRing& r) { return r.mapping; })
+      .def("acquire_for_write",
+           [](PyRing& r, int timeout_ms) {
+             Result<TensorRing::Slot> s = [&] {
+               py::gil_scoped_release nogil;
+               return r.ring.AcquireForWrite(timeout_ms);
+             }();
+             return SlotDict(r, Take(std::move(s)));
+           })
+      .def("publish",
+           [](PyRing& r, py::dict slot, uint64_t frame_id, size_t bytes) {
+             Check(r.ring.Publish(SlotFrom(r, slot), frame_id, bytes));
+           })
+      .def("acquire_for_read",
+           [](PyRing& r, int timeout_ms) {
+             Result<TensorRing::Slot> s = [&] {
+               py::gil_scoped_release nogil;
+               return r.ring.AcquireForRead(timeout_ms);
+             }();
+             return SlotDict(r, Take(std::move(s)));
+           })
+      .def("release", [](PyRing& r, py::dict slot) { Check(r.ring.Release(SlotFrom(r, slot))); })
+      .def_property_readonly("last_published_frame", [](PyRing& r) { return r.ring.last_published_frame(); })
+      .def_property_readonly("published", [](PyRing& r) { return r.ring.published(); })
+      .def_property_readonly("released", [](PyRing& r) { return r.ring.released(); })
+      .def_property_readonly("slots", [](PyRing& r) { return r.ring.slots(); })
+      .def_property_readonly("slot_bytes", [](PyRing& r) { return r.ring.slot_bytes(); });
+
+  py::class_<PyEngine, std::shared_ptr<PyEngine>>(mod, "TransferEngine")
+      .def(py::init([](std::shared_ptr<PyClient> c, const std::string& name,
+                       std::map<std::string, std::string> options) {
+             auto e = std::make_shared<PyEngine>();
+             e->owner = c;
+             e->engine = std::make_unique<TransferEngine>(c->client);
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e->engine->Initialize(name, options);
+             }
+             Check(st);
+             return e;
+           }),
+           py::arg("client"), py::arg("name"), py::arg("options") = std::map<std::string, std::string>{})
+      .def("register_mem",
+           [](PyEngine& e, py::object mapping) {
+             PyMapping& m = mapping.cast<PyMapping&>();
+             m.CheckOpen();
+             MemHandle h = nullptr;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()},
+                                          MEM_HOST, h);
+             }
+             Check(st);
+             const uint64_t id = reinterpret_cast<uintptr_t>(h);
+             e.registered[id] = mapping;
+             return id;
+           })
+      .def("deregister_mem",
+           [](PyEngine& e, uint64_t id) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->DeregisterMem(reinterpret_cast<MemHandle>(static_cast<uintptr_t>(id)));
+             }
+             Check(st);
+             e.registered.erase(id);
+           })
+      .def("connect",
+           [](PyEngine& e, const std::string& remote, int timeout_ms) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->Connect(remote, timeout_ms);
+             }
+             Check(st);
+           },
+           py::arg("remote"), py::arg("timeout_ms") = 1000)
+      .def("disconnect",
+           [](PyEngine& e, const std::string& remote, int timeout_ms) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->Disconnect(remote, timeout_ms);
+             }
+             Check(st);
+           },
+           py::arg("remote"), py::arg("timeout_ms") = 1000)
+      .def("transfer_sync",
+           [](PyEngine& e, const std::string& remote, const std::string& op,
+              std::vector<std::tuple<uintptr_t, uintptr_t, size_t>> descs, int timeout_ms) {
+             if (op != "read" && op != "write")
+               Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
+             std::vector<TransferOpDesc> d;
+             for (auto& [l, r, n] : descs) d.push_back({l, r, n});
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->TransferSync(remote, op == "read" ? READ : WRITE, d, timeout_ms);
+             }
+             Check(st);
+           },
+           py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
+      .def("send_notify",
+           [](PyEngine& e, const std::string& remote, const std::string& name, const std::string& message) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->SendNotify(remote, NotifyDesc{name, message});
+             }
+             Check(st);
+           })
+      .def("get_notifies",
+           [](PyEngine& e) {
+             std::vector<Notify> n;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = e.engine->GetNotifies(n);
+             }
+             Check(st);
+             py::list out;
+             for (auto& x : n) out.append(py::make_tuple(x.remote_engine, x.name, x.notify_msg));
+             return out;
+           })
+      .def("finalize", [](PyEngine& e) {
+        {
+          py::gil_scoped_release nogil;
+          e.engine->Finalize();
+        }
+        e.registered.clear();
+      });
 }

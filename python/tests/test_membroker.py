@@ -182,3 +182,78 @@ def test_the_weight_sharing_example(mb):
     assert out.stdout.count("checksum") == 3 and "weights: ok" in out.stdout
     assert mb.wait_for_stat("allocations_live", 0) == 0
     assert mb.stats()["named_objects"] == 0
+
+
+def test_tensor_ring_between_processes_with_a_killed_consumer(mb):
+    """Frames cross a ring in order; a consumer SIGKILLed holding a slot loses none."""
+    c = membroker.connect(mb.socket, "ring-producer")
+    size = membroker.TensorRing.bytes_for(4, 4096)
+    h = c.malloc_physical(size)
+    ring = membroker.TensorRing.create(c.map_handle(h), 4, 4096)
+    c.publish("ring/0", h)
+    code = """
+        import sys, time, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "ring-consumer")
+        h = c.lookup("ring/0", timeout_ms=5000)
+        ring = membroker.TensorRing.attach(c.map_handle(h))
+        die_at = int(sys.argv[2])
+        while True:
+            s = ring.acquire_for_read(10000)
+            a = s.array("int64", (4,))
+            assert (a == s.frame_id).all(), (a, s.frame_id)
+            if s.frame_id == die_at:
+                print("holding", s.frame_id, flush=True)
+                time.sleep(60)             # killed here, slot unreleased
+            ring.release(s)
+            print(s.frame_id, flush=True)
+            if s.frame_id == 40:
+                break
+    """
+    first = child(code, mb.socket, "7")
+    for f in range(1, 41):
+        s = ring.acquire_for_write(10000)
+        s.array("int64", (4,))[:] = f
+        ring.publish(s, f, 32)
+        if f == 8:
+            line = ""
+            while not line.startswith("holding"):
+                line = first.stdout.readline()
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+            first.stdout.close()
+            first.stderr.close()
+            second = child(code, mb.socket, "0")
+    out = finish(second).split()
+    assert out[0] == "7" and out[-1] == "40"      # the killed consumer's slot came back
+    assert [int(x) for x in out] == list(range(7, 41))
+
+
+def test_transfer_engine_write_between_processes(mb):
+    c = membroker.connect(mb.socket, "engine-writer")
+    src = c.tensor_from(np.arange(1024, dtype=np.int32))
+    eng = membroker.TransferEngine(c, "py-writer")
+    eng.register_mem(src.mapping)
+    p = child("""
+        import sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "engine-target")
+        dst = c.new_tensor((1024,), "int32")
+        dst.numpy()[:] = 0
+        eng = membroker.TransferEngine(c, "py-target")
+        eng.register_mem(dst.mapping)
+        print(dst.mapping.address, flush=True)
+        sys.stdin.readline()                     # the writer is done
+        notes = eng.get_notifies()
+        assert notes == [("py-writer", "done", "1024")], notes
+        assert (dst.numpy() == np.arange(1024, dtype=np.int32)).all()
+        eng.finalize()
+    """, mb.socket, stdin=subprocess.PIPE)
+    remote = int(p.stdout.readline())
+    eng.connect("py-target", 5000)
+    eng.transfer_sync("py-target", "write", [(src.mapping.address, remote, 4096)], 5000)
+    with pytest.raises(membroker.ParamInvalid):
+        eng.transfer_sync("py-target", "write", [(src.mapping.address, remote + (1 << 30), 4096)], 5000)
+    eng.send_notify("py-target", "done", "1024")
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    finish(p)
+    eng.finalize()
