@@ -40,6 +40,13 @@ struct BrokerError {
 // already be gone when static destructors run.
 py::handle g_error_classes;
 
+// Runs fn (a call that may block on the broker) with the GIL released.
+template <typename Fn>
+auto Unlocked(Fn&& fn) {
+  py::gil_scoped_release nogil;
+  return fn();
+}
+
 [[noreturn]] void Raise(const Status& st) { throw BrokerError{st.code(), st.message()}; }
 void Check(const Status& st) {
   if (!st.ok()) Raise(st);
@@ -245,10 +252,7 @@ PYBIND11_MODULE(_membroker, mod) {
           [](const std::string& socket, const std::string& name, uint32_t call_timeout_ms) {
             ConnectOptions o{socket, name};
             o.call_timeout_ms = call_timeout_ms;
-            Result<Client> c = [&] {
-              py::gil_scoped_release nogil;
-              return Client::Connect(o);
-            }();
+            Result<Client> c = Unlocked([&] { return Client::Connect(o); });
             auto pc = std::make_shared<PyClient>();
             pc->client = Take(std::move(c));
             return pc;
@@ -257,12 +261,7 @@ PYBIND11_MODULE(_membroker, mod) {
       .def_property_readonly("client_id", [](PyClient& c) { return c.client.client_id(); })
       .def("ping",
            [](PyClient& c) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = c.client.Ping();
-             }
-             Check(st);
+             Check(Unlocked([&] { return c.client.Ping(); }));
            })
       .def(
           "granularity",
@@ -283,10 +282,7 @@ PYBIND11_MODULE(_membroker, mod) {
             p.same_address = same_address;
             p.exported = exported;
             p.export_flags = export_flags;
-            Result<PhysicalHandle> h = [&] {
-              py::gil_scoped_release nogil;
-              return c->client.MallocPhysical(size, p);
-            }();
+            Result<PhysicalHandle> h = Unlocked([&] { return c->client.MallocPhysical(size, p); });
             auto ph = std::make_shared<PyHandle>();
             ph->owner = c;
             ph->handle = Take(std::move(h));
@@ -339,28 +335,17 @@ PYBIND11_MODULE(_membroker, mod) {
           "export",
           [](PyClient& c, PyHandle& h, bool no_pid_check, bool read_only) {
             uint32_t flags = (no_pid_check ? kExportNoPidCheck : 0) | (read_only ? kExportReadOnly : 0);
-            Result<std::string> t = [&] {
-              py::gil_scoped_release nogil;
-              return c.client.ExportToShareableHandle(h.handle, flags);
-            }();
+            Result<std::string> t = Unlocked([&] { return c.client.ExportToShareableHandle(h.handle, flags); });
             return Take(std::move(t));
           },
           py::arg("handle"), py::arg("no_pid_check") = false, py::arg("read_only") = false)
       .def("set_pids",
            [](PyClient& c, const std::string& token, std::vector<pid_t> pids) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = c.client.SetPidToShareableHandle(token, pids);
-             }
-             Check(st);
+             Check(Unlocked([&] { return c.client.SetPidToShareableHandle(token, pids); }));
            })
       .def("import_handle",
            [](std::shared_ptr<PyClient> c, const std::string& token) {
-             Result<PhysicalHandle> h = [&] {
-               py::gil_scoped_release nogil;
-               return c->client.ImportFromShareableHandle(token);
-             }();
+             Result<PhysicalHandle> h = Unlocked([&] { return c->client.ImportFromShareableHandle(token); });
              auto ph = std::make_shared<PyHandle>();
              ph->owner = c;
              ph->handle = Take(std::move(h));
@@ -372,22 +357,14 @@ PYBIND11_MODULE(_membroker, mod) {
              py::bytes metadata) {
             uint32_t flags = (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0);
             std::string meta = metadata;
-            Status st;
-            {
-              py::gil_scoped_release nogil;
-              st = c.client.Publish(name, h.handle, flags, meta);
-            }
-            Check(st);
+            Check(Unlocked([&] { return c.client.Publish(name, h.handle, flags, meta); }));
           },
           py::arg("handle"), py::arg("name"), py::arg("read_only") = false, py::arg("persist") = false,
           py::arg("metadata") = py::bytes())
       .def(
           "lookup",
           [](std::shared_ptr<PyClient> c, const std::string& name, int timeout_ms) {
-            Result<PhysicalHandle> h = [&] {
-              py::gil_scoped_release nogil;
-              return c->client.Lookup(name, timeout_ms);
-            }();
+            Result<PhysicalHandle> h = Unlocked([&] { return c->client.Lookup(name, timeout_ms); });
             auto ph = std::make_shared<PyHandle>();
             ph->owner = c;
             ph->handle = Take(std::move(h));
@@ -396,20 +373,12 @@ PYBIND11_MODULE(_membroker, mod) {
           py::arg("name"), py::arg("timeout_ms") = 0)
       .def("unpublish",
            [](PyClient& c, const std::string& name) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = c.client.Unpublish(name);
-             }
-             Check(st);
+             Check(Unlocked([&] { return c.client.Unpublish(name); }));
            })
       .def(
           "list_names",
           [](PyClient& c, const std::string& prefix) {
-            Result<std::vector<NamedObjectInfo>> r = [&] {
-              py::gil_scoped_release nogil;
-              return c.client.ListNames(prefix);
-            }();
+            Result<std::vector<NamedObjectInfo>> r = Unlocked([&] { return c.client.ListNames(prefix); });
             py::list out;
             for (const NamedObjectInfo& o : Take(std::move(r))) {
               py::dict d;
@@ -503,10 +472,7 @@ PYBIND11_MODULE(_membroker, mod) {
       .def_property_readonly("mapping", [](PyRing& r) { return r.mapping; })
       .def("acquire_for_write",
            [](PyRing& r, int timeout_ms) {
-             Result<TensorRing::Slot> s = [&] {
-               py::gil_scoped_release nogil;
-               return r.ring.AcquireForWrite(timeout_ms);
-             }();
+             Result<TensorRing::Slot> s = Unlocked([&] { return r.ring.AcquireForWrite(timeout_ms); });
              return SlotDict(r, Take(std::move(s)));
            })
       .def("publish",
@@ -515,10 +481,7 @@ PYBIND11_MODULE(_membroker, mod) {
            })
       .def("acquire_for_read",
            [](PyRing& r, int timeout_ms) {
-             Result<TensorRing::Slot> s = [&] {
-               py::gil_scoped_release nogil;
-               return r.ring.AcquireForRead(timeout_ms);
-             }();
+             Result<TensorRing::Slot> s = Unlocked([&] { return r.ring.AcquireForRead(timeout_ms); });
              return SlotDict(r, Take(std::move(s)));
            })
       .def("release", [](PyRing& r, py::dict slot) { Check(r.ring.Release(SlotFrom(r, slot))); })
@@ -534,12 +497,7 @@ PYBIND11_MODULE(_membroker, mod) {
              auto e = std::make_shared<PyEngine>();
              e->owner = c;
              e->engine = std::make_unique<TransferEngine>(c->client);
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e->engine->Initialize(name, options);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e->engine->Initialize(name, options); }));
              return e;
            }),
            py::arg("client"), py::arg("name"), py::arg("options") = std::map<std::string, std::string>{})
@@ -548,45 +506,25 @@ PYBIND11_MODULE(_membroker, mod) {
              PyMapping& m = mapping.cast<PyMapping&>();
              m.CheckOpen();
              MemHandle h = nullptr;
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()},
-                                          MEM_HOST, h);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()},
+                                          MEM_HOST, h); }));
              const uint64_t id = reinterpret_cast<uintptr_t>(h);
              e.registered[id] = mapping;
              return id;
            })
       .def("deregister_mem",
            [](PyEngine& e, uint64_t id) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->DeregisterMem(reinterpret_cast<MemHandle>(static_cast<uintptr_t>(id)));
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->DeregisterMem(reinterpret_cast<MemHandle>(static_cast<uintptr_t>(id))); }));
              e.registered.erase(id);
            })
       .def("connect",
            [](PyEngine& e, const std::string& remote, int timeout_ms) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->Connect(remote, timeout_ms);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->Connect(remote, timeout_ms); }));
            },
            py::arg("remote"), py::arg("timeout_ms") = 1000)
       .def("disconnect",
            [](PyEngine& e, const std::string& remote, int timeout_ms) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->Disconnect(remote, timeout_ms);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->Disconnect(remote, timeout_ms); }));
            },
            py::arg("remote"), py::arg("timeout_ms") = 1000)
       .def("transfer_sync",
@@ -596,32 +534,17 @@ PYBIND11_MODULE(_membroker, mod) {
                Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
              std::vector<TransferOpDesc> d;
              for (auto& [l, r, n] : descs) d.push_back({l, r, n});
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->TransferSync(remote, op == "read" ? READ : WRITE, d, timeout_ms);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->TransferSync(remote, op == "read" ? READ : WRITE, d, timeout_ms); }));
            },
            py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
       .def("send_notify",
            [](PyEngine& e, const std::string& remote, const std::string& name, const std::string& message) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->SendNotify(remote, NotifyDesc{name, message});
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->SendNotify(remote, NotifyDesc{name, message}); }));
            })
       .def("get_notifies",
            [](PyEngine& e) {
              std::vector<Notify> n;
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = e.engine->GetNotifies(n);
-             }
-             Check(st);
+             Check(Unlocked([&] { return e.engine->GetNotifies(n); }));
              py::list out;
              for (auto& x : n) out.append(py::make_tuple(x.remote_engine, x.name, x.notify_msg));
              return out;
