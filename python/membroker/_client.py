@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _membroker
+from . import _errors, _membroker
 from ._errors import Error
 from ._tensor import Tensor, _np
 
@@ -15,6 +15,7 @@ class Client:
 
     def __init__(self, native):
         self._c = native
+        self._registered = {}  # host_register'ed address -> the buffer, kept alive
 
     # -- the connection ---------------------------------------------------------------------------------
     @property
@@ -77,6 +78,37 @@ class Client:
 
     def import_handle(self, token: str):
         return self.native.import_handle(token)
+
+    # -- host memory ---------------------------------------------------------------------------------
+    def malloc_host(self, size: int):
+        """Pinned host memory (aclrtMallocHost): a HostBuffer (buffer protocol), freed when the
+        last view of it is gone."""
+        return self.native.malloc_host(size)
+
+    def host_register(self, buffer) -> int:
+        """Pins this process's own memory (aclrtHostRegister): a writable buffer whose address and
+        size are multiples of 4096. The buffer is kept alive until host_unregister."""
+        address = self.native.host_register(buffer)
+        self._registered[address] = buffer
+        return address
+
+    def host_unregister(self, buffer_or_address) -> None:
+        address = buffer_or_address if isinstance(buffer_or_address, int) else \
+            next((a for a, b in self._registered.items() if b is buffer_or_address), None)
+        if address is None:
+            raise _errors.NotFound("this buffer is not registered", 3)
+        self.native.host_unregister(address)
+        self._registered.pop(address, None)
+
+    # -- events ----------------------------------------------------------------------------------------
+    def subscribe(self, prefix: str = "") -> None:
+        """Events for names under prefix: published, unpublished, holder_died."""
+        self.native.subscribe(prefix)
+
+    def wait_events(self, timeout_ms: int = 0):
+        """(events, dropped): each event a dict with kind, name, allocation, pid; waits in the broker
+        up to timeout_ms for one."""
+        return self.native.wait_events(timeout_ms)
 
     # -- named objects ---------------------------------------------------------------------------------
     def publish(self, name: str, handle, read_only: bool = False, persist: bool = False,

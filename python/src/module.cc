@@ -188,6 +188,21 @@ py::capsule DLPackCapsule(py::object self, py::object max_version) {
   });
 }
 
+// Pinned host memory from MallocHost: freed (unmapped) when the last
+// reference, views included, goes; close() only refuses new views.
+struct PyHostBuffer {
+  std::shared_ptr<PyClient> owner;
+  void* data = nullptr;
+  size_t size = 0;
+  bool closed = false;
+  ~PyHostBuffer() {
+    if (data != nullptr) {
+      py::gil_scoped_release nogil;
+      (void)owner->client.FreeHost(data);
+    }
+  }
+};
+
 // A ring lives in a mapping, which it keeps alive.
 struct PyRing {
   py::object mapping;  // PyMapping
@@ -394,6 +409,43 @@ PYBIND11_MODULE(_membroker, mod) {
           },
           py::arg("prefix") = "")
       .def_property_readonly("async_errors", [](PyClient& c) { return c.client.async_errors(); })
+      .def("malloc_host",
+           [](std::shared_ptr<PyClient> c, size_t size) {
+             auto b = std::make_shared<PyHostBuffer>();
+             b->owner = c;
+             b->data = Take(Unlocked([&] { return c->client.MallocHost(size); }));
+             b->size = size;
+             return b;
+           })
+      .def("host_register",
+           [](PyClient& c, py::buffer obj) {
+             py::buffer_info info = obj.request(/*writable=*/true);
+             const size_t bytes = static_cast<size_t>(info.size * info.itemsize);
+             Check(Unlocked([&] { return c.client.HostRegister(info.ptr, bytes); }));
+             return reinterpret_cast<uintptr_t>(info.ptr);
+           })
+      .def("host_unregister",
+           [](PyClient& c, uintptr_t address) {
+             Check(Unlocked([&] { return c.client.HostUnregister(reinterpret_cast<void*>(address)); }));
+           })
+      .def("subscribe",
+           [](PyClient& c, const std::string& prefix) { Check(Unlocked([&] { return c.client.Subscribe(prefix); })); })
+      .def("wait_events",
+           [](PyClient& c, int timeout_ms) {
+             NameEvents ev = Take(Unlocked([&] { return c.client.WaitEvents(timeout_ms); }));
+             static const char* kKinds[] = {"published", "unpublished", "holder_died"};
+             py::list out;
+             for (const NameEvent& e : ev.events) {
+               py::dict d;
+               d["kind"] = kKinds[static_cast<int>(e.kind) % 3];
+               d["name"] = e.name;
+               d["allocation"] = e.allocation;
+               d["pid"] = e.pid;
+               out.append(d);
+             }
+             return py::make_tuple(out, ev.dropped);
+           },
+           py::arg("timeout_ms") = 0)
       // For bench/python_handoff.py: n Pings looped in C++, the seconds they took.
       .def("ping_loop", [](PyClient& c, int n) {
         py::gil_scoped_release nogil;
@@ -412,7 +464,11 @@ PYBIND11_MODULE(_membroker, mod) {
       .def_property_readonly("export_token", [](PyHandle& h) { return h.handle.export_token(); })
       .def_property_readonly("metadata", [](PyHandle& h) { return py::bytes(h.handle.metadata()); })
       .def_property_readonly("valid", [](PyHandle& h) { return h.handle.valid(); })
-      .def("free", [](PyHandle& h) { Check(h.owner->client.FreePhysical(h.handle)); });
+      .def("free", [](PyHandle& h) { Check(h.owner->client.FreePhysical(h.handle)); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyHandle& h, py::args) {
+        if (h.handle.valid()) (void)h.owner->client.FreePhysical(h.handle);
+      });
 
   py::class_<PyReservation, std::shared_ptr<PyReservation>>(mod, "Reservation")
       .def_property_readonly("base", [](PyReservation& r) { return reinterpret_cast<uintptr_t>(r.reservation.base()); })
@@ -447,7 +503,20 @@ PYBIND11_MODULE(_membroker, mod) {
            },
            py::arg("stream") = py::none(), py::arg("max_version") = py::none())
       .def("__dlpack_device__", [](PyMapping&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
-      .def("close", [](PyMapping& m) { m.closed = true; });
+      .def("close", [](PyMapping& m) { m.closed = true; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyMapping& m, py::args) { m.closed = true; });
+
+  py::class_<PyHostBuffer, std::shared_ptr<PyHostBuffer>>(mod, "HostBuffer", py::buffer_protocol())
+      .def_buffer([](PyHostBuffer& b) {  // must not throw: closed offers an empty buffer
+        return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.closed ? 0 : b.size)}, {1}, false);
+      })
+      .def_property_readonly("address", [](PyHostBuffer& b) { return reinterpret_cast<uintptr_t>(b.data); })
+      .def_property_readonly("size", [](PyHostBuffer& b) { return b.size; })
+      .def("close", [](PyHostBuffer& b) { b.closed = true; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyHostBuffer& b, py::args) { b.closed = true; });
 
   py::class_<PyRing, std::shared_ptr<PyRing>>(mod, "TensorRing")
       .def_static("create",

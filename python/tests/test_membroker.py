@@ -257,3 +257,36 @@ def test_transfer_engine_write_between_processes(mb):
     p.stdin.flush()
     finish(p)
     eng.finalize()
+
+
+def test_events_host_memory_and_context_managers(mb):
+    watcher = membroker.connect(mb.socket, "watcher")
+    watcher.subscribe("ev/")
+    c = membroker.connect(mb.socket, "events")
+    with c.malloc_physical(4096) as h:
+        c.publish("ev/one", h)
+        events, dropped = watcher.wait_events(timeout_ms=5000)
+        assert dropped == 0 and events[0]["kind"] == "published" and events[0]["name"] == "ev/one"
+        c.unpublish("ev/one")
+        events, _ = watcher.wait_events(timeout_ms=5000)
+        assert events[0]["kind"] == "unpublished"
+        with c.map_handle(h) as m:
+            memoryview(m)[0] = 5
+        assert len(memoryview(m)) == 0          # closed by the with block
+    assert watcher.wait_events(timeout_ms=0) == ([], 0)
+    buf = c.malloc_host(1 << 16)
+    mv = memoryview(buf)
+    mv[:4] = b"pin!"
+    assert bytes(memoryview(buf)[:4]) == b"pin!"
+    assert mb.stats()["pinned_bytes"] >= 1 << 16
+    import mmap
+    own = mmap.mmap(-1, 8192)                    # this process's own, page-aligned memory
+    address = c.host_register(own)
+    assert mb.stats()["host_registered_bytes"] == 8192
+    with pytest.raises(membroker.ParamInvalid):
+        c.host_register(memoryview(own)[1:4097])  # not page-aligned: refused, nothing changes
+    c.host_unregister(address)
+    assert mb.wait_for_stat("host_registered_bytes", 0) == 0
+    del mv, buf
+    gc.collect()
+    assert mb.wait_for_stat("pinned_bytes", 0) == 0
