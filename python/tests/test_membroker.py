@@ -290,3 +290,18 @@ def test_events_host_memory_and_context_managers(mb):
     del mv, buf
     gc.collect()
     assert mb.wait_for_stat("pinned_bytes", 0) == 0
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_the_python_pipeline_example(mb, kill):
+    """examples/python/pipeline.py: torch tensors through rings; a killed model stage loses no frame."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "..", "examples", "python", "pipeline.py")
+    cmd = [sys.executable, example, "--socket", mb.socket, "--frames", "60"] + (["--kill-model"] if kill else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 wrong, 0 twice, 0 lost" in out.stdout and "python pipeline: ok" in out.stdout
+    if kill:
+        assert "killed the model stage" in out.stdout
+        assert mb.stats()["clients_crashed"] == 1
+    assert mb.wait_for_stat("allocations_live", 0) == 0
