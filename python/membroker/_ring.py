@@ -7,6 +7,7 @@ class TransferEngine:
     """HIXL's transfer engine over a Client: register_mem(mapping) -> id,
     deregister_mem(id), connect(remote, timeout_ms), disconnect(remote, timeout_ms),
     transfer_sync(remote, "read" | "write", [(local_addr, remote_addr, length), ...], timeout_ms),
+    transfer_async(...) -> request, transfer_status(request) -> "waiting" | "completed" | "timeout" | "failed",
     send_notify(remote, name, message), get_notifies() -> [(from, name, message)], finalize().
     A registered mapping stays alive until it is deregistered. Options: copy_threads,
     async_threads, drain_timeout_ms (strings, as HIXL's)."""

@@ -606,6 +606,25 @@ PYBIND11_MODULE(_membroker, mod) {
              Check(Unlocked([&] { return e.engine->TransferSync(remote, op == "read" ? READ : WRITE, d, timeout_ms); }));
            },
            py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
+      .def("transfer_async",
+           [](PyEngine& e, const std::string& remote, const std::string& op,
+              std::vector<std::tuple<uintptr_t, uintptr_t, size_t>> descs, int timeout_ms) {
+             if (op != "read" && op != "write")
+               Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
+             std::vector<TransferOpDesc> d;
+             for (auto& [l, r, n] : descs) d.push_back({l, r, n});
+             TransferReq req = 0;
+             Check(Unlocked([&] { return e.engine->TransferAsync(remote, op == "read" ? READ : WRITE, d, req, timeout_ms); }));
+             return req;
+           },
+           py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
+      .def("transfer_status",
+           [](PyEngine& e, TransferReq req) {
+             TransferStatus st = TransferStatus::WAITING;
+             Check(Unlocked([&] { return e.engine->GetTransferStatus(req, st); }));
+             static const char* kNames[] = {"waiting", "completed", "timeout", "failed"};
+             return std::string(kNames[static_cast<int>(st) % 4]);
+           })
       .def("send_notify",
            [](PyEngine& e, const std::string& remote, const std::string& name, const std::string& message) {
              Check(Unlocked([&] { return e.engine->SendNotify(remote, NotifyDesc{name, message}); }));

@@ -305,3 +305,23 @@ def test_the_python_pipeline_example(mb, kill):
         assert "killed the model stage" in out.stdout
         assert mb.stats()["clients_crashed"] == 1
     assert mb.wait_for_stat("allocations_live", 0) == 0
+
+
+def test_transfer_engine_async_read_within_one_process_pair(mb):
+    a = membroker.connect(mb.socket, "async-a")
+    b = membroker.connect(mb.socket, "async-b")
+    src = b.tensor_from(np.full(4096, 7, dtype=np.uint8))
+    dst = a.new_tensor((4096,), "uint8")
+    ea, eb = membroker.TransferEngine(a, "async-a"), membroker.TransferEngine(b, "async-b")
+    ea.register_mem(dst.mapping)
+    eb.register_mem(src.mapping)
+    ea.connect("async-b", 5000)
+    req = ea.transfer_async("async-b", "read", [(dst.mapping.address, src.mapping.address, 4096)], 5000)
+    status = ea.transfer_status(req)
+    while status == "waiting":
+        status = ea.transfer_status(req)
+    assert status == "completed" and (dst.numpy() == 7).all()
+    with pytest.raises(membroker.ParamInvalid):
+        ea.transfer_status(req)   # reported once, then forgotten
+    ea.finalize()
+    eb.finalize()
