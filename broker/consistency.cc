@@ -27,7 +27,7 @@ Status Broker::CheckTables() const {
   //    engine holding or a publication, and each of those names a live one.
   std::map<uint64_t, uint32_t> refs;
   for (const auto& [sid, s] : sessions_) {
-    for (const Ledger* l : {&s->ledger, &s->engine_holdings})
+    for (const Ledger* l : {&s->ledger, &s->engine.holdings})
       for (uint64_t id : l->Ids()) {
         if (table_.Find(id) == nullptr)
           return Broken("client " + std::to_string(sid) + " holds freed allocation " + std::to_string(id));
@@ -75,8 +75,8 @@ Status Broker::CheckTables() const {
         beyond_table.imports += 1;
       }
     }
-    own.imports += s->engine_holdings.size();
-    beyond_table.imports += s->engine_holdings.size();
+    own.imports += s->engine.holdings.size();
+    beyond_table.imports += s->engine.holdings.size();
     for (const auto& [addr, size] : s->host_regs) {
       own.pinned_bytes += size;
       beyond_table.pinned_bytes += size;

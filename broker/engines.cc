@@ -32,8 +32,8 @@ ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
-  if (!s.engine.empty())
-    return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine + "\"");
+  if (!s.engine.name.empty())
+    return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine.name + "\"");
   MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxEngineNameBytes, "an engine name"));
   if (auto it = engines_.find(m.name); it != engines_.end() && !ReapIfExited(it->second.session_id))
     return Status(ErrorCode::kAlreadyExists,
@@ -47,7 +47,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
   e.name = m.name;
   e.session_id = s.id;
   e.control_allocation = m.control_allocation;
-  s.engine = m.name;
+  s.engine.name = m.name;
   MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
           LogText(m.name).c_str());
   // Peers that were waiting for this name connect now.
@@ -57,32 +57,32 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineFinalizeRequest&) {
-  if (s.engine.empty()) return NoEngine();
+  if (s.engine.name.empty()) return NoEngine();
   EndEngineSession(s);
   return Status::Ok();
 }
 
 void Broker::EndEngineSession(Session& s) {
   // Our connections to other engines free their slots.
-  for (const auto& [remote, slot] : s.connected)
+  for (const auto& [remote, slot] : s.engine.connected)
     if (auto it = engines_.find(remote); it != engines_.end()) it->second.peers.erase(s.id);
-  s.connected.clear();
-  if (auto it = engines_.find(s.engine); !s.engine.empty() && it != engines_.end()) {
+  s.engine.connected.clear();
+  if (auto it = engines_.find(s.engine.name); !s.engine.name.empty() && it != engines_.end()) {
     // Peers connected to our engine are disconnected; their next transfer
     // learns it (NOT_CONNECTED) when it refreshes the region list.
     for (const auto& [peer_id, slot] : it->second.peers)
-      if (Session* peer = FindSession(peer_id)) peer->connected.erase(s.engine);
+      if (Session* peer = FindSession(peer_id)) peer->engine.connected.erase(s.engine.name);
     MB_INFO("engine_down", "client=%llu engine=\"%s\" regions=%zu peers=%zu",
-            static_cast<unsigned long long>(s.id), LogText(s.engine).c_str(), it->second.regions.size(),
+            static_cast<unsigned long long>(s.id), LogText(s.engine.name).c_str(), it->second.regions.size(),
             it->second.peers.size());
     engines_.erase(it);
   }
-  s.engine.clear();
+  s.engine.name.clear();
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m) {
-  auto it = engines_.find(s.engine);
-  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  auto it = engines_.find(s.engine.name);
+  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
   Engine& e = it->second;
   if (m.length == 0 || m.address == 0 || m.address % kRegionAlign || m.length % kRegionAlign)
     return Status(ErrorCode::kParamInvalid,
@@ -114,8 +114,8 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m)
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDeregisterRequest& m) {
-  auto it = engines_.find(s.engine);
-  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  auto it = engines_.find(s.engine.name);
+  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
   auto& regions = it->second.regions;
   auto r = std::find_if(regions.begin(), regions.end(),
                         [&](const auto& kv) { return kv.second.id == m.region; });
@@ -127,7 +127,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDeregisterRequest& 
 }
 
 Status Broker::ConnectPeer(Session& peer, uint64_t rid, Engine& e) {
-  if (peer.connected.count(e.name))
+  if (peer.engine.connected.count(e.name))
     return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + e.name + "\"");
   Session* owner = FindSession(e.session_id);
   if (owner == nullptr) return NotConnectedTo(e.name);
@@ -143,13 +143,13 @@ Status Broker::ConnectPeer(Session& peer, uint64_t rid, Engine& e) {
                   "engine \"" + e.name + "\" has " + std::to_string(kEngineSlots) + " peers already");
   const uint32_t slot = static_cast<uint32_t>(free_slot - used.begin());
   e.peers[peer.id] = slot;
-  peer.connected[e.name] = slot;
+  peer.engine.connected[e.name] = slot;
   Send(peer, rid, EngineInfo(e, slot));
   return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineConnectRequest& m) {
-  if (s.engine.empty()) return NoEngine();
+  if (s.engine.name.empty()) return NoEngine();
   if (m.remote.empty()) return Status(ErrorCode::kParamInvalid, "remote engine name is empty");
   // An engine whose process has exited (its socket's end not read yet) is
   // absent: the connect waits for the name's next owner.
@@ -161,15 +161,15 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineConnectRequest&
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegionsRequest& m) {
-  auto c = s.connected.find(m.remote);
+  auto c = s.engine.connected.find(m.remote);
   auto it = engines_.find(m.remote);
-  if (c == s.connected.end() || it == engines_.end()) return NotConnectedTo(m.remote);
+  if (c == s.engine.connected.end() || it == engines_.end()) return NotConnectedTo(m.remote);
   return EngineInfo(it->second, c->second);
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineImportRequest& m) {
   auto it = engines_.find(m.remote);
-  if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
+  if (!s.engine.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
   const Engine& e = it->second;
   bool registered = m.allocation == e.control_allocation;
   for (const auto& [addr, r] : e.regions) registered |= (r.allocation == m.allocation);
@@ -186,7 +186,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineImportRequest& 
     MB_ASSIGN_OR_RETURN(ro, backend_.ReadOnlyFd(a->memory));
   }
   return SentOnSuccess(
-      GrantImport(s, rid, *a, read_only ? ro.get() : a->memory.fd.get(), read_only, s.engine_holdings));
+      GrantImport(s, rid, *a, read_only ? ro.get() : a->memory.fd.get(), read_only, s.engine.holdings));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineReleaseRequest& m) {
@@ -197,15 +197,15 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineReleaseRequest& m) 
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDisconnectRequest& m) {
-  if (s.connected.erase(m.remote) == 0) return NotConnectedTo(m.remote);
+  if (s.engine.connected.erase(m.remote) == 0) return NotConnectedTo(m.remote);
   if (auto it = engines_.find(m.remote); it != engines_.end()) it->second.peers.erase(s.id);
   return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
   auto it = engines_.find(m.remote);
-  if (s.engine.empty()) return NoEngine();
-  if (!s.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
+  if (s.engine.name.empty()) return NoEngine();
+  if (!s.engine.connected.count(m.remote) || it == engines_.end()) return NotConnectedTo(m.remote);
   Engine& e = it->second;
   if (e.notifies.size() >= kMaxQueuedNotifies) {
     ++e.notifies_dropped;
@@ -213,13 +213,13 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
                   "engine \"" + m.remote + "\" has " + std::to_string(kMaxQueuedNotifies) +
                       " notifies unread (its queue is full)");
   }
-  e.notifies.push_back(ipc::EngineNotify{s.engine, m.name, m.message});
+  e.notifies.push_back(ipc::EngineNotify{s.engine.name, m.name, m.message});
   return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&) {
-  auto it = engines_.find(s.engine);
-  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  auto it = engines_.find(s.engine.name);
+  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
   Engine& e = it->second;
   ipc::EngineNotifiesReply r;
   r.dropped = e.notifies_dropped;
@@ -231,8 +231,8 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EnginePeersRequest&) {
-  auto it = engines_.find(s.engine);
-  if (s.engine.empty() || it == engines_.end()) return NoEngine();
+  auto it = engines_.find(s.engine.name);
+  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
   ipc::EnginePeersReply r;
   for (const auto& [peer_id, slot] : it->second.peers)
     if (const Session* peer = FindSession(peer_id)) r.peers.push_back({slot, peer->cred.pid});

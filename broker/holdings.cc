@@ -22,7 +22,7 @@ void Broker::Uncharge(Session* s, uid_t uid, const Usage& delta) {
 }
 
 bool Broker::Release(Session& s, uint64_t id, Holding where) {
-  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine_holdings;
+  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine.holdings;
   if (!ledger.Remove(id)) return false;
   const Allocation* a = table_.Find(id);
   if (a == nullptr) return true;  // unreachable while the tables agree (CheckTables)
@@ -35,7 +35,7 @@ bool Broker::Release(Session& s, uint64_t id, Holding where) {
 }
 
 size_t Broker::ReleaseAll(Session& s, Holding where) {
-  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine_holdings;
+  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine.holdings;
   const std::vector<uint64_t> ids = ledger.Ids();
   for (uint64_t id : ids) Release(s, id, where);
   return ids.size();

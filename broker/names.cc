@@ -102,9 +102,9 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::ListNamesRequest& m) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::SubscribeRequest& m) {
-  if (s.subscriptions.size() >= kMaxSubscriptionsPerClient)
+  if (s.events.subscriptions.size() >= kMaxSubscriptionsPerClient)
     return Status(ErrorCode::kResourceExhausted, "a client subscribes to at most 64 prefixes");
-  s.subscriptions.push_back(m.prefix);  // "" subscribes to every name
+  s.events.subscriptions.push_back(m.prefix);  // "" subscribes to every name
   return Status::Ok();
 }
 
@@ -115,16 +115,16 @@ void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_
   std::vector<Session*> targets;
   for (auto& [id, s] : sessions_) {
     bool wanted = false;
-    for (const auto& p : s->subscriptions) wanted |= HasPrefix(name, p);
+    for (const auto& p : s->events.subscriptions) wanted |= HasPrefix(name, p);
     if (wanted) targets.push_back(s);
   }
   for (Session* s : targets) {
     if (s->closing) continue;
-    if (s->events.size() >= kMaxQueuedEvents) {
-      ++s->events_dropped;
+    if (s->events.queue.size() >= kMaxQueuedEvents) {
+      ++s->events.dropped;
       continue;
     }
-    s->events.push_back(ipc::NameEvent{kind, name, allocation, pid});
+    s->events.queue.push_back(ipc::NameEvent{kind, name, allocation, pid});
     std::vector<Waiter*> ready;
     for (Waiter* w : waiters_)
       if (w->kind == Waiter::Kind::kEvents && w->session_id == s->id) ready.push_back(w);
@@ -137,18 +137,18 @@ void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_
 
 void Broker::SendEvents(Session& s, uint64_t rid) {
   ipc::EventsReply r;
-  r.dropped = s.events_dropped;
-  while (!s.events.empty() && r.events.size() < ipc::kMaxEventsPerReply) {
-    r.events.push_back(std::move(s.events.front()));
-    s.events.pop_front();
+  r.dropped = s.events.dropped;
+  while (!s.events.queue.empty() && r.events.size() < ipc::kMaxEventsPerReply) {
+    r.events.push_back(std::move(s.events.queue.front()));
+    s.events.queue.pop_front();
   }
   Send(s, rid, std::move(r));
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m) {
-  if (s.subscriptions.empty())
+  if (s.events.subscriptions.empty())
     return Status(ErrorCode::kParamInvalid, "this client has no subscriptions (Subscribe first)");
-  if (!s.events.empty() || m.timeout_ms == 0) {
+  if (!s.events.queue.empty() || m.timeout_ms == 0) {
     SendEvents(s, rid);
     return Deferred{};
   }
@@ -170,8 +170,8 @@ void Broker::EndNamesSession(Session& s, bool crashed) {
     }
     it = next;
   }
-  s.subscriptions.clear();
-  s.events.clear();
+  s.events.subscriptions.clear();
+  s.events.queue.clear();
 }
 
 }  // namespace membroker::broker

@@ -193,7 +193,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::UnregisterHostRequest& m)
   auto it = s.host_regs.find(m.address);
   if (it == s.host_regs.end())
     return Status(ErrorCode::kNotFound, "no host registration starts at this address");
-  if (auto e = engines_.find(s.engine); !s.engine.empty() && e != engines_.end())
+  if (auto e = engines_.find(s.engine.name); !s.engine.name.empty() && e != engines_.end())
     for (const auto& [addr, r] : e->second.regions)
       if (r.allocation == 0 && addr >= it->first && addr < it->first + it->second)
         return Status(ErrorCode::kBusy, "transfer engine region " + std::to_string(r.id) +

@@ -44,19 +44,26 @@ struct Session {
   bool polling_writable = false;
   uint32_t inflight = 0;        // requests handed to worker threads
   uint64_t frames_sent = 0;     // replies and events sent (a turn ends with one)
+  // The holdings component's part (holdings.cc, accounting.h).
   Ledger ledger;
-  Usage usage;                            // charged to this client (see accounting.h)
+  Usage usage;                            // charged to this client
   std::map<uint64_t, uint64_t> host_regs;  // HostRegister: address -> size
-  // Transfer engine (engines.h): this client's engine name (empty: none), the
-  // engines it is connected to (name -> slot) and the regions of theirs it
-  // imported, held apart from the ledger so both can hold one allocation.
-  std::string engine;
-  std::map<std::string, uint32_t> connected;
-  Ledger engine_holdings;
-  // Named-object events (names.h): prefixes subscribed to, and the queue.
-  std::vector<std::string> subscriptions;
-  std::deque<ipc::NameEvent> events;
-  uint64_t events_dropped = 0;
+  // The transfer-engine component's part (engines.cc).
+  struct EnginePart {
+    std::string name;                            // this client's engine; empty: none
+    std::map<std::string, uint32_t> connected;   // engines it is connected to -> slot
+    // Regions of theirs it imported, held apart from the ledger so both can
+    // hold one allocation.
+    Ledger holdings;
+  } engine;
+  // The names component's part (names.cc): prefixes subscribed to, and the
+  // events waiting for this client.
+  struct EventsPart {
+    std::vector<std::string> subscriptions;
+    std::deque<ipc::NameEvent> queue;
+    uint64_t dropped = 0;
+  } events;
+  // The sessions component's outbound queue (sessions.cc).
   std::deque<OutFrame> outbound;
   uint64_t outbound_bytes = 0;  // bytes of the frames in `outbound`
 };
