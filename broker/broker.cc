@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "memory_limits.h"
+#include "systemd.h"
 #include "uv_status.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/syscall.h"
@@ -99,6 +100,24 @@ Broker::Broker(Options options)
   for (const PoolSpec& spec : options_.pools) pools_.emplace_back().spec = spec;
 }
 
+void Broker::ReportReady() {
+  // Type=notify: systemd starts the units that need the broker only now.
+  systemd::Notify("READY=1\nSTATUS=serving " + options_.socket_path);
+  const uint64_t interval = systemd::WatchdogIntervalMs();
+  if (interval == 0) return;
+  // Half the interval, as sd_watchdog_enabled(3) advises; a loop that stops
+  // turning stops the pings, and systemd restarts the broker.
+  int rc = uv_timer_start(
+      &watchdog_timer_,
+      [](uv_timer_t* t) {
+        auto* b = static_cast<Broker*>(t->data);
+        systemd::Notify("WATCHDOG=1\nSTATUS=serving " + std::to_string(b->sessions_.size()) + " clients, " +
+                        std::to_string(b->table_.all().size()) + " allocations");
+      },
+      interval / 2, interval / 2);
+  if (rc != 0) MB_ERROR("watchdog_failed", "error=\"%s\"", uv_strerror(rc));
+}
+
 Broker::~Broker() {
   // Run() closes every handle and unlinks the sockets; this only covers a
   // Broker that never ran (Create failed half way, or an embedder).
@@ -122,6 +141,8 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   b->handshake_timer_.data = b.get();
   MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->listen_retry_timer_)));
   b->listen_retry_timer_.data = b.get();
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->watchdog_timer_)));
+  b->watchdog_timer_.data = b.get();
   // Kept for the moment the broker runs out of fds: closing it makes room to
   // accept a connection and refuse it with a reason.
   b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -133,6 +154,21 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
 }
 
 Status Broker::Listen() {
+  // Started by systemd with the socket already listening (membrokerd.socket):
+  // serve that one. It is systemd's to create and remove, and connections
+  // queued while the broker (re)started are waiting in it.
+  if (int activated = systemd::ActivatedClientSocket(); activated >= 0) {
+    listen_fd_.reset(activated);
+    socket_activated_ = true;
+    MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("fcntl", "O_NONBLOCK on the activated socket", nullptr, [&] {
+      return ::fcntl(activated, F_SETFL, ::fcntl(activated, F_GETFL) | O_NONBLOCK);
+    }));
+    (void)::fcntl(activated, F_SETFD, FD_CLOEXEC);
+    MB_INFO("socket_activated", "fd=%d", activated);
+    MB_RETURN_IF_ERROR(UvStatus("uv_poll_init", uv_poll_init(&loop_, &listen_poll_, listen_fd_.get())));
+    listen_poll_.data = this;
+    return UvStatus("uv_poll_start", uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable));
+  }
   MB_RETURN_IF_ERROR(PrepareSocketPath(options_.socket_path));
   int raw = -1;
   MB_RETURN_IF_ERROR(ipc::CheckedCall("socket", "AF_UNIX, SOCK_SEQPACKET", &raw, [] {
@@ -178,6 +214,7 @@ Status Broker::Run() {
           options_.socket_path.c_str(), options_.admin_socket_path.c_str(),
           static_cast<unsigned long long>(options_.max_bytes),
           static_cast<unsigned long long>(options_.max_pinned_bytes), static_cast<int>(::getpid()));
+  ReportReady();
   if (options_.ready_fd >= 0) {
     // A supervisor that cannot be told we are ready would wait forever: that
     // is a failed start, not a warning.
@@ -204,7 +241,7 @@ Status Broker::Run() {
       uv_run(&loop_, UV_RUN_DEFAULT);
       (void)uv_loop_close(&loop_);
       loop_.data = nullptr;
-      ::unlink(options_.socket_path.c_str());
+      if (!socket_activated_) ::unlink(options_.socket_path.c_str());
       ::unlink(options_.admin_socket_path.c_str());
       return Status(st.code(), "cannot report readiness: " + st.message());
     }
@@ -213,7 +250,7 @@ Status Broker::Run() {
   // Every handle is closed and every worker finished: the loop is empty.
   int rc = uv_loop_close(&loop_);
   loop_.data = nullptr;
-  ::unlink(options_.socket_path.c_str());
+  if (!socket_activated_) ::unlink(options_.socket_path.c_str());
   ::unlink(options_.admin_socket_path.c_str());
   MB_INFO("stopped", "released_allocations=%zu", table_.all().size());
   if (rc != 0) return Status(ErrorCode::kInternal, "loop still had open handles at exit");
@@ -223,6 +260,8 @@ Status Broker::Run() {
 void Broker::Stop() {
   if (stopping_) return;
   stopping_ = true;
+  systemd::Notify("STOPPING=1\nSTATUS=stopping: releasing every client's holdings");
+  uv_close(reinterpret_cast<uv_handle_t*>(&watchdog_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);  // stops it even if paused
   uv_close(reinterpret_cast<uv_handle_t*>(&admin_pipe_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);

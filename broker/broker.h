@@ -113,6 +113,8 @@ class Broker {
   explicit Broker(Options options);
   Status Listen();
   void Stop();
+  // sd_notify READY=1 and, when systemd asks, the watchdog (systemd.h).
+  void ReportReady();
 
   // Connection handling (broker.cc).
   static void OnListenReadable(uv_poll_t* h, int status, int events);
@@ -271,6 +273,8 @@ class Broker {
   ipc::UniqueFd listen_fd_;
   bool socket_bound_ = false;  // our socket file exists and is ours to unlink
   ipc::UniqueFd reserve_fd_;    // closed to accept-and-refuse when out of fds
+  bool socket_activated_ = false;  // the client socket came from systemd (not ours to unlink)
+  uv_timer_t watchdog_timer_{};    // WATCHDOG=1 pings, when systemd asks for them
   bool listening_paused_ = false;
   uv_timer_t listen_retry_timer_{};
   uv_timer_t handshake_timer_{};
