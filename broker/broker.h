@@ -1,7 +1,11 @@
-// Broker: the daemon's libuv loop, its listening sockets, the sessions and the
-// request handlers. One thread runs the loop; slow work (creating and
-// reserving large allocations) runs on libuv's worker pool so the loop keeps
-// serving everyone else.
+// Broker: the owner of the daemon's components - the loop and its sockets
+// (broker.cc), sessions and admission (sessions.cc, admission.cc, the end of
+// a session in session_end.cc), dispatch and the request handlers
+// (dispatch.cc, requests.cc, engines.cc, names.cc, waiters.cc), holdings
+// (holdings.cc), workers and pools (workers.cc, pools.cc), the physical-memory
+// backend (backend.h), admin (admin.cc) and the consistency check
+// (consistency.cc); docs/ARCHITECTURE.md has the map. One thread runs the
+// loop; slow work runs on libuv's worker pool so the loop keeps serving.
 #pragma once
 
 #include <uv.h>
@@ -116,7 +120,7 @@ class Broker {
   // sd_notify READY=1 and, when systemd asks, the watchdog (systemd.h).
   void ReportReady();
 
-  // Connection handling (broker.cc).
+  // Connection handling (sessions.cc; the end of a session: session_end.cc).
   static void OnListenReadable(uv_poll_t* h, int status, int events);
   static void OnSessionEvent(uv_poll_t* h, int status, int events);
   void Accept();
@@ -168,7 +172,7 @@ class Broker {
   void EvictOldestHandshaking();
   void CloseSilentSessions();
 
-  // Requests (requests.cc, engines.cc, names.cc). HandleFrame decodes a frame
+  // Requests (dispatch.cc; handlers in requests.cc, engines.cc, names.cc). HandleFrame decodes a frame
   // and hands it to the Handle overload of its message type; each returns
   // its Answer (a reply, an error, or Deferred).
   void HandleFrame(Session& s, ipc::Frame frame);
