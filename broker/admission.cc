@@ -97,21 +97,11 @@ void Broker::PauseListening() {
   if (rc != 0) MB_ERROR("listen_retry_failed", "error=\"%s\"", uv_strerror(rc));
 }
 
-size_t Broker::Handshaking() const {
-  size_t n = 0;
-  for (const auto& [id, s] : sessions_) n += !s->hello_done && !s->closing;
-  return n;
-}
-
-size_t Broker::Handshaken() const { return sessions_.size() - Handshaking(); }
-
 void Broker::ArmHandshakeTimer() {
-  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&handshake_timer_))) return;
-  uint64_t oldest = UINT64_MAX;
-  for (const auto& [id, s] : sessions_)
-    if (!s->hello_done && !s->closing) oldest = std::min(oldest, s->accepted_ms);
-  if (oldest == UINT64_MAX) return;
-  const uint64_t now = uv_now(&loop_), due = oldest + options_.handshake_timeout_ms;
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&handshake_timer_)) || handshaking_.empty()) return;
+  // Ids grow with every accept: the first one waiting has waited longest.
+  const Session* oldest = sessions_.at(*handshaking_.begin());
+  const uint64_t now = uv_now(&loop_), due = oldest->accepted_ms + options_.handshake_timeout_ms;
   int rc = uv_timer_start(
       &handshake_timer_, [](uv_timer_t* t) { static_cast<Broker*>(t->data)->CloseSilentSessions(); },
       due > now ? due - now : 0, 0);
@@ -119,26 +109,21 @@ void Broker::ArmHandshakeTimer() {
 }
 
 void Broker::EvictOldestHandshaking() {
-  Session* oldest = nullptr;
-  for (const auto& [id, s] : sessions_)
-    if (!s->hello_done && !s->closing && (oldest == nullptr || s->id < oldest->id))
-      oldest = s;  // ids grow with every accept
-  if (oldest == nullptr) return;
+  if (handshaking_.empty()) return;
   ++counters_.connections_refused;
-  CloseSession(*oldest, CloseReason::kHandshakeTimeout,
+  CloseSession(*sessions_.at(*handshaking_.begin()), CloseReason::kHandshakeTimeout,
                "no hello yet, and " + std::to_string(options_.max_clients) +
                    " connections were waiting for theirs: closed to make room");
 }
 
 void Broker::CloseSilentSessions() {
   const uint64_t now = uv_now(&loop_);
-  std::vector<Session*> silent;
-  for (const auto& [id, s] : sessions_)
-    if (!s->hello_done && !s->closing && now - s->accepted_ms >= options_.handshake_timeout_ms)
-      silent.push_back(s);
-  for (Session* s : silent)
-    CloseSession(*s, CloseReason::kHandshakeTimeout,
+  while (!handshaking_.empty()) {
+    Session& s = *sessions_.at(*handshaking_.begin());
+    if (now - s.accepted_ms < options_.handshake_timeout_ms) break;  // the rest came later
+    CloseSession(s, CloseReason::kHandshakeTimeout,
                  "no hello within " + std::to_string(options_.handshake_timeout_ms) + " ms");
+  }
   ArmHandshakeTimer();
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <functional>
 #include <memory>
 #include <span>
@@ -126,10 +127,8 @@ class Broker {
   void Accept();
   void ReadFrames(Session& s);
   void Flush(Session& s);
-  // Why a connection ended, as the caller saw it...
-  enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
-                           kBrokerStopping, kIoError, kHandshakeTimeout, kRefused };
-  // ...and as the logs and counters say it (a peer's close is clean after a
+  // Why a connection ended, as the caller saw it (CloseReason, session.h),
+  // and as the logs and counters say it (a peer's close is clean after a
   // goodbye, a crash otherwise). Counted per kind; stats derive from these.
   enum class CloseWhy { kClean, kCrash, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
                         kBrokerStopping, kIoError, kHandshakeTimeout, kRefused, kCount };
@@ -165,8 +164,9 @@ class Broker {
   void PauseListening();
   // Counts a refusal; logs it unless one was logged in the last second.
   void LogRefusal(const char* reason, const std::string& detail);
-  size_t Handshaking() const;  // connections that have not said hello
-  size_t Handshaken() const;
+  // Connections that have not said hello (handshaking_), and the others.
+  size_t Handshaking() const { return handshaking_.size(); }
+  size_t Handshaken() const { return sessions_.size() - handshaking_.size(); }
   void ArmHandshakeTimer();
   // Closes the connection that has waited longest for its hello.
   void EvictOldestHandshaking();
@@ -292,6 +292,7 @@ class Broker {
   bool stopping_ = false;
   uint64_t next_session_id_ = 1;
   std::unordered_map<uint64_t, Session*> sessions_;
+  std::set<uint64_t> handshaking_;  // ids of sessions without a hello yet, oldest first
   PhysicalBackend& backend_ = MemfdBackend();  // host memory; device backends join here
   AllocationTable table_{backend_};
   Accounting accounting_;

@@ -97,7 +97,13 @@ Status Broker::CheckTables() const {
   if (accounting_.total() != total_expected)
     return Broken("the broker's totals " + Text(accounting_.total()) + " are not the sum " +
                   Text(total_expected));
-  // 3. Waiters belong to live sessions.
+  // 3. The handshake set is exactly the sessions without a hello.
+  for (const auto& [sid, s] : sessions_)
+    if (s->hello_done == (handshaking_.count(sid) == 1))
+      return Broken("client " + std::to_string(sid) + " is misfiled as " +
+                    (s->hello_done ? "waiting for" : "past") + " its hello");
+  if (handshaking_.size() > sessions_.size()) return Broken("the handshake set names closed sessions");
+  // 4. Waiters belong to live sessions.
   for (const Waiter* w : waiters_)
     if (sessions_.count(w->session_id) == 0)
       return Broken("a waiter outlived client " + std::to_string(w->session_id));

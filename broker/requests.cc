@@ -49,6 +49,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
                       " clients already (--max-clients); try again later");
   }
   s.hello_done = true;
+  handshaking_.erase(s.id);
   s.name = m.client_name;
   ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}};
   for (auto p : {ipc::PagePolicy::kNormalOnly, ipc::PagePolicy::kHugeFirst,

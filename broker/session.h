@@ -20,6 +20,10 @@
 
 namespace membroker::broker {
 
+// Why a connection ended, as the code that ends it sees it.
+enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
+                         kBrokerStopping, kIoError, kHandshakeTimeout, kRefused };
+
 struct OutFrame {
   std::vector<uint8_t> bytes;
   std::vector<ipc::UniqueFd> fds;  // sent with the frame, then closed here
@@ -40,7 +44,7 @@ struct Session {
   bool said_goodbye = false;    // a clean exit; anything else is counted as a crash
   bool closing = false;         // uv_close has been called
   bool close_after_flush = false;
-  int close_reason = 1;         // Broker::CloseReason once the queue is flushed
+  CloseReason close_reason = CloseReason::kProtocolViolation;  // once the queue is flushed
   bool polling_writable = false;
   uint32_t inflight = 0;        // requests handed to worker threads
   uint64_t frames_sent = 0;     // replies and events sent (a turn ends with one)

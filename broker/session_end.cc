@@ -70,6 +70,7 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
   s.outbound_bytes = 0;
   s.outbound.clear();
   sessions_.erase(s.id);
+  handshaking_.erase(s.id);
   // 6. Work still running for this session finds it gone and releases its result.
   uv_close(reinterpret_cast<uv_handle_t*>(&s.poll),
            [](uv_handle_t* h) { delete static_cast<Session*>(h->data); });

@@ -77,6 +77,7 @@ void Broker::Accept() {
     }
     s->poll.data = s;
     sessions_[s->id] = s;
+    handshaking_.insert(s->id);
     ++counters_.clients_total;
     if (Status st = UvStatus("uv_poll_start", uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT,
                                                             &Broker::OnSessionEvent));
@@ -223,7 +224,7 @@ void Broker::Flush(Session& s) {
     s.outbound.pop_front();
   }
   if (s.close_after_flush) {
-    CloseAfterReply(s, static_cast<CloseReason>(s.close_reason));  // the queue is empty now: it closes
+    CloseAfterReply(s, s.close_reason);  // the queue is empty now: it closes
     return;
   }
   s.polling_writable = false;
@@ -257,7 +258,7 @@ void Broker::CloseAfterReply(Session& s, CloseReason reason) {
     CloseSession(s, reason, "closed after final reply");
   } else {
     s.close_after_flush = true;
-    s.close_reason = static_cast<int>(reason);
+    s.close_reason = reason;
   }
 }
 
