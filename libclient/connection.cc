@@ -8,6 +8,16 @@
 
 namespace membroker::detail {
 
+namespace {
+// The ErrorReply with request id 0 a broker sends when it refuses the
+// connection (out of fds, too many clients) before closing it: its reason.
+Status RefusalIn(const ipc::Envelope& env) {
+  if (env.request_id != 0 || !std::holds_alternative<ipc::ErrorReply>(env.body)) return Status::Ok();
+  Status why = ipc::StatusOf(env.body);
+  return Status(why.code(), "the broker refused the connection: " + why.message());
+}
+}  // namespace
+
 Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request) {
   std::vector<uint8_t> bytes = ipc::Encode({ipc::kProtocolVersion, rid, flags, std::move(request)});
   std::lock_guard<std::mutex> lk(send_mu_);
@@ -26,10 +36,7 @@ Status Connection::ReadRefusal() {
   ipc::Frame frame;
   if (!ipc::RecvFrame(sock_.get(), &frame).ok()) return Status::Ok();
   auto env = ipc::Decode(frame.bytes);
-  if (!env.ok() || env->request_id != 0 || !std::holds_alternative<ipc::ErrorReply>(env->body))
-    return Status::Ok();
-  Status why = ipc::StatusOf(env->body);
-  return Status(why.code(), "the broker refused the connection: " + why.message());
+  return env.ok() ? RefusalIn(*env) : Status::Ok();
 }
 
 Status Connection::Notify(ipc::Message request) {
@@ -47,11 +54,8 @@ void Connection::Deliver(ipc::Frame frame) {
     return;
   }
   uint64_t rid = env->request_id;
-  if (rid == 0 && std::holds_alternative<ipc::ErrorReply>(env->body)) {
-    // The broker refused the connection (out of fds, too many clients) and
-    // closes it: every call gets the reason.
-    Status why = ipc::StatusOf(env->body);
-    broken_ = Status(why.code(), "the broker refused the connection: " + why.message());
+  if (Status refused = RefusalIn(*env); !refused.ok()) {
+    broken_ = std::move(refused);  // the broker closes it: every call gets the reason
     return;
   }
   if (waiting_.erase(rid) == 1) {
@@ -72,12 +76,12 @@ void Connection::Deliver(ipc::Frame frame) {
     last_async_error_ = Status(ErrorCode::kProtocolError, "unexpected reply from broker");
 }
 
-void Connection::ReleaseLateGrant(const ipc::Message& request, const ipc::Message& reply) {
+void Connection::ReleaseLateGrant(bool engine_import, const ipc::Message& reply) {
   uint64_t handle = 0;
   if (auto* m = std::get_if<ipc::MallocReply>(&reply)) handle = m->handle;
   if (auto* m = std::get_if<ipc::ImportReply>(&reply)) handle = m->handle;
   if (handle == 0) return;
-  if (std::holds_alternative<ipc::EngineImportRequest>(request))
+  if (engine_import)
     (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle});
   else
     (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle});
@@ -86,9 +90,9 @@ void Connection::ReleaseLateGrant(const ipc::Message& request, const ipc::Messag
 Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker) {
   const uint64_t rid = next_rid_++;
   const Clock::time_point deadline = Clock::now() + call_timeout_ + waits_in_broker;
-  // Only the request's type is kept for a late reply; the copy is cheap for
-  // the requests that grant something (their fields are a token or a name).
-  ipc::Message kind = request;
+  // What a late reply to this call would have to give back goes by the request's type.
+  const bool engine_import = std::holds_alternative<ipc::EngineImportRequest>(request);
+  const char* name = ipc::MessageName(request);
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   waiting_.insert(rid);
@@ -116,9 +120,9 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
     const auto now = Clock::now();
     if (now >= deadline) {
       waiting_.erase(rid);
-      abandoned_.emplace(rid, std::move(kind));
+      abandoned_.emplace(rid, engine_import);
       return Status(ErrorCode::kTimeout,
-                    std::string("the broker did not answer ") + ipc::MessageName(kind) + " within " +
+                    std::string("the broker did not answer ") + name + " within " +
                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                            call_timeout_ + waits_in_broker)
                                            .count()) +

@@ -55,7 +55,9 @@ class Connection {
   // sent before closing, if it is there; Ok otherwise.
   Status ReadRefusal();
   // A late reply to an abandoned call: release what it granted.
-  void ReleaseLateGrant(const ipc::Message& request_kind, const ipc::Message& reply);
+  // engine_import: the call was an EngineImportRequest (released with
+  // EngineRelease); any other grant is released with Free.
+  void ReleaseLateGrant(bool engine_import, const ipc::Message& reply);
 
   ipc::UniqueFd sock_;
   const std::chrono::milliseconds call_timeout_;
@@ -67,9 +69,8 @@ class Connection {
   bool reader_active_ = false;
   Status broken_;  // set once the connection failed
   std::unordered_set<uint64_t> waiting_;
-  // Calls that timed out, by request id: the request (its type says what a
-  // late reply granted).
-  std::unordered_map<uint64_t, ipc::Message> abandoned_;
+  // Calls that timed out, by request id: whether each was an engine import.
+  std::unordered_map<uint64_t, bool> abandoned_;
   std::unordered_map<uint64_t, Reply> replies_;
   uint64_t async_errors_ = 0;
   Status last_async_error_;
