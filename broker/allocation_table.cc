@@ -124,8 +124,14 @@ Result<const ExportEntry*> AllocationTable::CheckImport(const std::string& token
     auto at = std::find_if(e.allowed.begin(), e.allowed.end(),
                            [&](const ExportEntry::AllowedProcess& a) { return a.pid == who.pid; });
     if (at != e.allowed.end()) {
-      auto start = ipc::ProcessStartTime(who.pid);
-      allowed = start.ok() && *start == at->start_time;
+      // Read from /proc once per importer: its process cannot change while alive.
+      uint64_t start = who.start_time != nullptr ? *who.start_time : 0;
+      if (start == 0) {
+        auto read = ipc::ProcessStartTime(who.pid);
+        start = read.ok() ? *read : 0;
+        if (who.start_time != nullptr) *who.start_time = start;
+      }
+      allowed = start != 0 && start == at->start_time;
     }
   }
   if (!allowed) return kNoToken;

@@ -69,6 +69,9 @@ struct Importer {
   pid_t pid = 0;
   uid_t uid = 0;
   bool alive = true;  // the process that opened the connection still runs
+  // Where the importer's process start time is kept once read (0: not yet);
+  // null to read it every time.
+  uint64_t* start_time = nullptr;
 };
 
 struct TableCounters {

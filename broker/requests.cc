@@ -169,7 +169,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::SetPidRequest& m) {
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ImportRequest& m) {
   MB_ASSIGN_OR_RETURN(const ExportEntry* e,
                       table_.CheckImport(m.token, Importer{s.id, s.cred.pid, s.cred.uid,
-                                                           ipc::PidfdAlive(s.pidfd.get())}));
+                                                           ipc::PidfdAlive(s.pidfd.get()), &s.start_time}));
   const Allocation* a = table_.Find(e->allocation);
   bool read_only = e->read_only_fd.valid();
   return SentOnSuccess(
