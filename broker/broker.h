@@ -226,9 +226,6 @@ class Broker {
   // Serves p from a matching pool that has memory ready (FinishMalloc
   // answers); false when none does (pools.cc).
   bool TakeFromPool(PendingMalloc& p, uint64_t size);
-  // Where a session holds a reference: its ledger (created, imported,
-  // looked up) or its engine's holdings (EngineImport of a peer's region).
-  enum class Holding { kLedger, kEngine };
   // Removes s's entry for allocation_id from `where` and releases it (charges
   // settled, the reference dropped) in one step; false if s held none there.
   bool Release(Session& s, uint64_t allocation_id, Holding where);

@@ -21,8 +21,14 @@ void Broker::Uncharge(Session* s, uid_t uid, const Usage& delta) {
   accounting_.ReleaseUid(uid, delta);
 }
 
+namespace {
+Ledger& LedgerOf(Session& s, Holding where) {
+  return where == Holding::kLedger ? s.ledger : s.engine.holdings;
+}
+}  // namespace
+
 bool Broker::Release(Session& s, uint64_t id, Holding where) {
-  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine.holdings;
+  Ledger& ledger = LedgerOf(s, where);
   if (!ledger.Remove(id)) return false;
   const Allocation* a = table_.Find(id);
   if (a == nullptr) return true;  // unreachable while the tables agree (CheckTables)
@@ -35,7 +41,7 @@ bool Broker::Release(Session& s, uint64_t id, Holding where) {
 }
 
 size_t Broker::ReleaseAll(Session& s, Holding where) {
-  Ledger& ledger = where == Holding::kLedger ? s.ledger : s.engine.holdings;
+  Ledger& ledger = LedgerOf(s, where);
   const std::vector<uint64_t> ids = ledger.Ids();
   for (uint64_t id : ids) Release(s, id, where);
   return ids.size();

@@ -24,6 +24,10 @@ namespace membroker::broker {
 enum class CloseReason { kPeerClosed, kProtocolViolation, kSlowReader, kKicked, kNotAdmitted,
                          kBrokerStopping, kIoError, kHandshakeTimeout, kRefused };
 
+// Where a session holds a reference: its ledger (created, imported, looked
+// up) or its engine's holdings (EngineImport of a peer's region).
+enum class Holding { kLedger, kEngine };
+
 struct OutFrame {
   std::vector<uint8_t> bytes;
   std::vector<ipc::UniqueFd> fds;  // sent with the frame, then closed here

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import _errors, _membroker
-from ._errors import Error
 from ._tensor import Tensor, _np
 
 
@@ -40,7 +39,7 @@ class Client:
     @property
     def native(self):
         if self._c is None:
-            raise _errors_not_connected()
+            raise _errors.NotConnected("this Client is closed", _errors.NotConnected.code)
         return self._c
 
     # -- the VMM path -----------------------------------------------------------------------------------
@@ -96,7 +95,7 @@ class Client:
         address = buffer_or_address if isinstance(buffer_or_address, int) else \
             next((a for a, b in self._registered.items() if b is buffer_or_address), None)
         if address is None:
-            raise _errors.NotFound("this buffer is not registered", 3)
+            raise _errors.NotFound("this buffer is not registered", _errors.NotFound.code)
         self.native.host_unregister(address)
         self._registered.pop(address, None)
 
@@ -156,15 +155,10 @@ class Client:
                       meta["offset"])
 
 
-def _errors_not_connected():
-    from ._errors import NotConnected
-    return NotConnected("this Client is closed", 10)
-
-
 def connect(socket: str, name: str = "", call_timeout_ms: int = 30000) -> Client:
     """Connects to the broker at `socket` (one round trip). call_timeout_ms bounds how long
     any call waits for the broker beyond what it asks the broker to wait."""
     return Client(_membroker.Client.connect(socket, name, call_timeout_ms))
 
 
-__all__ = ["Client", "connect", "Error"]
+__all__ = ["Client", "connect"]

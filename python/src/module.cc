@@ -230,6 +230,20 @@ TensorRing::Slot SlotFrom(const PyRing& r, py::dict d) {
   return s;
 }
 
+TransferOp OpFrom(const std::string& op) {
+  if (op == "read") return READ;
+  if (op == "write") return WRITE;
+  Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
+}
+
+using PyDescs = std::vector<std::tuple<uintptr_t, uintptr_t, size_t>>;  // (local, remote, length)
+std::vector<TransferOpDesc> DescsFrom(const PyDescs& descs) {
+  std::vector<TransferOpDesc> d;
+  d.reserve(descs.size());
+  for (const auto& [local, remote, len] : descs) d.push_back({local, remote, len});
+  return d;
+}
+
 // An engine keeps its client, and every mapping it registered, alive.
 struct PyEngine {
   std::shared_ptr<PyClient> owner;
@@ -598,23 +612,17 @@ PYBIND11_MODULE(_membroker, mod) {
            py::arg("remote"), py::arg("timeout_ms") = 1000)
       .def("transfer_sync",
            [](PyEngine& e, const std::string& remote, const std::string& op,
-              std::vector<std::tuple<uintptr_t, uintptr_t, size_t>> descs, int timeout_ms) {
-             if (op != "read" && op != "write")
-               Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
-             std::vector<TransferOpDesc> d;
-             for (auto& [l, r, n] : descs) d.push_back({l, r, n});
-             Check(Unlocked([&] { return e.engine->TransferSync(remote, op == "read" ? READ : WRITE, d, timeout_ms); }));
+              const PyDescs& descs, int timeout_ms) {
+             std::vector<TransferOpDesc> d = DescsFrom(descs);
+             Check(Unlocked([&] { return e.engine->TransferSync(remote, OpFrom(op), d, timeout_ms); }));
            },
            py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
       .def("transfer_async",
            [](PyEngine& e, const std::string& remote, const std::string& op,
-              std::vector<std::tuple<uintptr_t, uintptr_t, size_t>> descs, int timeout_ms) {
-             if (op != "read" && op != "write")
-               Raise(Status(ErrorCode::kParamInvalid, "op is 'read' or 'write', not '" + op + "'"));
-             std::vector<TransferOpDesc> d;
-             for (auto& [l, r, n] : descs) d.push_back({l, r, n});
+              const PyDescs& descs, int timeout_ms) {
+             std::vector<TransferOpDesc> d = DescsFrom(descs);
              TransferReq req = 0;
-             Check(Unlocked([&] { return e.engine->TransferAsync(remote, op == "read" ? READ : WRITE, d, req, timeout_ms); }));
+             Check(Unlocked([&] { return e.engine->TransferAsync(remote, OpFrom(op), d, req, timeout_ms); }));
              return req;
            },
            py::arg("remote"), py::arg("op"), py::arg("descs"), py::arg("timeout_ms") = 1000)
