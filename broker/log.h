@@ -34,17 +34,7 @@ inline void LogLine(int level, const char* event, const char* fmt, ...) {
   va_start(ap, fmt);
   std::vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
-  std::string line;
-  for (const char* p = body; *p != '\0'; ++p) {
-    const auto c = static_cast<unsigned char>(*p);
-    if (c < 0x20 || c == 0x7f) {
-      char esc[5];
-      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
-      line += esc;
-    } else {
-      line += *p;
-    }
-  }
+  const std::string line = ipc::EscapeControlBytes(body);
   std::fprintf(stderr, "membrokerd %s.%03ldZ %s %s %s\n", when, ts.tv_nsec / 1000000L, kNames[level],
                event, line.c_str());
 }

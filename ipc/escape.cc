@@ -4,6 +4,27 @@
 
 namespace membroker::ipc {
 
+namespace {
+bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7f; }
+void AppendHex(std::string& out, unsigned char c) {
+  char buf[5];
+  std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+  out += buf;
+}
+}  // namespace
+
+std::string EscapeControlBytes(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (IsControl(c))
+      AppendHex(out, c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
+}
+
 std::string EscapeText(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -15,13 +36,10 @@ std::string EscapeText(std::string_view s) {
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (c >= 0x20 && c < 0x7f) {
+        if (c < 0x80 && !IsControl(c))
           out += static_cast<char>(c);
-        } else {
-          char buf[5];
-          std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-          out += buf;
-        }
+        else
+          AppendHex(out, c);
     }
   }
   return out;
@@ -55,7 +73,7 @@ Status CheckName(std::string_view name, size_t max_bytes, std::string_view what)
   if (name.empty() || name.size() > max_bytes)
     return Status(ErrorCode::kParamInvalid, w + " must be 1 to " + std::to_string(max_bytes) + " bytes");
   for (unsigned char c : name)
-    if (c < 0x20 || c == 0x7f)
+    if (IsControl(c))
       return Status(ErrorCode::kParamInvalid, w + " must not contain control characters");
   if (!IsValidUtf8(name)) return Status(ErrorCode::kParamInvalid, w + " must be valid UTF-8");
   return Status::Ok();

@@ -16,6 +16,10 @@ namespace membroker::ipc {
 // byte becomes \xNN. The result is one line of printable ASCII.
 std::string EscapeText(std::string_view s);
 
+// Only the control bytes (below 0x20, and 0x7f) become \xNN; everything else
+// stays, quotes included. The logger's last guard: a line stays one line.
+std::string EscapeControlBytes(std::string_view s);
+
 // Whether s is well-formed UTF-8 (no overlong forms, surrogates or code
 // points past U+10FFFF): flatbuffers strings must be, and JSON needs it.
 bool IsValidUtf8(std::string_view s);
