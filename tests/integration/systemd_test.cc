@@ -2,6 +2,7 @@
 // systemd): sd_notify READY=1 / WATCHDOG=1 / STOPPING=1 read from our own
 // NOTIFY_SOCKET, and socket activation through systemd's own
 // systemd-socket-activate.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,7 +13,6 @@
 #include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -37,9 +37,17 @@ std::string NextNotify(int fd, int timeout_ms) {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+// stderr_to: where the child's stderr goes (-1: the test's).
+// One byte from fd within timeout_ms; false at EOF or timeout.
+bool NextByte(int fd, int timeout_ms, char* out) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1 && ::read(fd, out, 1) == 1;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int stderr_to = -1) {
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (stderr_to >= 0) ::dup2(stderr_to, 2);
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> a;
     for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
@@ -94,15 +102,31 @@ TEST(Systemd, SocketActivationServesQueuedClients) {
   const std::string dir = TempDir();
   ASSERT_FALSE(dir.empty());
   const std::string sock = dir + "/b.sock", admin = dir + "/a.sock";
-  // systemd-socket-activate listens, and starts the broker on the first
+  // systemd-socket-activate listens, says "Listening on PATH as 3." on
+  // stderr (its readiness line), and starts the broker on the first
   // connection with the socket as fd 3 (LISTEN_FDS=1).
+  int err[2];
+  ASSERT_EQ(::pipe2(err, O_CLOEXEC), 0);
   pid_t act = Spawn({"/usr/bin/systemd-socket-activate", "--seqpacket", "-l", sock, BinaryPath("membrokerd"),
                      "--socket", sock, "--admin-socket", admin},
-                    {});
+                    {}, err[1]);
+  ::close(err[1]);
+  // Whatever fails below, the activator (or the broker it became) goes.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        WaitChild(pid);
+      }
+    }
+  } reaper{act};
+  std::string said;
+  for (char ch; said.find(" as 3.") == std::string::npos && NextByte(err[0], 10000, &ch);) said += ch;
+  // err[0] stays open: the broker the activator becomes logs to that pipe (a
+  // few lines, far below its capacity), and a closed pipe would be EPIPE.
+  ASSERT_NE(said.find("Listening on " + sock), std::string::npos) << said;
   struct stat st {};
-  for (int i = 0; i < 5000 && ::stat(sock.c_str(), &st) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the activator has no readiness signal
-  ASSERT_EQ(::stat(sock.c_str(), &st), 0) << "systemd-socket-activate did not listen on " << sock;
   ConnectOptions o{sock, "queued"};
   o.call_timeout_ms = 10000;
   auto c = Client::Connect(o);  // queued by the kernel until the activated broker accepts
@@ -118,6 +142,8 @@ TEST(Systemd, SocketActivationServesQueuedClients) {
   *more = Client();
   ::kill(act, SIGTERM);  // the activator exec'd the broker: this is membrokerd
   EXPECT_EQ(WaitChild(act), 0);
+  reaper.pid = 0;
+  ::close(err[0]);
   // The socket is systemd's (here: the activator's) to remove, not the broker's.
   EXPECT_EQ(::stat(sock.c_str(), &st), 0);
   ::unlink(sock.c_str());
