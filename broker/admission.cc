@@ -54,11 +54,15 @@ void Broker::Refuse(ipc::UniqueFd conn, const char* reason, const Status& why) {
   }
 }
 
+Status OutOfFds(int err) {
+  return Status(ErrorCode::kResourceExhausted,
+                std::string("the broker is out of file descriptors (") +
+                    (err == ENFILE ? "the system's table is full" : "limit " + std::to_string(FdLimit())) +
+                    "); connection refused, try again later");
+}
+
 bool Broker::RefuseForLackOfFds(int err) {
-  const Status why(ErrorCode::kResourceExhausted,
-                   std::string("the broker is out of file descriptors (") +
-                       (err == ENFILE ? "the system's table is full" : "limit " + std::to_string(FdLimit())) +
-                       "); connection refused, try again later");
+  const Status why = OutOfFds(err);
   if (!reserve_fd_.valid()) {
     PauseListening();
     return false;

@@ -314,6 +314,8 @@ class Broker {
 
 // The open-file limit the broker runs under (RLIMIT_NOFILE, soft).
 uint64_t FdLimit();
+// RESOURCE_EXHAUSTED for a connection refused for lack of fds (err: EMFILE or ENFILE).
+Status OutOfFds(int err);
 
 // Closes every admin connection on loop except the listener (at shutdown).
 void CloseAdminConnections(uv_loop_t* loop, uv_handle_t* listener);

@@ -49,10 +49,7 @@ void Broker::Accept() {
     auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
     if (!pidfd.ok()) {
       if (pidfd.code() == ErrorCode::kResourceExhausted)  // EMFILE: we cannot follow its process
-        Refuse(std::move(conn), "out_of_fds",
-               Status(ErrorCode::kResourceExhausted,
-                      "the broker is out of file descriptors (limit " + std::to_string(FdLimit()) +
-                          "); connection refused, try again later"));
+        Refuse(std::move(conn), "out_of_fds", OutOfFds(EMFILE));
       continue;  // otherwise it exited already
     }
     auto* s = new Session();
@@ -68,10 +65,9 @@ void Broker::Accept() {
     s->connected_since = std::chrono::system_clock::now();
     s->accepted_ms = uv_now(&loop_);
     // A session that cannot be polled would never be served nor closed: it
-    // is refused instead (closing its socket tells the client).
+    // is refused instead.
     if (Status st = UvStatus("uv_poll_init", uv_poll_init(&loop_, &s->poll, s->fd.get())); !st.ok()) {
-      MB_ERROR("refused", "client=%llu reason=\"%s\"", static_cast<unsigned long long>(s->id),
-               LogText(st.message()).c_str());
+      Refuse(std::move(s->fd), "poll_failed", st);
       delete s;
       continue;
     }
