@@ -78,6 +78,20 @@ size_t Matches(const AdminCommand& c, const std::vector<std::string_view>& have)
 
 Status Invalid(std::string message) { return Status(ErrorCode::kParamInvalid, std::move(message)); }
 
+// The command whose words begin `words` (the longest such), and how many
+// words it took; nullptr if none.
+const AdminCommand* Longest(const std::vector<std::string_view>& words, size_t* used) {
+  const AdminCommand* found = nullptr;
+  *used = 0;
+  for (const AdminCommand& c : kCommands) {
+    if (size_t n = Matches(c, words); n > *used) {
+      *used = n;
+      found = &c;
+    }
+  }
+  return found;
+}
+
 }  // namespace
 
 std::span<const AdminCommand> AdminCommands() { return kCommands; }
@@ -110,12 +124,7 @@ Result<AdminRequest> ParseAdminLine(std::string_view line) {
   for (std::string_view w : words) typed += (typed.empty() ? "" : " ") + std::string(w);
   if (words.empty()) return Invalid("no command (try: help)");
   size_t used = 0;
-  for (const AdminCommand& c : kCommands) {
-    if (size_t n = Matches(c, words); n > used) {
-      used = n;
-      r.command = &c;
-    }
-  }
+  r.command = Longest(words, &used);
   if (r.command == nullptr) return Invalid("unknown command '" + typed + "' (try: help)");
   const AdminCommand& c = *r.command;
   const size_t extra = words.size() - used;
@@ -134,6 +143,14 @@ Result<AdminRequest> ParseAdminLine(std::string_view line) {
     return Invalid("'" + std::string(c.words) + "' has no JSON form" +
                    (c.id == AdminCommandId::kMetrics ? " (stats --json has the same values)" : ""));
   return r;
+}
+
+const AdminCommand* FindAdminCommand(std::string_view line) {
+  std::vector<std::string_view> words;
+  for (std::string_view w : Words(line))
+    if (w != "--json") words.push_back(w);
+  size_t used = 0;
+  return Longest(words, &used);
 }
 
 std::string AdminHelpText() {

@@ -14,7 +14,6 @@
 
 namespace {
 
-using membroker::ipc::AdminCommands;
 using membroker::ipc::AdminUsage;
 using membroker::ipc::EscapeText;
 
@@ -60,11 +59,7 @@ int main(int argc, char** argv) {
     }
   }
   if (help) {  // "kick client --help": the command's words, with or without its argument
-    const membroker::ipc::AdminCommand* found = nullptr;
-    for (const auto& c : AdminCommands())
-      if ((line + " ").rfind(std::string(c.words) + " ", 0) == 0 &&
-          (found == nullptr || c.words.size() > found->words.size()))
-        found = &c;
+    const membroker::ipc::AdminCommand* found = membroker::ipc::FindAdminCommand(line);
     if (found == nullptr) {
       std::fprintf(stderr, "membrokerctl: unknown command '%s' (membrokerctl --help lists them)\n",
                    EscapeText(line).c_str());

@@ -65,6 +65,10 @@ struct AdminRequest {
 // extra or malformed argument, or --json on a command without a JSON form.
 Result<AdminRequest> ParseAdminLine(std::string_view line);
 
+// The command a line starts with, arguments or not ("kick client" finds
+// kick client ID); nullptr if none. For per-command help.
+const AdminCommand* FindAdminCommand(std::string_view line);
+
 // The command list the broker's `help` answers and membrokerctl --help prints.
 std::string AdminHelpText();
 
