@@ -23,6 +23,21 @@ uint64_t AddressWindow::Allocate(uint64_t size, uint64_t align) {
   return 0;
 }
 
+bool AddressWindow::Claim(uint64_t addr, uint64_t size) {
+  if (size == 0 || addr + size < addr) return false;
+  auto it = free_.upper_bound(addr);
+  if (it == free_.begin()) return false;
+  --it;
+  const uint64_t start = it->first, len = it->second;
+  if (addr + size > start + len) return false;
+  free_.erase(it);
+  if (addr > start) free_[start] = addr - start;
+  if (addr + size < start + len) free_[addr + size] = start + len - (addr + size);
+  used_[addr] = size;
+  used_bytes_ += size;
+  return true;
+}
+
 void AddressWindow::Free(uint64_t addr) {
   auto u = used_.find(addr);
   if (u == used_.end()) return;

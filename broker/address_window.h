@@ -17,7 +17,10 @@ class AddressWindow {
   // A free range of `size` bytes aligned to `align` (a power of two), first
   // fit; 0 when the window has no such range.
   uint64_t Allocate(uint64_t size, uint64_t align);
-  // Returns a range from Allocate to the window; unknown addresses are ignored.
+  // Takes exactly [addr, addr+size) if it is free: a same-address allocation
+  // a reattaching client presents keeps its address. False otherwise.
+  bool Claim(uint64_t addr, uint64_t size);
+  // Returns a range from Allocate or Claim to the window; unknown addresses are ignored.
   void Free(uint64_t addr);
 
   uint64_t base() const { return base_; }

@@ -36,7 +36,8 @@ bool IsCounter(const std::string& key) {
       "clients_total", "clients_crashed", "clients_kicked", "clients_refused", "connections_refused",
       "allocations_created", "allocations_freed", "exports_created", "imports",
       "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
-      "protocol_errors", "huge_fallbacks"};
+      "protocol_errors", "huge_fallbacks", "clients_reattached", "handles_reattached",
+      "handles_adopted", "reattach_refused", "exports_restored"};
   return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
 }
 
@@ -89,6 +90,11 @@ Record Broker::StatsRecord() const {
       .Num("imports", t.imports)
       .Num("released_on_disconnect", counters_.released_on_disconnect)
       .Num("quota_rejections", counters_.quota_rejections)
+      .Num("clients_reattached", counters_.clients_reattached)
+      .Num("handles_reattached", counters_.handles_reattached)
+      .Num("handles_adopted", counters_.handles_adopted)
+      .Num("reattach_refused", counters_.reattach_refused)
+      .Num("exports_restored", counters_.exports_restored)
       .Num("requests", counters_.requests)
       .Num("errors_sent", counters_.errors_sent)
       .Num("protocol_errors", counters_.protocol_errors)

@@ -1,14 +1,41 @@
 #include "allocation_table.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "membroker/ipc/pidfd.h"
 
 namespace membroker::broker {
 
+namespace {
+std::pair<uint64_t, uint64_t> InodeOf(int fd) {
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return {0, 0};
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+}  // namespace
+
 Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
                                     uint64_t creator, uid_t creator_uid) {
-  uint64_t id = next_id_++;
+  return Place(next_id_++, std::move(mem), policy, creator, creator_uid);
+}
+
+Allocation& AllocationTable::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+                                   uint64_t creator, uid_t creator_uid) {
+  Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid);
+  a.adopted = true;
+  return a;
+}
+
+Allocation* AllocationTable::FindByInode(uint64_t dev, uint64_t ino) {
+  auto it = by_inode_.find({dev, ino});
+  return it == by_inode_.end() ? nullptr : Find(it->second);
+}
+
+Allocation& AllocationTable::Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+                                   uint64_t creator, uid_t creator_uid) {
+  by_inode_[InodeOf(mem.fd.get())] = id;
   Allocation& a = allocations_[id];
   a.id = id;
   a.size = mem.size;
@@ -51,6 +78,7 @@ std::optional<Allocation> AllocationTable::DropHolder(uint64_t id) {
   if (it == allocations_.end() || it->second.holders == 0) return std::nullopt;
   if (--it->second.holders > 0) return std::nullopt;
   for (const std::string& t : it->second.tokens) exports_.erase(t);
+  by_inode_.erase(InodeOf(it->second.memory.fd.get()));
   counters_.bytes_live -= it->second.size;
   ++counters_.allocations_freed;
   Allocation gone = std::move(it->second);
@@ -103,6 +131,50 @@ Status AllocationTable::SetPids(const std::string& token, uint64_t requester,
     allowed.push_back({p, *start});
   }
   it->second.allowed = std::move(allowed);
+  return Status::Ok();
+}
+
+Status AllocationTable::RestoreExport(const std::string& token, uint64_t id, uint64_t exporter,
+                                     uid_t exporter_uid, uint32_t flags,
+                                     const std::vector<ExportEntry::AllowedProcess>& pids) {
+  if (flags & ~ipc::kExportKnownFlags)
+    return Status(ErrorCode::kParamInvalid, "unknown export flags " + std::to_string(flags));
+  const bool well_formed = token.size() == 32 && std::all_of(token.begin(), token.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (!well_formed) return Status(ErrorCode::kParamInvalid, "a token is 32 lowercase hex digits");
+  Allocation* a = Find(id);
+  if (a == nullptr) return Status(ErrorCode::kInvalidHandle, "unknown handle");
+  if (auto it = exports_.find(token); it != exports_.end()) {
+    // A take-over kept it: the same allocation and exporter make it the same export.
+    if (it->second.allocation == id && it->second.exporter_uid == exporter_uid) {
+      it->second.exporter = exporter;
+      return Status::Ok();
+    }
+    return Status(ErrorCode::kAlreadyExists, "the token is in use for other memory");
+  }
+  if (a->tokens.size() >= kMaxExportsPerAllocation)
+    return Status(ErrorCode::kResourceExhausted,
+                  "allocation " + std::to_string(id) + " has " + std::to_string(kMaxExportsPerAllocation) +
+                      " exports already");
+  if (pids.size() > ipc::kMaxPidsPerRequest)
+    return Status(ErrorCode::kParamInvalid, "at most 1024 pids per export");
+  ExportEntry e;
+  e.allocation = id;
+  e.exporter = exporter;
+  e.exporter_uid = exporter_uid;
+  e.flags = flags;
+  for (const auto& p : pids) {
+    if (p.pid <= 0 || p.start_time == 0) continue;
+    auto start = ipc::ProcessStartTime(p.pid);
+    if (start.ok() && *start == p.start_time) e.allowed.push_back(p);  // else: that process is gone
+  }
+  if (flags & ipc::kExportReadOnly) {
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
+  }
+  a->tokens.push_back(token);
+  exports_.emplace(token, std::move(e));
+  ++counters_.exports_created;
   return Status::Ok();
 }
 

@@ -40,6 +40,7 @@ struct Allocation {
   bool pinned = false;
   int pool = -1;               // index of the pool it came from, or -1
   uint64_t fixed_address = 0;  // same-address allocations
+  bool adopted = false;        // presented by a reattaching client, not created here
   Usage charge;                // what it costs its creator (and the creator's uid)
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;
@@ -90,6 +91,17 @@ class AllocationTable {
   // Takes ownership of mem; the creator becomes the only holder.
   Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                      uid_t creator_uid);
+  // Takes memory a reattaching client presented under the id a previous
+  // broker gave it (reattach.cc checks it may): like Insert, with that id.
+  Allocation& Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+                    uid_t creator_uid);
+  // Ids are handed out from first upwards (BrokerIdentity keeps them above a
+  // predecessor's); next_id() is the next one.
+  void StartIdsAt(uint64_t first) { next_id_ = first_id_ = first; }
+  uint64_t first_id() const { return first_id_; }
+  uint64_t next_id() const { return next_id_; }
+  // The allocation whose memory is this inode (fstat of any fd to it), if any.
+  Allocation* FindByInode(uint64_t dev, uint64_t ino);
 
   Allocation* Find(uint64_t id);
   const Allocation* Find(uint64_t id) const;
@@ -112,11 +124,21 @@ class AllocationTable {
   // Checks the importer against the token's rules. Unknown, stale and
   // not-permitted tokens all give the same NOT_FOUND (no oracle).
   Result<const ExportEntry*> CheckImport(const std::string& token, const Importer& who);
+  // Re-creates a token its exporter presents after a broker restart: the
+  // same token, flags and pids (each kept only if that pid still names the
+  // process it named: the same start time).
+  Status RestoreExport(const std::string& token, uint64_t id, uint64_t exporter, uid_t exporter_uid,
+                       uint32_t flags, const std::vector<ExportEntry::AllowedProcess>& pids);
   void CountImport() { ++counters_.imports; }
 
  private:
+  Allocation& Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+                    uid_t creator_uid);
+
   PhysicalBackend& backend_;
+  uint64_t first_id_ = 1;
   uint64_t next_id_ = 1;
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> by_inode_;  // (dev, ino) -> id
   std::map<uint64_t, Allocation> allocations_;
   std::unordered_map<std::string, ExportEntry> exports_;
   TableCounters counters_;

@@ -148,6 +148,13 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!b->reserve_fd_) return ipc::ErrnoStatus("open", "/dev/null (the reserve fd)", errno);
   MB_RETURN_IF_ERROR(b->Listen());
+  // After Listen: a live broker on this socket has refused us by now, so the
+  // state file is this broker's to carry on.
+  MB_ASSIGN_OR_RETURN(b->identity_, BrokerIdentity::Open(b->options_.state_file));
+  b->table_.StartIdsAt(b->identity_->first_id());
+  if (b->identity_->first_id() > 1)
+    MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",
+            LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->identity_->first_id()));
   MB_RETURN_IF_ERROR(b->ListenAdmin());
   b->FillPools();  // before READY: a ready broker serves pooled sizes at once
   return b;

@@ -25,6 +25,7 @@
 #include "address_window.h"
 #include "allocation_table.h"
 #include "engines.h"
+#include "identity.h"
 #include "names.h"
 #include "waiter.h"
 #include "options.h"
@@ -46,6 +47,11 @@ struct BrokerCounters {
   uint64_t bytes_pending = 0;    // reserved for allocations being created
   uint64_t bytes_returning = 0;  // freed allocations whose pages a worker is returning now
   uint64_t quota_rejections = 0;
+  uint64_t clients_reattached = 0;   // hellos with the reattach feature
+  uint64_t handles_reattached = 0;   // handles given back to reattaching clients
+  uint64_t handles_adopted = 0;      // of those, memory a previous broker created
+  uint64_t reattach_refused = 0;     // handles refused (not ours, wrong id, ...)
+  uint64_t exports_restored = 0;
 };
 
 // Freed allocations' memory, to be given back to the backend together on a worker.
@@ -176,6 +182,12 @@ class Broker {
   // and hands it to the Handle overload of its message type; each returns
   // its Answer (a reply, an error, or Deferred).
   void HandleFrame(Session& s, ipc::Frame frame);
+  // Reattach (reattach.cc): gives s back one handle it presents with its fd.
+  ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
+  // A tagged memfd name (identity.h) for memory made for `what`.
+  std::string MemoryName(const std::string& what) { return identity_->NameFor(what); }
+  // After ids were handed out: reserves the next block in the state file.
+  void ReserveIds();
 #define MEMBROKER_HANDLER(T, direction, fds) \
   MEMBROKER_IF_##direction(Answer Handle(Session& s, uint64_t rid, const ipc::T& m);)
   MEMBROKER_MESSAGES(MEMBROKER_HANDLER)
@@ -290,6 +302,9 @@ class Broker {
   uint64_t next_session_id_ = 1;
   std::unordered_map<uint64_t, Session*> sessions_;
   std::set<uint64_t> handshaking_;  // ids of sessions without a hello yet, oldest first
+  std::unique_ptr<BrokerIdentity> identity_ = BrokerIdentity::Ephemeral();
+  // The fds of the request being handled (ReattachRequest's), for its handler.
+  std::vector<ipc::UniqueFd>* request_fds_ = nullptr;
   PhysicalBackend& backend_ = MemfdBackend();  // host memory; device backends join here
   AllocationTable table_{backend_};
   Accounting accounting_;

@@ -18,9 +18,11 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   }
   ipc::Envelope& env = *decoded;
   const uint64_t rid = env.request_id;
-  if (!frame.fds.empty()) {  // no request carries fds; they close with `frame`
+  if (frame.fds.size() != ipc::ExpectedFds(env.body)) {  // the fds close with `frame`
     ++counters_.protocol_errors;
-    CloseSession(s, CloseReason::kProtocolViolation, "a request carried file descriptors");
+    CloseSession(s, CloseReason::kProtocolViolation,
+                 std::string(ipc::MessageName(env.body)) + " carried " + std::to_string(frame.fds.size()) +
+                     " file descriptors, not " + std::to_string(ipc::ExpectedFds(env.body)));
     return;
   }
   if (env.protocol_version != ipc::kProtocolVersion) {
@@ -40,6 +42,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   const bool first_hello = !s.hello_done && std::holds_alternative<ipc::HelloRequest>(env.body);
   // Every request has its Handle overload (a missing one does not compile);
   // a reply type sent by a client is out of protocol.
+  request_fds_ = &frame.fds;
   Answer answer = std::visit(
       [&](const auto& m) -> Answer {
         using T = std::decay_t<decltype(m)>;
@@ -52,6 +55,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
         }
       },
       env.body);
+  request_fds_ = nullptr;
   if (!answer.status.ok()) {
     if (answer.status.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
     SendError(s, rid, answer.status);

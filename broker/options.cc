@@ -15,6 +15,8 @@ const char kUsage[] =
     "usage: membrokerd --socket PATH [options]\n"
     "  --socket PATH            client socket (SOCK_SEQPACKET, mode 0660)\n"
     "  --admin-socket PATH      admin socket (mode 0600); default: PATH.admin\n"
+    "  --state-file FILE        key and id counter kept for the next broker on this socket, so\n"
+    "                           clients reattach after a restart (mode 0600); default: PATH.state\n"
     "  --config FILE            settings file: 'key = value' lines with the flags' names\n"
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
@@ -66,6 +68,8 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     o->socket_path = value;
   } else if (key == "admin-socket") {
     o->admin_socket_path = value;
+  } else if (key == "state-file") {
+    o->state_file = value;
   } else if (key == "ready-fd") {
     if (!ParseSize(value, &n) || n > 1 << 20) return Bad(key, value, "an fd number");
     o->ready_fd = static_cast<int>(n);
@@ -181,6 +185,7 @@ Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
   }
   if (out->socket_path.empty()) return Status(ErrorCode::kParamInvalid, "--socket is required");
   if (out->admin_socket_path.empty()) out->admin_socket_path = out->socket_path + ".admin";
+  if (out->state_file.empty()) out->state_file = out->socket_path + ".state";
   return Status::Ok();
 }
 

@@ -22,6 +22,9 @@ struct PoolSpec {
 struct Options {
   std::string socket_path;
   std::string admin_socket_path;
+  // The key that tags the broker's memory and how far its ids have gone
+  // (identity.h), for the next broker on this socket; default: PATH.state.
+  std::string state_file;
   int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
   uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
   uint64_t max_pinned_bytes = 0;        // broker-wide pinned budget; 0 = an eighth of RAM

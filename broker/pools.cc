@@ -33,7 +33,7 @@ void Broker::FillPools() {
   for (size_t i = 0; i < pools_.size(); ++i) {
     Pool& pool = pools_[i];
     while (pool.ready.size() < pool.spec.count) {
-      auto mem = backend_.Create({"membroker:pool", pool.spec.size, pool.spec.policy, false});
+      auto mem = backend_.Create({MemoryName("membroker:pool"), pool.spec.size, pool.spec.policy, false});
       if (!mem.ok()) {
         ++pool.refill_failures;
         MB_WARN("pool_fill_failed", "pool=%zu size=%llu filled=%zu capacity=%u error=\"%s\"", i,
@@ -64,7 +64,7 @@ void Broker::RefillPool(size_t index) {
           auto* w = static_cast<RefillWork*>(r->data);
           const PoolSpec& spec = w->broker->pools_[w->pool].spec;
           for (uint32_t i = 0; i < w->count; ++i) {
-            auto mem = w->broker->backend_.Create({"membroker:pool", spec.size, spec.policy, false});
+            auto mem = w->broker->backend_.Create({w->broker->MemoryName("membroker:pool"), spec.size, spec.policy, false});
             if (!mem.ok()) {
               w->failures = w->count - i;
               break;

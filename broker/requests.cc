@@ -51,6 +51,12 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
   s.hello_done = true;
   handshaking_.erase(s.id);
   s.name = m.client_name;
+  if (m.features & ipc::kFeatureReattach) {
+    s.reattaching = true;
+    ++counters_.clients_reattached;
+    MB_INFO("client_reattaching", "client=%llu pid=%d name=\"%s\"", static_cast<unsigned long long>(s.id),
+            static_cast<int>(s.cred.pid), LogText(s.name).c_str());
+  }
   ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}};
   for (auto p : {ipc::PagePolicy::kNormalOnly, ipc::PagePolicy::kHugeFirst,
                  ipc::PagePolicy::kHugeOnly, ipc::PagePolicy::kHuge1GOnly})
@@ -85,7 +91,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
   if (TakeFromPool(p, m.size)) return Deferred{};  // FinishMalloc answered
 
   counters_.bytes_pending += reserve;
-  MemorySpec spec{"membroker:client" + std::to_string(s.id), m.size, m.policy,
+  MemorySpec spec{MemoryName("membroker:client" + std::to_string(s.id)), m.size, m.policy,
                   (m.flags & ipc::kMallocPinned) != 0};
   if (reserve <= options_.inline_alloc_bytes) {
     FinishMalloc(p, backend_.Create(spec));
@@ -124,6 +130,7 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
   accounting_.ChargeUid(p.uid, actual);
 
   Allocation& a = table_.Insert(std::move(*mem), p.policy, s->id, p.uid);
+  ReserveIds();
   a.charge = actual;
   a.fixed_address = fixed;
   a.pool = p.pool;
@@ -158,7 +165,9 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::FreeRequest& m) {
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::ExportRequest& m) {
   if (!s.ledger.Holds(m.handle)) return NotHeld(m.handle);
-  MB_ASSIGN_OR_RETURN(std::string token, table_.Export(m.handle, s.id, s.cred.uid, m.flags));
+  // What this client may only read, it shares onward read-only.
+  const uint32_t flags = m.flags | (s.ledger.ReadOnly(m.handle) ? ipc::kExportReadOnly : 0);
+  MB_ASSIGN_OR_RETURN(std::string token, table_.Export(m.handle, s.id, s.cred.uid, flags));
   return ipc::ExportReply{std::move(token)};
 }
 

@@ -46,6 +46,7 @@ struct Session {
   uint64_t accepted_ms = 0;  // uv_now() at accept: the handshake deadline counts from here
   uint64_t start_time = 0;   // its process's, read at its first pid-checked import
   bool hello_done = false;
+  bool reattaching = false;     // said hello with the reattach feature (reattach.cc)
   bool said_goodbye = false;    // a clean exit; anything else is counted as a crash
   bool closing = false;         // uv_close has been called
   bool close_after_flush = false;

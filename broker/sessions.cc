@@ -233,6 +233,11 @@ void Broker::Flush(Session& s) {
 Status Broker::KickClient(uint64_t id) {
   Session* s = FindSession(id);
   if (s == nullptr) return Status(ErrorCode::kNotFound, "no client " + std::to_string(id));
+  // Said before closing, so the client does not reattach on its own.
+  const std::vector<uint8_t> why = ipc::Encode(
+      {ipc::kProtocolVersion, 0, 0,
+       ipc::ErrorReply{ErrorCode::kPermissionDenied, "disconnected by the operator (membrokerctl kick)"}});
+  (void)ipc::SendFrame(s->fd.get(), why, {});
   CloseSession(*s, CloseReason::kKicked, "by the admin socket");
   return Status::Ok();
 }

@@ -213,6 +213,29 @@ struct Encoder {
     for (const auto& p : m.peers) ps.push_back(w::CreateEnginePeer(b, p.slot, p.pid));
     return w::CreateEnginePeersReply(b, b.CreateVector(ps)).Union();
   }
+  fb::Offset<void> operator()(const ReattachRequest& m) {
+    std::vector<fb::Offset<w::ReattachHandle>> hs;
+    for (const auto& h : m.handles)
+      hs.push_back(w::CreateReattachHandle(b, h.handle, h.created, h.pinned, h.fixed_address));
+    return w::CreateReattachRequest(b, b.CreateVector(hs)).Union();
+  }
+  fb::Offset<void> operator()(const ReattachReply& m) {
+    std::vector<fb::Offset<w::ReattachResult>> rs;
+    for (const auto& r : m.results) {
+      auto msg = r.message.empty() ? fb::Offset<fb::String>()
+                                   : b.CreateString(r.message.substr(0, kMaxErrorMessageBytes));
+      rs.push_back(w::CreateReattachResult(b, static_cast<w::ErrorCode>(r.code), msg, r.pinned));
+    }
+    return w::CreateReattachReply(b, b.CreateVector(rs)).Union();
+  }
+  fb::Offset<void> operator()(const RestoreExportRequest& m) {
+    auto t = b.CreateString(m.token);
+    std::vector<fb::Offset<w::AllowedProcess>> ps;
+    for (const auto& p : m.pids) ps.push_back(w::CreateAllowedProcess(b, p.pid, p.start_time));
+    return w::CreateRestoreExportRequest(b, m.handle, t, static_cast<w::ExportFlags>(m.flags),
+                                         b.CreateVector(ps))
+        .Union();
+  }
   fb::Offset<void> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -537,6 +560,47 @@ Result<Message> Read(const w::EnginePeersReply* m) {
   return Message(std::move(r));
 }
 
+Result<Message> Read(const w::ReattachRequest* m) {
+  ReattachRequest r;
+  if (auto hs = m->handles()) {
+    if (hs->size() > kMaxReattachHandles)
+      return Malformed("more than " + std::to_string(kMaxReattachHandles) + " handles to reattach");
+    for (const auto* h : *hs)
+      r.handles.push_back({h->handle(), h->created(), h->pinned(), h->fixed_address()});
+  }
+  return Message(std::move(r));
+}
+
+Result<Message> Read(const w::ReattachReply* m) {
+  ReattachReply r;
+  if (auto rs = m->results()) {
+    if (rs->size() > kMaxReattachHandles) return Malformed("too many reattach results");
+    for (const auto* x : *rs) {
+      ReattachResult out;
+      const auto code = static_cast<int>(x->code());
+      out.code = (code >= 0 && code <= static_cast<int>(w::ErrorCode_MAX)) ? static_cast<ErrorCode>(code)
+                                                                          : ErrorCode::kInternal;
+      out.pinned = x->pinned();
+      MB_RETURN_IF_ERROR(ReadString(x->message(), kMaxErrorMessageBytes, "message", &out.message));
+      r.results.push_back(std::move(out));
+    }
+  }
+  return Message(std::move(r));
+}
+
+Result<Message> Read(const w::RestoreExportRequest* m) {
+  RestoreExportRequest r;
+  r.handle = m->handle();
+  r.flags = static_cast<uint32_t>(m->flags());
+  MB_RETURN_IF_ERROR(ReadString(m->token(), kMaxTokenBytes, "token", &r.token));
+  if (auto ps = m->pids()) {
+    if (ps->size() > kMaxPidsPerRequest)
+      return Malformed("more than " + std::to_string(kMaxPidsPerRequest) + " pids");
+    for (const auto* p : *ps) r.pids.push_back({p->pid(), p->start_time()});
+  }
+  return Message(std::move(r));
+}
+
 // The wire union's tags are Message's indices + 1 (the list's order).
 #define MEMBROKER_WIRE_TAG(T, direction, fds)                                        \
   static_assert(static_cast<size_t>(w::Message_##T) == MessageIndex<T>() + 1,         \
@@ -597,7 +661,15 @@ const char* MessageName(const Message& body) {
 }
 
 size_t ExpectedFds(const Message& body) {
-  return std::visit([](const auto& m) { return kFdsOf<std::decay_t<decltype(m)>>; }, body);
+  return std::visit(
+      [](const auto& m) -> size_t {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (kFdsOf<T> == kOneFdPerEntry)
+          return m.handles.size();
+        else
+          return kFdsOf<T>;
+      },
+      body);
 }
 
 bool IsRequest(const Message& body) {

@@ -3,6 +3,7 @@
 #include "client_core.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"
+#include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/syscall.h"
 
 #include <sys/mman.h>
@@ -24,8 +25,8 @@ static_assert(static_cast<int>(NameEventKind::kPublished) == static_cast<int>(ip
               static_cast<int>(NameEventKind::kHolderDied) == static_cast<int>(ipc::NameEventKind::kHolderDied));
 
 namespace detail {
-Status ClientCore::Handshake(const std::string& client_name) {
-  MB_ASSIGN_OR_RETURN(Reply r, conn_.Call(ipc::HelloRequest{client_name, ipc::kProtocolVersion, 0}));
+Status ClientCore::Handshake() {
+  MB_ASSIGN_OR_RETURN(Reply r, conn_.Call(ipc::HelloRequest{options_.client_name, ipc::kProtocolVersion, 0}));
   auto* hello = std::get_if<ipc::HelloReply>(&r.body);
   if (hello == nullptr) return Status(ErrorCode::kProtocolError, "handshake got no HelloReply");
   client_id_ = hello->client_id;
@@ -49,9 +50,9 @@ Result<Client> Client::Connect(const ConnectOptions& options) {
                   "cannot reach membrokerd at " + options.socket_path + ": " + sock.status().message());
   if (options.call_timeout_ms == 0)
     return Status(ErrorCode::kParamInvalid, "call_timeout_ms must be positive (every wait has a bound)");
-  auto core = std::make_shared<ClientCore>(std::move(*sock),
-                                           std::chrono::milliseconds(options.call_timeout_ms));
-  MB_RETURN_IF_ERROR(core->Handshake(options.client_name));
+  auto core = std::make_shared<ClientCore>(std::move(*sock), options);
+  MB_RETURN_IF_ERROR(core->Handshake());
+  MB_RETURN_IF_ERROR(core->StartWatcher());
   return Client(std::move(core));
 }
 
@@ -79,7 +80,8 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,
-                                 /*read_only=*/false, m->pinned, m->fixed_address);
+                                 /*read_only=*/false, m->pinned, m->fixed_address, /*created=*/true);
+  if (!m->token.empty()) core_->RecordExport(m->token, m->handle, prop.export_flags);
   h.fell_back_ = m->fell_back;
   h.from_pool_ = m->from_pool;
   h.export_token_ = std::move(m->token);
@@ -88,8 +90,8 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
 }
 
 PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                                   bool read_only, bool pinned, uint64_t fixed_address) {
-  core_->AddHandle(id, std::move(fd), size, page_size, read_only, fixed_address);
+                                   bool read_only, bool pinned, uint64_t fixed_address, bool created) {
+  core_->AddHandle(id, std::move(fd), size, page_size, read_only, fixed_address, pinned, created);
   PhysicalHandle h;
   h.core_ = core_;
   h.id_ = id;
@@ -161,6 +163,7 @@ Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle
                       handle.core_->conn().Call(ipc::ExportRequest{handle.id_, flags}));
   auto* m = std::get_if<ipc::ExportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ExportRequest got a wrong reply");
+  handle.core_->RecordExport(m->token, handle.id_, flags);
   return std::move(m->token);
 }
 
@@ -170,8 +173,16 @@ Status Client::SetPidToShareableHandle(const std::string& token, std::span<const
     return Status(ErrorCode::kParamInvalid, "at most 1024 pids per call");
   if (token.empty() || token.size() > ipc::kMaxTokenBytes)  // cannot be a token: none by that name
     return Status(ErrorCode::kNotFound, "no such token exported by this client");
+  // Each pid with its process's start time, so a reattach after a broker
+  // restart allows the same processes, never a later one with a recycled pid.
+  std::vector<ipc::AllowedPid> allowed;
+  for (pid_t p : pids) {
+    auto start = ipc::ProcessStartTime(p);
+    allowed.push_back({p, start.ok() ? *start : 0});
+  }
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::SetPidRequest{
                                            token, std::vector<int32_t>(pids.begin(), pids.end())}));
+  core_->RecordPids(token, std::move(allowed));
   return Status::Ok();
 }
 
@@ -183,7 +194,7 @@ Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& toke
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ImportRequest got a wrong reply");
   return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
-                     m->pinned, m->fixed_address);
+                     m->pinned, m->fixed_address, /*created=*/false);
 }
 
 Result<void*> Client::MallocHost(size_t size) {
@@ -237,6 +248,9 @@ Status Client::Ping() {
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::PingRequest{}));
   return Status::Ok();
 }
+
+uint64_t Client::reattaches() const { return core_ ? core_->reattaches() : 0; }
+ReattachReport Client::last_reattach() const { return core_ ? core_->last_reattach() : ReattachReport{}; }
 
 uint64_t Client::async_errors() const { return core_ ? core_->conn().async_errors() : 0; }
 Status Client::last_async_error() const {

@@ -28,6 +28,13 @@ Status ReserveFixed(uintptr_t va, size_t size) {
 }  // namespace
 
 ClientCore::~ClientCore() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    if (::write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) {
+      // An eventfd write fails only on overflow: the watcher has been told already.
+    }
+    watcher_.join();
+  }
   // Unmap before the connection closes: the broker releases our references
   // when it sees the socket close.
   for (auto& [base, r] : reservations_) ::munmap(reinterpret_cast<void*>(base), r.size);
@@ -43,9 +50,11 @@ Result<size_t> ClientCore::Granularity(PagePolicy policy, GranularityOption opti
 }
 
 void ClientCore::AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                           bool read_only, uint64_t fixed_address) {
+                           bool read_only, uint64_t fixed_address, bool pinned, bool created) {
   std::lock_guard<std::mutex> lk(mu_);
   HeldAllocation& h = handles_[id];
+  h.pinned = pinned;
+  h.created = created;
   h.fd = std::move(fd);
   h.size = size;
   h.page_size = page_size;
@@ -67,17 +76,27 @@ Status ClientCore::FreeHandle(uint64_t id) {
                   "handle " + std::to_string(id) + " is not held (already freed?)");
   it->second.user_released = true;
   if (it->second.mappings > 0) return Status::Ok();  // released with the last mapping
+  return ForgetHandle(it);
+}
+
+Status ClientCore::ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it) {
+  const uint64_t id = it->first;
+  const bool detached = it->second.detached;
   handles_.erase(it);
-  return conn_.Notify(ipc::FreeRequest{id});
+  if (detached) return Status::Ok();  // the broker does not know it
+  Status st = conn_.Notify(ipc::FreeRequest{id});
+  // No broker now: the next one, if it takes this handle back, hears of it.
+  if (st.code() == ErrorCode::kNotConnected && options_.reattach) {
+    lost_frees_.push_back(id);
+    return Status::Ok();
+  }
+  return st;
 }
 
 void ClientCore::DropMappingRef(uint64_t handle) {
   auto it = handles_.find(handle);
   if (it == handles_.end()) return;
-  if (--it->second.mappings == 0 && it->second.user_released) {
-    handles_.erase(it);
-    (void)conn_.Notify(ipc::FreeRequest{handle});
-  }
+  if (--it->second.mappings == 0 && it->second.user_released) (void)ForgetHandle(it);
 }
 
 Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected, uint32_t flags) {

@@ -8,8 +8,13 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include <atomic>
 
 #include "connection.h"
 #include "membroker/client.h"
@@ -23,6 +28,9 @@ struct HeldAllocation {
   uint64_t page_size = 0;
   bool read_only = false;
   uint64_t fixed_address = 0;  // same-address allocations map only here
+  bool pinned = false;
+  bool created = false;        // made by this client (MallocPhysical), not imported
+  bool detached = false;       // a new broker refused it at reattach: local only
   bool user_released = false;  // the PhysicalHandle was freed
   uint32_t mappings = 0;       // live mappings keep the broker reference
 };
@@ -50,14 +58,38 @@ struct ReservationState {
 // What every Client call returns on a default-constructed (never connected) Client.
 inline Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
 
+// What this client re-presents when it reattaches (reattach.cc).
+struct ExportRecord {
+  uint64_t handle = 0;
+  uint32_t flags = 0;
+  std::vector<ipc::AllowedPid> pids;
+};
+struct PublicationRecord {
+  uint64_t handle = 0;
+  uint32_t flags = 0;
+  std::string metadata;
+};
+
 class ClientCore {
  public:
-  ClientCore(ipc::UniqueFd sock, std::chrono::milliseconds call_timeout)
-      : conn_(std::move(sock), call_timeout) {}
+  ClientCore(ipc::UniqueFd sock, const ConnectOptions& options)
+      : options_(options), conn_(std::move(sock), std::chrono::milliseconds(options.call_timeout_ms)) {}
   ~ClientCore();
 
   // The first request on a connection: learns the client id and granularities.
-  Status Handshake(const std::string& client_name);
+  Status Handshake();
+
+  // Reattach (reattach.cc): a thread that notices the broker going away and
+  // reattaches to the next one on the socket.
+  Status StartWatcher();
+  uint64_t reattaches() const;
+  ReattachReport last_reattach() const;
+  // Records of what a reattach re-presents.
+  void RecordExport(const std::string& token, uint64_t handle, uint32_t flags);
+  void RecordPids(const std::string& token, std::vector<ipc::AllowedPid> pids);
+  void RecordPublication(const std::string& name, uint64_t handle, uint32_t flags, std::string metadata);
+  void ForgetPublication(const std::string& name);
+  void RecordSubscription(const std::string& prefix);
 
   Connection& conn() { return conn_; }
   uint64_t client_id() const { return client_id_; }
@@ -65,7 +97,7 @@ class ClientCore {
 
   // Records a handle the broker just gave this client.
   void AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
-                 uint64_t fixed_address);
+                 uint64_t fixed_address, bool pinned, bool created);
   Status FreeHandle(uint64_t id);
   bool HoldsUnfreed(uint64_t id);
 
@@ -92,13 +124,33 @@ class ClientCore {
   void ForgetEngineRange(uintptr_t va);
 
  private:
+  void WatchLoop();
+  // Waits for the broker's socket to accept again; invalid when stopping.
+  ipc::UniqueFd ConnectAgain();
+  // Presents everything on a fresh connection, then makes it this client's.
+  Status Reattach(ipc::UniqueFd sock, ReattachReport* report);
+  // Sends a Free for handles freed while no broker was there.
+  void SendLostFrees(const std::set<uint64_t>& taken);
+
   // Both called with mu_ held.
+  // Erases a freed handle and tells the broker (or the next one).
+  Status ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it);
   ReservationState* FindReservation(uintptr_t va, size_t size);
   void DropMappingRef(uint64_t handle);
   Status CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const;
 
+  const ConnectOptions options_;
   Connection conn_;
-  uint64_t client_id_ = 0;  // set once by Handshake
+  std::atomic<uint64_t> client_id_{0};  // set by Handshake (again at each reattach)
+  std::thread watcher_;
+  ipc::UniqueFd stop_fd_;  // eventfd: the watcher stops when it is written
+  mutable std::mutex reattach_mu_;
+  uint64_t reattaches_ = 0;
+  ReattachReport last_reattach_;
+  std::vector<uint64_t> lost_frees_;  // freed while detached (guarded by mu_)
+  std::map<std::string, ExportRecord> exports_;           // by token (guarded by mu_)
+  std::map<std::string, PublicationRecord> publications_;  // by name (guarded by mu_)
+  std::set<std::string> subscriptions_;                   // (guarded by mu_)
   std::vector<ipc::Granularity> granularities_;
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;

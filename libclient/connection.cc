@@ -18,13 +18,17 @@ Status RefusalIn(const ipc::Envelope& env) {
 }
 }  // namespace
 
-Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request) {
+Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request, std::span<const int> fds) {
   std::vector<uint8_t> bytes = ipc::Encode({ipc::kProtocolVersion, rid, flags, std::move(request)});
   std::lock_guard<std::mutex> lk(send_mu_);
-  Status st = ipc::SendFrame(sock_.get(), bytes, {});
+  Status st = ipc::SendFrame(sock_.get(), bytes, fds);
   if (!st.ok() && st.code() != ErrorCode::kParamInvalid) {
     // A broker that refused this connection said why before closing it.
-    if (Status why = ReadRefusal(); !why.ok()) return why;
+    if (Status why = ReadRefusal(); !why.ok()) {
+      std::lock_guard<std::mutex> rlk(refusal_mu_);
+      refusal_ = why;  // for the reattacher (BreakOnHangup): the broker meant it
+      return why;
+    }
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
   }
   return st;
@@ -87,7 +91,8 @@ void Connection::ReleaseLateGrant(bool engine_import, const ipc::Message& reply)
     (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle});
 }
 
-Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker) {
+Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker,
+                               std::span<const int> fds) {
   const uint64_t rid = next_rid_++;
   const Clock::time_point deadline = Clock::now() + call_timeout_ + waits_in_broker;
   // What a late reply to this call would have to give back goes by the request's type.
@@ -95,9 +100,10 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
   const char* name = ipc::MessageName(request);
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
+  const uint64_t generation = generation_;
   waiting_.insert(rid);
   lk.unlock();
-  Status sent = Send(rid, 0, std::move(request));
+  Status sent = Send(rid, 0, std::move(request), fds);
   lk.lock();
   if (!sent.ok()) {
     waiting_.erase(rid);
@@ -117,6 +123,8 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
       waiting_.erase(rid);
       return broken_;
     }
+    if (generation != generation_)  // sent to a broker that went away meanwhile
+      return Status(ErrorCode::kNotConnected, std::string(name) + " went to a broker that has gone away");
     const auto now = Clock::now();
     if (now >= deadline) {
       waiting_.erase(rid);
@@ -154,6 +162,43 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
     }
     cv_.notify_all();
   }
+}
+
+Status Connection::BreakOnHangup(Status otherwise) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !reader_active_; });  // nobody else reads the socket now
+  // What the broker sent before it went: replies go to their callers, and a
+  // refusal (kicked, refused) becomes the reason.
+  for (int i = 0; i < 1024 && broken_.ok(); ++i) {
+    pollfd p{sock_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) break;
+    ipc::Frame frame;
+    if (!ipc::RecvFrame(sock_.get(), &frame).ok()) break;
+    Deliver(std::move(frame));
+  }
+  if (broken_.ok()) {
+    std::lock_guard<std::mutex> rlk(refusal_mu_);
+    broken_ = refusal_.ok() ? std::move(otherwise) : refusal_;
+  }
+  cv_.notify_all();
+  return broken_;
+}
+
+void Connection::Replace(ipc::UniqueFd sock) {
+  std::lock_guard<std::mutex> send_lk(send_mu_);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !reader_active_; });
+  sock_ = std::move(sock);
+  broken_ = Status::Ok();
+  {
+    std::lock_guard<std::mutex> rlk(refusal_mu_);
+    refusal_ = Status::Ok();
+  }
+  ++generation_;
+  waiting_.clear();
+  abandoned_.clear();  // late replies of the old broker cannot come any more
+  replies_.clear();
+  cv_.notify_all();
 }
 
 uint64_t Connection::async_errors() const {

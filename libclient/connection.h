@@ -39,16 +39,29 @@ class Connection {
   // reply, if it still comes, is dropped - what it granted (an allocation,
   // an import) is released at once. An ErrorReply becomes its Status; a reply
   // with the wrong number of fds is a protocol error.
+  // fds travel with the request (ReattachRequest's); they stay the caller's.
   Result<Reply> Call(ipc::Message request,
-                     std::chrono::milliseconds waits_in_broker = std::chrono::milliseconds(0));
+                     std::chrono::milliseconds waits_in_broker = std::chrono::milliseconds(0),
+                     std::span<const int> fds = {});
   // Sends request without waiting; a failure reply is counted later.
   Status Notify(ipc::Message request);
 
   uint64_t async_errors() const;
   Status last_async_error() const;
 
+  // For the reattacher (reattach.cc), the one thread that swaps sockets.
+  int socket_fd() const { return sock_.get(); }
+  // The broker hung up: reads what it sent before (replies for their callers,
+  // a refusal that says why), then breaks the connection with that refusal
+  // or `otherwise`, unless it is broken already. Every call from now on fails
+  // at once with the reason returned.
+  Status BreakOnHangup(Status otherwise);
+  // Serves sock from now on; calls still waiting on the old one fail.
+  void Replace(ipc::UniqueFd sock);
+  ipc::UniqueFd TakeSocket() { return std::move(sock_); }
+
  private:
-  Status Send(uint64_t rid, uint32_t flags, ipc::Message request);
+  Status Send(uint64_t rid, uint32_t flags, ipc::Message request, std::span<const int> fds = {});
   void Deliver(ipc::Frame frame);  // called with mu_ held
 
   // After a failed send: the refusal (ErrorReply, request id 0) the broker
@@ -63,11 +76,14 @@ class Connection {
   const std::chrono::milliseconds call_timeout_;
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
+  std::mutex refusal_mu_;  // a leaf lock: taken with send_mu_ or mu_ held
+  Status refusal_;         // a refusal a failed send found (Send)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool reader_active_ = false;
   Status broken_;  // set once the connection failed
+  uint64_t generation_ = 0;  // sockets replaced so far
   std::unordered_set<uint64_t> waiting_;
   // Calls that timed out, by request id: whether each was an engine import.
   std::unordered_map<uint64_t, bool> abandoned_;

@@ -20,7 +20,10 @@ Status Client::Publish(const std::string& name, const PhysicalHandle& handle, ui
     return Status(ErrorCode::kParamInvalid, "metadata is at most 4096 bytes");
   if (!handle.valid() || !core_->HoldsUnfreed(handle.id()))
     return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
-  return core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags, std::string(metadata)}).status();
+  MB_RETURN_IF_ERROR(
+      core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags, std::string(metadata)}).status());
+  core_->RecordPublication(name, handle.id(), flags, std::string(metadata));  // for a reattach
+  return Status::Ok();
 }
 
 Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
@@ -31,7 +34,7 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "LookupRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
-                                 m->pinned, m->fixed_address);
+                                 m->pinned, m->fixed_address, /*created=*/false);
   h.metadata_ = std::move(m->metadata);
   return h;
 }
@@ -39,7 +42,9 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
 Status Client::Unpublish(const std::string& name) {
   if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
-  return core_->conn().Call(ipc::UnpublishRequest{name}).status();
+  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::UnpublishRequest{name}).status());
+  core_->ForgetPublication(name);
+  return Status::Ok();
 }
 
 Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix) {
@@ -57,7 +62,9 @@ Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix
 Status Client::Subscribe(const std::string& prefix) {
   if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
-  return core_->conn().Call(ipc::SubscribeRequest{prefix}).status();
+  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::SubscribeRequest{prefix}).status());
+  core_->RecordSubscription(prefix);
+  return Status::Ok();
 }
 
 Result<NameEvents> Client::WaitEvents(int timeout_ms) {

@@ -114,7 +114,11 @@ TEST(Admin, ShowKickAndFree) {
   // Kick: the client is gone exactly as if it had crashed; the importer keeps the memory.
   Output kick = Shell(Ctl(b, "kick client " + id));
   EXPECT_EQ(kick.code, 0) << kick.text;
-  EXPECT_EQ(c->Ping().code(), ErrorCode::kNotConnected);
+  // It is told why, and does not reattach by itself.
+  Status kicked = c->Ping();
+  EXPECT_EQ(kicked.code(), ErrorCode::kPermissionDenied) << kicked.ToString();
+  EXPECT_NE(kicked.message().find("membrokerctl kick"), std::string::npos) << kicked.ToString();
+  EXPECT_EQ(c->reattaches(), 0u);
   EXPECT_EQ(b.Stat("clients_connected"), 1u);
   EXPECT_EQ(b.Stat("allocations_live"), 1u);
   EXPECT_EQ(b.Stat("clients_kicked"), 1u);

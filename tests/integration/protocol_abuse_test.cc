@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "raw_client.h"
 #include "membroker/client.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/protocol.h"
@@ -18,47 +19,6 @@ namespace membroker::testing {
 namespace {
 
 using namespace membroker::ipc;
-
-class RawClient {
- public:
-  explicit RawClient(const std::string& path) {
-    auto s = ConnectSeqpacket(path);
-    EXPECT_TRUE(s.ok());
-    if (s.ok()) sock_ = std::move(*s);
-  }
-  int fd() const { return sock_.get(); }
-  Status SendMsg(Message m, uint32_t flags = 0, uint16_t version = kProtocolVersion,
-                 std::span<const int> fds = {}) {
-    auto bytes = Encode({version, next_rid_++, flags, std::move(m)});
-    return SendFrame(sock_.get(), bytes, fds);
-  }
-  Status SendRaw(const std::vector<uint8_t>& bytes) { return SendFrame(sock_.get(), bytes, {}); }
-  // The next reply, or an error Status when the broker closed the connection.
-  Result<Envelope> Next(Frame* frame_out = nullptr) {
-    Frame f;
-    MB_RETURN_IF_ERROR(RecvFrame(sock_.get(), &f));
-    auto env = Decode(f.bytes);
-    if (frame_out) *frame_out = std::move(f);
-    return env;
-  }
-  void Hello() {
-    ASSERT_TRUE(SendMsg(HelloRequest{"raw", kProtocolVersion, 0}).ok());
-    auto r = Next();
-    ASSERT_TRUE(r.ok());
-    ASSERT_TRUE(std::holds_alternative<HelloReply>(r->body));
-  }
-  uint64_t last_rid() const { return next_rid_ - 1; }
-
- private:
-  UniqueFd sock_;
-  uint64_t next_rid_ = 1;
-};
-
-ErrorCode ErrorOf(const Result<Envelope>& r) {
-  if (!r.ok()) return ErrorCode::kOk;
-  auto* e = std::get_if<ErrorReply>(&r->body);
-  return e ? e->code : ErrorCode::kOk;
-}
 
 class Abuse : public ::testing::Test {
  protected:

@@ -88,16 +88,35 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_fi
   ::chmod(d, 0755);  // other uids may reach the sockets; their own modes decide
   socket_ = dir_ + "/broker.sock";
   admin_ = dir_ + "/admin.sock";
-  std::vector<std::string> args{"--socket", socket_, "--admin-socket", admin_};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  args_ = {"--socket", socket_, "--admin-socket", admin_};
+  args_.insert(args_.end(), extra_args.begin(), extra_args.end());
+  log_to_file_ = log_to_file;
+  fd_limit_ = fd_limit;
+  cgroup_procs_ = cgroup_procs;
+  Start();
+}
+
+void BrokerProcess::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  (void)WaitChild(pid_);
+  pid_ = -1;
+}
+
+void BrokerProcess::Restart() {
+  if (pid_ > 0) std::abort();  // Kill or Stop it first
+  Start();
+}
+
+void BrokerProcess::Start() {
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) std::abort();
   int log_fd = -1;
-  if (log_to_file) {
-    log_fd = ::open(log_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (log_to_file_) {
+    log_fd = ::open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (log_fd < 0) std::abort();
   }
-  pid_ = SpawnBroker(args, ready[1], log_fd, fd_limit, cgroup_procs);
+  pid_ = SpawnBroker(args_, ready[1], log_fd, fd_limit_, cgroup_procs_);
   ::close(ready[1]);
   if (log_fd >= 0) ::close(log_fd);
   std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it

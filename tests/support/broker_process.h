@@ -39,9 +39,19 @@ class BrokerProcess {
 
   // SIGTERM and wait; returns the exit status (-1 if it did not exit normally).
   int Stop();
+  // SIGKILL and wait: the broker dies holding everything (no cleanup).
+  void Kill();
+  // Starts a new broker on the same sockets and state file (after Kill or
+  // Stop), with the same flags; waits for it to be ready.
+  void Restart();
 
  private:
+  void Start();
   std::string dir_, socket_, admin_;
+  std::vector<std::string> args_;
+  bool log_to_file_ = false;
+  uint64_t fd_limit_ = 0;
+  std::string cgroup_procs_;
   pid_t pid_ = -1;
 };
 

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -106,6 +107,18 @@ struct NameEvents {
   uint64_t dropped = 0;  // lost to a full queue (1024 per client), since Subscribe
 };
 
+// What a client found when it reattached to a new broker on its socket
+// (ConnectOptions::on_reattach, Client::last_reattach; docs/RESTART.md).
+struct ReattachReport {
+  uint64_t client_id = 0;       // this client's id at the new broker
+  size_t handles = 0;           // handles the new broker holds for it again
+  size_t handles_refused = 0;   // still mapped here, but unknown to the broker
+  size_t restored = 0;          // exports, names, subscriptions, host registrations
+  size_t failed = 0;            // of those, what the new broker refused
+  Status first_error;           // why the first refusal happened
+  uint64_t waited_ms = 0;       // from the broker going away to reattached
+};
+
 struct ConnectOptions {
   std::string socket_path;
   std::string client_name;  // shown by `membrokerctl list clients`
@@ -115,6 +128,16 @@ struct ConnectOptions {
   // wedged but keeps its socket open cannot hang a caller for longer. Whatever
   // a reply that still comes later granted is released at once.
   uint32_t call_timeout_ms = 30000;
+  // When the broker goes away (crash, kill, upgrade), calls that need it fail
+  // at once with NOT_CONNECTED while mappings stay valid; a thread of this
+  // client then connects again, with a backoff of at most
+  // reattach_max_backoff_ms (and at once when the socket file reappears), and
+  // presents what it holds: handles (ids unchanged), exports, names,
+  // subscriptions, host registrations. on_reattach, if set, is called on that
+  // thread after each reattach. Off: a lost broker stays lost (as when kicked).
+  bool reattach = true;
+  uint32_t reattach_max_backoff_ms = 200;
+  std::function<void(const ReattachReport&)> on_reattach = nullptr;
 };
 
 class MEMBROKER_API PhysicalHandle {
@@ -290,6 +313,9 @@ class MEMBROKER_API Client {
 
   // One round trip with no effect: a liveness check.
   Status Ping();
+  // How often this client reattached to a new broker, and what it found last time.
+  uint64_t reattaches() const;
+  ReattachReport last_reattach() const;
   // Releases sent without waiting that the broker refused (see last_async_error).
   uint64_t async_errors() const;
   Status last_async_error() const;
@@ -299,7 +325,7 @@ class MEMBROKER_API Client {
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
   // Records an fd the broker sent and wraps it in a handle.
   PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                             bool read_only, bool pinned, uint64_t fixed_address);
+                             bool read_only, bool pinned, uint64_t fixed_address, bool created);
   std::shared_ptr<detail::ClientCore> core_;
 };
 

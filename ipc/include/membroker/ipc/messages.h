@@ -10,7 +10,8 @@
 // protocol.cc, and - for a request - one Broker::Handle overload.
 #pragma once
 
-// X(Type, Direction, fds): Direction is Request (client -> broker) or Reply.
+// X(Type, Direction, fds): Direction is Request (client -> broker) or Reply;
+// fds kOneFdPerEntry: one per element of the message's `handles`.
 #define MEMBROKER_MESSAGES(X)           \
   X(HelloRequest, Request, 0)           \
   X(HelloReply, Reply, 0)               \
@@ -51,7 +52,10 @@
   X(WaitEventsRequest, Request, 0)      \
   X(EventsReply, Reply, 0)              \
   X(EnginePeersRequest, Request, 0)     \
-  X(EnginePeersReply, Reply, 0)
+  X(EnginePeersReply, Reply, 0)         \
+  X(ReattachRequest, Request, kOneFdPerEntry) \
+  X(ReattachReply, Reply, 0)            \
+  X(RestoreExportRequest, Request, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

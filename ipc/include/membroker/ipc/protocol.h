@@ -286,6 +286,44 @@ struct EnginePeersReply {
 struct PingRequest {
   bool operator==(const PingRequest&) const = default;
 };
+// HelloRequest features: this connection re-presents what a client held
+// before the broker restarted (ReattachRequest, RestoreExportRequest follow).
+inline constexpr uint64_t kFeatureReattach = 1u << 0;
+// Handles per ReattachRequest (each with its fd).
+inline constexpr size_t kMaxReattachHandles = 16;
+struct ReattachHandle {
+  uint64_t handle = 0;
+  bool created = false;
+  bool pinned = false;
+  uint64_t fixed_address = 0;
+  bool operator==(const ReattachHandle&) const = default;
+};
+struct ReattachRequest {  // + one fd per handle
+  std::vector<ReattachHandle> handles;
+  bool operator==(const ReattachRequest&) const = default;
+};
+struct ReattachResult {
+  ErrorCode code = ErrorCode::kOk;
+  std::string message;
+  bool pinned = false;
+  bool operator==(const ReattachResult&) const = default;
+};
+struct ReattachReply {
+  std::vector<ReattachResult> results;
+  bool operator==(const ReattachReply&) const = default;
+};
+struct AllowedPid {
+  int32_t pid = 0;
+  uint64_t start_time = 0;
+  bool operator==(const AllowedPid&) const = default;
+};
+struct RestoreExportRequest {
+  uint64_t handle = 0;
+  std::string token;
+  uint32_t flags = 0;
+  std::vector<AllowedPid> pids;
+  bool operator==(const RestoreExportRequest&) const = default;
+};
 struct GoodbyeRequest {
   bool operator==(const GoodbyeRequest&) const = default;
 };
@@ -324,6 +362,8 @@ enum class Direction : uint8_t { kRequest, kReply };
 // Each message's direction and fd count, from the list.
 template <typename T>
 inline constexpr Direction kDirectionOf = Direction::kRequest;
+// A message whose fds are one per element of its `handles` (messages.h).
+inline constexpr size_t kOneFdPerEntry = SIZE_MAX;
 template <typename T>
 inline constexpr size_t kFdsOf = 0;
 #define MEMBROKER_TRAITS(T, direction, fds)                                 \

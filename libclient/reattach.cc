@@ -1,0 +1,248 @@
+// Reattach: when the broker goes away, this client's watcher thread connects
+// to the next broker on the socket and presents what the client holds
+// (docs/RESTART.md). Until then every call that needs the broker fails at
+// once with NOT_CONNECTED; mappings stay valid (the kernel keeps the pages,
+// and this process keeps its fds).
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "client_core.h"
+#include "membroker/ipc/framing.h"
+#include "membroker/ipc/syscall.h"
+
+namespace membroker::detail {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+uint64_t MsSince(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+void Note(ReattachReport* report, const Status& st) {
+  if (st.ok()) {
+    ++report->restored;
+    return;
+  }
+  ++report->failed;
+  if (report->first_error.ok()) report->first_error = st;
+}
+}  // namespace
+
+Status ClientCore::StartWatcher() {
+  if (!options_.reattach) return Status::Ok();
+  int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (efd < 0) return ipc::ErrnoStatus("eventfd", "the reattach watcher", errno);
+  stop_fd_.reset(efd);
+  watcher_ = std::thread([this] { WatchLoop(); });
+  return Status::Ok();
+}
+
+uint64_t ClientCore::reattaches() const {
+  std::lock_guard<std::mutex> lk(reattach_mu_);
+  return reattaches_;
+}
+
+ReattachReport ClientCore::last_reattach() const {
+  std::lock_guard<std::mutex> lk(reattach_mu_);
+  return last_reattach_;
+}
+
+void ClientCore::WatchLoop() {
+  for (;;) {
+    // Only hang-ups wake this poll (no POLLIN): callers read the replies.
+    pollfd p[2] = {{stop_fd_.get(), POLLIN, 0}, {conn_.socket_fd(), 0, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[0].revents) return;  // the client is being destroyed
+    if (!(p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) continue;
+    const Clock::time_point lost = Clock::now();
+    Status why = conn_.BreakOnHangup(Status(ErrorCode::kNotConnected,
+                                            "the broker went away; this client reattaches when one serves " +
+                                                options_.socket_path + " again"));
+    // A broker that said why it closed (kicked by the operator, refused) meant it.
+    if (why.code() != ErrorCode::kNotConnected) return;
+    for (;;) {
+      ipc::UniqueFd sock = ConnectAgain();
+      if (!sock.valid()) return;  // stopping
+      ReattachReport report;
+      Status st = Reattach(std::move(sock), &report);
+      if (!st.ok()) continue;  // that broker went away too, or refused: try the next
+      report.waited_ms = MsSince(lost);
+      {
+        std::lock_guard<std::mutex> lk(reattach_mu_);
+        ++reattaches_;
+        last_reattach_ = report;
+      }
+      if (options_.on_reattach) options_.on_reattach(report);
+      break;
+    }
+  }
+}
+
+ipc::UniqueFd ClientCore::ConnectAgain() {
+  // The socket file reappearing (a new broker binding it) wakes us at once;
+  // otherwise retry with a doubling delay, at most reattach_max_backoff_ms.
+  ipc::UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  if (watch.valid())
+    (void)::inotify_add_watch(watch.get(), DirOf(options_.socket_path).c_str(),
+                              IN_CREATE | IN_MOVED_TO | IN_ATTRIB);
+  const uint32_t max_backoff = std::max<uint32_t>(1, options_.reattach_max_backoff_ms);
+  uint32_t backoff = 1;
+  for (;;) {
+    auto sock = ipc::ConnectSeqpacket(options_.socket_path);
+    if (sock.ok()) return std::move(*sock);
+    pollfd p[2] = {{stop_fd_.get(), POLLIN, 0}, {watch.get(), POLLIN, 0}};
+    const int n = ::poll(p, watch.valid() ? 2 : 1, static_cast<int>(backoff));
+    if (n > 0 && p[0].revents) return ipc::UniqueFd();
+    if (n > 0 && (p[1].revents & POLLIN)) {
+      char events[4096];
+      while (::read(watch.get(), events, sizeof(events)) > 0) {
+      }
+      backoff = 1;  // something changed in the socket's directory: try now
+      continue;
+    }
+    backoff = std::min(backoff * 2, max_backoff);
+  }
+}
+
+Status ClientCore::Reattach(ipc::UniqueFd sock, ReattachReport* report) {
+  Connection fresh(std::move(sock), std::chrono::milliseconds(options_.call_timeout_ms));
+  MB_ASSIGN_OR_RETURN(Reply hello, fresh.Call(ipc::HelloRequest{options_.client_name, ipc::kProtocolVersion,
+                                                                ipc::kFeatureReattach}));
+  auto* h = std::get_if<ipc::HelloReply>(&hello.body);
+  if (h == nullptr) return Status(ErrorCode::kProtocolError, "reattach handshake got no HelloReply");
+  report->client_id = h->client_id;
+
+  // What to present, taken under the lock; fds duplicated so a handle freed
+  // meanwhile cannot close one under us.
+  struct Presented {
+    ipc::ReattachHandle handle;
+    ipc::UniqueFd fd;
+  };
+  std::vector<Presented> handles;
+  std::map<std::string, ExportRecord> exports;
+  std::map<std::string, PublicationRecord> publications;
+  std::set<std::string> subscriptions;
+  std::map<uintptr_t, size_t> host_regs;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [id, held] : handles_) {
+      if (held.detached) continue;  // (a freed handle still mapped is held until unmapped)
+      int dup = ::fcntl(held.fd.get(), F_DUPFD_CLOEXEC, 0);
+      if (dup < 0) return ipc::ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", "a handle's fd", errno);
+      handles.push_back({ipc::ReattachHandle{id, held.created, held.pinned, held.fixed_address}, ipc::UniqueFd(dup)});
+    }
+    // Exports and names of handles still held (a freed handle's memory
+    // cannot be presented again).
+    for (const auto& [token, e] : exports_)
+      if (handles_.count(e.handle)) exports.emplace(token, e);
+    for (const auto& [name, p] : publications_)
+      if (handles_.count(p.handle)) publications.emplace(name, p);
+    subscriptions = subscriptions_;
+    host_regs = host_regs_;
+  }
+  std::vector<uint64_t> refused;
+  for (size_t at = 0; at < handles.size(); at += ipc::kMaxReattachHandles) {
+    const size_t n = std::min(ipc::kMaxReattachHandles, handles.size() - at);
+    ipc::ReattachRequest req;
+    std::vector<int> fds;
+    for (size_t i = 0; i < n; ++i) {
+      req.handles.push_back(handles[at + i].handle);
+      fds.push_back(handles[at + i].fd.get());
+    }
+    MB_ASSIGN_OR_RETURN(Reply r, fresh.Call(std::move(req), std::chrono::milliseconds(0), fds));
+    auto* m = std::get_if<ipc::ReattachReply>(&r.body);
+    if (m == nullptr || m->results.size() != n)
+      return Status(ErrorCode::kProtocolError, "ReattachRequest got a wrong reply");
+    for (size_t i = 0; i < n; ++i) {
+      const ipc::ReattachResult& res = m->results[i];
+      if (res.code == ErrorCode::kOk) {
+        ++report->handles;
+        continue;
+      }
+      ++report->handles_refused;
+      refused.push_back(handles[at + i].handle.handle);
+      if (report->first_error.ok())
+        report->first_error = Status(res.code, "handle " + std::to_string(handles[at + i].handle.handle) +
+                                                   ": " + res.message);
+    }
+  }
+  for (const auto& [token, e] : exports)
+    if (std::find(refused.begin(), refused.end(), e.handle) == refused.end())
+      Note(report, fresh.Call(ipc::RestoreExportRequest{e.handle, token, e.flags, e.pids}).status());
+  for (const auto& [name, p] : publications)
+    if (std::find(refused.begin(), refused.end(), p.handle) == refused.end())
+      Note(report, fresh.Call(ipc::PublishRequest{name, p.handle, p.flags, p.metadata}).status());
+  for (const std::string& prefix : subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
+  for (const auto& [addr, size] : host_regs)
+    Note(report, fresh.Call(ipc::RegisterHostRequest{addr, size, 0}).status());
+
+  // From here on the new broker serves every call of this client.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (uint64_t id : refused)
+      if (auto it = handles_.find(id); it != handles_.end()) it->second.detached = true;
+  }
+  client_id_ = h->client_id;
+  conn_.Replace(fresh.TakeSocket());
+  std::set<uint64_t> taken;
+  for (const Presented& p : handles)
+    if (std::find(refused.begin(), refused.end(), p.handle.handle) == refused.end()) taken.insert(p.handle.handle);
+  SendLostFrees(taken);
+  return Status::Ok();
+}
+
+void ClientCore::SendLostFrees(const std::set<uint64_t>& taken) {
+  std::vector<uint64_t> frees;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    frees.swap(lost_frees_);
+  }
+  // Freed before they were presented: the new broker never held them.
+  for (uint64_t id : frees)
+    if (taken.count(id)) (void)conn_.Notify(ipc::FreeRequest{id});
+}
+
+void ClientCore::RecordExport(const std::string& token, uint64_t handle, uint32_t flags) {
+  std::lock_guard<std::mutex> lk(mu_);
+  exports_[token] = ExportRecord{handle, flags, {}};
+}
+
+void ClientCore::RecordPids(const std::string& token, std::vector<ipc::AllowedPid> pids) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = exports_.find(token); it != exports_.end()) it->second.pids = std::move(pids);
+}
+
+void ClientCore::RecordPublication(const std::string& name, uint64_t handle, uint32_t flags,
+                                   std::string metadata) {
+  std::lock_guard<std::mutex> lk(mu_);
+  publications_[name] = PublicationRecord{handle, flags, std::move(metadata)};
+}
+
+void ClientCore::ForgetPublication(const std::string& name) {
+  std::lock_guard<std::mutex> lk(mu_);
+  publications_.erase(name);
+}
+
+void ClientCore::RecordSubscription(const std::string& prefix) {
+  std::lock_guard<std::mutex> lk(mu_);
+  subscriptions_.insert(prefix);
+}
+
+}  // namespace membroker::detail

@@ -1,0 +1,328 @@
+// Broker restart: clients reattach by themselves to the next broker on their
+// socket and keep their handles (ids unchanged), mappings, exports, names and
+// subscriptions; what a client presents is checked, so nobody gets memory
+// they were never given (docs/RESTART.md).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "raw_client.h"
+
+namespace membroker::testing {
+namespace {
+
+using ipc::MallocReply;
+using ipc::ReattachHandle;
+using ipc::ReattachReply;
+using ipc::ReattachRequest;
+using ipc::ReattachResult;
+using ipc::RestoreExportRequest;
+using ipc::UniqueFd;
+using ipc::kFeatureReattach;
+using ipc::kMaxReattachHandles;
+using ipc::kProtocolVersion;
+
+constexpr int kClients = 8;
+constexpr size_t kSize = 64 << 10;
+constexpr int kPlain = 0, kExported = 1, kSameAddress = 2, kKinds = 3;
+
+uint8_t Pattern(int client, int kind, size_t i) { return static_cast<uint8_t>(client * 31 + kind * 7 + i); }
+
+bool HasPattern(const void* data, int client, int kind) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < kSize; ++i)
+    if (p[i] != Pattern(client, kind, i)) return false;
+  return true;
+}
+
+// Waits (bounded) for on_reattach to have run.
+struct ReattachSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  void Set() {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+    cv.notify_all();
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return done; });
+  }
+};
+
+// One of the eight holders: three allocations mapped and filled, one
+// exported, one published, a subscription; even-numbered ones keep requests
+// in flight across the broker's death. Exit codes name the failed step.
+int Holder(const std::string& socket, int index, Channel& ch) {
+  ReattachSignal reattached;
+  ConnectOptions options{socket, "holder-" + std::to_string(index)};
+  options.on_reattach = [&](const ReattachReport&) { reattached.Set(); };
+  auto c = Client::Connect(options);
+  if (!c.ok()) return 10;
+  std::vector<PhysicalHandle> handles;
+  std::vector<Reservation> ranges;
+  std::vector<Mapping> maps;
+  for (int kind = 0; kind < kKinds; ++kind) {
+    AllocationProp prop;
+    prop.same_address = kind == kSameAddress;
+    auto h = c->MallocPhysical(kSize, prop);
+    if (!h.ok()) return 11;
+    auto r = prop.same_address ? c->ReserveMemAddress(kSize, 0, h->fixed_address(), kReserveFixed)
+                               : c->ReserveMemAddress(kSize);
+    if (!r.ok()) return 12;
+    auto m = c->MapMem(r->base(), kSize, 0, *h);
+    if (!m.ok()) return 13;
+    for (size_t i = 0; i < kSize; ++i) m->as<uint8_t>()[i] = Pattern(index, kind, i);
+    handles.push_back(std::move(*h));
+    ranges.push_back(std::move(*r));
+    maps.push_back(std::move(*m));
+  }
+  const std::vector<uint64_t> ids = {handles[0].id(), handles[1].id(), handles[2].id()};
+  const void* fixed = handles[kSameAddress].fixed_address();
+  auto token = c->ExportToShareableHandle(handles[kExported], kExportNoPidCheck);
+  if (!token.ok()) return 14;
+  if (!c->Publish("restart/" + std::to_string(index), handles[kPlain]).ok()) return 15;
+  if (!c->Subscribe("restart/").ok()) return 16;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong_errors{0};
+  std::thread busy;
+  if (index % 2 == 0)
+    busy = std::thread([&] {
+      while (!stop) {
+        auto h = c->MallocPhysical(4096);
+        if (h.ok()) continue;  // freed at once by its destructor
+        if (h.code() != ErrorCode::kNotConnected) ++wrong_errors;
+      }
+    });
+  ch.Send("ready " + *token);
+  if (ch.Receive() != "restarted") return 17;
+  if (!reattached.Wait()) return 18;
+  stop = true;
+  if (busy.joinable()) busy.join();
+  if (wrong_errors != 0) return 19;
+  const ReattachReport report = c->last_reattach();
+  // Three handles at least (the busy loop may have held one), none refused;
+  // export, name and subscription restored.
+  if (report.handles < 3 || report.handles_refused != 0 || report.failed != 0 || report.restored != 3) return 20;
+  if (c->reattaches() != 1 || c->client_id() != report.client_id) return 21;
+  // Same ids, same bytes, same fixed address; the broker serves them again.
+  for (int kind = 0; kind < kKinds; ++kind) {
+    if (handles[kind].id() != ids[kind]) return 22;
+    if (!HasPattern(maps[kind].data(), index, kind)) return 23;
+    if (!c->ExportToShareableHandle(handles[kind], kExportNoPidCheck).ok()) return 24;
+  }
+  if (handles[kSameAddress].fixed_address() != fixed) return 25;
+  auto fresh = c->MallocPhysical(4096);
+  if (!fresh.ok()) return 26;
+  ch.Send("ok");
+  return ch.Receive() == "exit" ? 0 : 27;
+}
+
+TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
+  BrokerProcess b;
+  const size_t idle_fds = b.FdCount();
+  std::vector<Channel> channels(kClients);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kClients; ++i)
+    pids.push_back(ForkChild([&, i] {
+      channels[i].AsChild();
+      return Holder(b.socket(), i, channels[i]);
+    }));
+  std::vector<std::string> tokens;
+  for (int i = 0; i < kClients; ++i) {
+    channels[i].AsParent();
+    const std::string line = channels[i].Receive();
+    ASSERT_EQ(line.rfind("ready ", 0), 0u) << "holder " << i << " said '" << line << "'";
+    tokens.push_back(line.substr(6));
+  }
+  ASSERT_EQ(b.Stat("allocations_live") >= kClients * kKinds, true);
+
+  b.Kill();  // mid-request for the busy holders
+  b.Restart();
+  for (auto& ch : channels) ch.Send("restarted");
+  for (int i = 0; i < kClients; ++i) ASSERT_EQ(channels[i].Receive(), "ok") << "holder " << i;
+
+  // Another process reads what the holders re-presented: the old tokens and
+  // the names work again.
+  auto reader = Client::Connect({b.socket(), "reader"});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  for (int i = 0; i < kClients; ++i) {
+    auto imported = reader->ImportFromShareableHandle(tokens[i]);
+    ASSERT_TRUE(imported.ok()) << "holder " << i << ": " << imported.status().ToString();
+    auto named = reader->Lookup("restart/" + std::to_string(i));
+    ASSERT_TRUE(named.ok()) << "holder " << i << ": " << named.status().ToString();
+    for (auto [handle, kind] : {std::pair<PhysicalHandle*, int>{&*imported, kExported}, {&*named, kPlain}}) {
+      auto r = reader->ReserveMemAddress(kSize);
+      auto m = reader->MapMem(r->base(), kSize, 0, *handle);
+      ASSERT_TRUE(m.ok()) << m.status().ToString();
+      EXPECT_TRUE(HasPattern(m->data(), i, kind)) << "holder " << i << " kind " << kind;
+    }
+  }
+  // The broker's tables equal what the holders hold: three each, adopted.
+  EXPECT_EQ(b.WaitForStat("allocations_live", kClients * (kKinds + 1)), uint64_t{kClients * (kKinds + 1)});
+  EXPECT_GE(b.Stat("handles_adopted"), uint64_t{kClients * kKinds});
+  EXPECT_EQ(b.Stat("reattach_refused"), 0u);
+  EXPECT_EQ(b.Stat("clients_reattached"), uint64_t{kClients});
+  EXPECT_EQ(b.Stat("exports_restored"), uint64_t{kClients});
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+
+  for (auto& ch : channels) ch.Send("exit");
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(WaitChild(pids[i]), 0) << "holder " << i;
+  reader = Client();
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+  EXPECT_EQ(b.WaitForStat("bytes_returning", 0), 0u);
+  EXPECT_EQ(b.FdCount(), idle_fds);
+}
+
+// A forged memfd: sealed and sized as the broker's, with a name in the
+// broker's format but a tag made without its key.
+UniqueFd ForgedMemory(const char* name) {
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(::ftruncate(fd.get(), 4096), 0);
+  EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  return fd;
+}
+
+// Presents handles; the reply's results.
+std::vector<ReattachResult> Present(RawClient& raw, std::vector<ReattachHandle> handles, std::vector<int> fds) {
+  EXPECT_TRUE(raw.SendMsg(ReattachRequest{std::move(handles)}, 0, kProtocolVersion, fds).ok());
+  auto r = raw.Next();
+  EXPECT_TRUE(r.ok());
+  if (!r.ok() || !std::holds_alternative<ReattachReply>(r->body)) {
+    ADD_FAILURE() << "no ReattachReply";
+    return {};
+  }
+  return std::get<ReattachReply>(r->body).results;
+}
+
+TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
+  BrokerProcess b;
+  // Memory from the first broker, with its fds, as a raw client sees them.
+  RawClient first(b.socket());
+  first.Hello();
+  std::vector<UniqueFd> fds;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(first.SendMsg(ipc::MallocRequest{4096, ipc::PagePolicy::kNormalOnly, 0, 0}).ok());
+    ipc::Frame f;
+    auto m = first.Next(&f);
+    ASSERT_TRUE(m.ok() && std::holds_alternative<MallocReply>(m->body));
+    ids.push_back(std::get<MallocReply>(m->body).handle);
+    fds.push_back(std::move(f.fds[0]));
+  }
+  b.Kill();
+  b.Restart();
+  auto bystander = Client::Connect({b.socket(), "bystander"});
+  ASSERT_TRUE(bystander.ok());
+
+  // Without the reattach hello: out of protocol.
+  RawClient plain(b.socket());
+  plain.Hello();
+  int f0 = fds[0].get();
+  ASSERT_TRUE(plain.SendMsg(ReattachRequest{{{ids[0], true, false, 0}}}, 0, kProtocolVersion, {&f0, 1}).ok());
+  EXPECT_EQ(ErrorOf(plain.Next()), ErrorCode::kProtocolError);
+
+  RawClient raw(b.socket());
+  raw.Hello(kFeatureReattach);
+  UniqueFd own = ForgedMemory("membroker:client1");
+  UniqueFd tagged = ForgedMemory("membroker:client1:0123456789abcdef.0123456789abcdef");
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  UniqueFd pipe_r(pipe_fds[0]), pipe_w(pipe_fds[1]);
+  auto results = Present(raw,
+                         {{ids[0], true, false, 0},        // a memfd it made: not a broker's
+                          {ids[0], true, false, 0},        // a forged tag
+                          {ids[0], true, false, 0},        // not memory at all
+                          {999999999, true, false, 0},     // genuine memory, an id never given out
+                          {ids[0], true, false, 0},        // genuine: taken back
+                          {ids[0], true, false, 0},        // again: held already
+                          {ids[0], true, false, 0}},       // other genuine memory under that id
+                         {own.get(), tagged.get(), pipe_r.get(), fds[0].get(), fds[0].get(), fds[0].get(),
+                          fds[1].get()});
+  ASSERT_EQ(results.size(), 7u);
+  EXPECT_EQ(results[0].code, ErrorCode::kPermissionDenied) << results[0].message;
+  EXPECT_EQ(results[1].code, ErrorCode::kPermissionDenied) << results[1].message;
+  EXPECT_EQ(results[2].code, ErrorCode::kPermissionDenied) << results[2].message;
+  EXPECT_EQ(results[3].code, ErrorCode::kInvalidHandle) << results[3].message;
+  EXPECT_EQ(results[4].code, ErrorCode::kOk) << results[4].message;
+  EXPECT_EQ(results[5].code, ErrorCode::kAlreadyExists) << results[5].message;
+  EXPECT_EQ(results[6].code, ErrorCode::kInvalidHandle) << results[6].message;
+  EXPECT_EQ(b.Stat("allocations_live"), 1u);
+  EXPECT_EQ(b.Stat("reattach_refused"), 6u);
+
+  // Exports: only of handles held, only well-formed tokens.
+  ASSERT_TRUE(raw.SendMsg(RestoreExportRequest{ids[1], std::string(32, 'a'), kExportNoPidCheck, {}}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kInvalidHandle);
+  ASSERT_TRUE(raw.SendMsg(RestoreExportRequest{ids[0], "not-a-token", kExportNoPidCheck, {}}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+
+  // A flood of forged memory: every handle refused, nothing else changes, and
+  // the others are served meanwhile.
+  std::vector<UniqueFd> forged;
+  std::vector<int> forged_fds;
+  std::vector<ReattachHandle> forged_handles;
+  for (size_t i = 0; i < kMaxReattachHandles; ++i) {
+    forged.push_back(ForgedMemory("membroker:client1:0123456789abcdef.0123456789abcdef"));
+    forged_fds.push_back(forged.back().get());
+    forged_handles.push_back({ids[1], true, false, 0});
+  }
+  RawClient flood(b.socket());
+  flood.Hello(kFeatureReattach);
+  for (int round = 0; round < 100; ++round) {
+    auto r = Present(flood, forged_handles, forged_fds);
+    ASSERT_EQ(r.size(), kMaxReattachHandles);
+    for (const auto& one : r) ASSERT_EQ(one.code, ErrorCode::kPermissionDenied);
+    if (round % 10 == 0) EXPECT_TRUE(bystander->Ping().ok());
+  }
+  EXPECT_EQ(b.Stat("allocations_live"), 1u);
+  EXPECT_EQ(b.Stat("reattach_refused"), 6u + 100 * kMaxReattachHandles);
+
+  // Fds that do not match the handles: a protocol violation, that client alone.
+  RawClient miscounted(b.socket());
+  miscounted.Hello(kFeatureReattach);
+  ASSERT_TRUE(miscounted.SendMsg(ReattachRequest{{{ids[1], true, false, 0}, {ids[1], true, false, 0}}}, 0,
+                                 kProtocolVersion, {&f0, 1})
+                  .ok());
+  EXPECT_FALSE(miscounted.Next().ok());  // closed
+  EXPECT_TRUE(bystander->Ping().ok());
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+}
+
+// A kicked client is told so and stays away; a client with reattach off too.
+TEST(Restart, ReattachOffStaysDisconnected) {
+  BrokerProcess b;
+  ConnectOptions off{b.socket(), "no-reattach"};
+  off.reattach = false;
+  auto c = Client::Connect(off);
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  b.Kill();
+  b.Restart();
+  EXPECT_EQ(c->Ping().code(), ErrorCode::kNotConnected);
+  // A client that reattaches shows the new broker is there, and the old one's
+  // memory was not taken back by anyone.
+  auto other = Client::Connect({b.socket(), "later"});
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->Ping().ok());
+  EXPECT_EQ(b.Stat("allocations_live"), 0u);
+  EXPECT_EQ(c->reattaches(), 0u);
+}
+
+}  // namespace
+}  // namespace membroker::testing
