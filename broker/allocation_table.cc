@@ -18,12 +18,13 @@ std::pair<uint64_t, uint64_t> InodeOf(int fd) {
 
 Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
                                     uint64_t creator, uid_t creator_uid) {
-  return Place(next_id_++, std::move(mem), policy, creator, creator_uid);
+  const auto inode = InodeOf(mem.fd.get());
+  return Place(next_id_++, std::move(mem), policy, creator, creator_uid, inode);
 }
 
 Allocation& AllocationTable::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
-                                   uint64_t creator, uid_t creator_uid) {
-  Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid);
+                                   uint64_t creator, uid_t creator_uid, std::pair<uint64_t, uint64_t> inode) {
+  Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid, inode);
   a.adopted = true;
   return a;
 }
@@ -34,8 +35,8 @@ Allocation* AllocationTable::FindByInode(uint64_t dev, uint64_t ino) {
 }
 
 Allocation& AllocationTable::Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
-                                   uint64_t creator, uid_t creator_uid) {
-  by_inode_[InodeOf(mem.fd.get())] = id;
+                                   uint64_t creator, uid_t creator_uid, std::pair<uint64_t, uint64_t> inode) {
+  by_inode_[inode] = id;
   Allocation& a = allocations_[id];
   a.id = id;
   a.size = mem.size;

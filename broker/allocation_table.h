@@ -93,8 +93,9 @@ class AllocationTable {
                      uid_t creator_uid);
   // Takes memory a reattaching client presented under the id a previous
   // broker gave it (reattach.cc checks it may): like Insert, with that id.
+  // inode: (st_dev, st_ino) of mem's fd, as the caller read it.
   Allocation& Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
-                    uid_t creator_uid);
+                    uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
   // Ids are handed out from first upwards (BrokerIdentity keeps them above a
   // predecessor's); next_id() is the next one.
   void StartIdsAt(uint64_t first) { next_id_ = first_id_ = first; }
@@ -133,7 +134,7 @@ class AllocationTable {
 
  private:
   Allocation& Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
-                    uid_t creator_uid);
+                    uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
 
   PhysicalBackend& backend_;
   uint64_t first_id_ = 1;

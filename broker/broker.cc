@@ -151,6 +151,8 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   // After Listen: a live broker on this socket has refused us by now, so the
   // state file is this broker's to carry on.
   MB_ASSIGN_OR_RETURN(b->identity_, BrokerIdentity::Open(b->options_.state_file));
+  b->proc_fd_dir_.reset(::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!b->proc_fd_dir_) return ipc::ErrnoStatus("open", "/proc/self/fd", errno);
   b->table_.StartIdsAt(b->identity_->first_id());
   if (b->identity_->first_id() > 1)
     MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",

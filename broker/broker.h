@@ -305,6 +305,7 @@ class Broker {
   std::unique_ptr<BrokerIdentity> identity_ = BrokerIdentity::Ephemeral();
   // The fds of the request being handled (ReattachRequest's), for its handler.
   std::vector<ipc::UniqueFd>* request_fds_ = nullptr;
+  ipc::UniqueFd proc_fd_dir_;  // /proc/self/fd, where reattach reads memfd names
   PhysicalBackend& backend_ = MemfdBackend();  // host memory; device backends join here
   AllocationTable table_{backend_};
   Accounting accounting_;

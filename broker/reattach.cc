@@ -35,11 +35,12 @@ ipc::ReattachResult Refused(ErrorCode code, std::string why) {
 }
 
 // The memfd name behind fd ("/memfd:NAME (deleted)" in /proc), or "".
-std::string MemfdName(int fd) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+// proc_fd_dir: /proc/self/fd, opened once (half the cost of a full path).
+std::string MemfdName(int proc_fd_dir, int fd) {
+  char entry[32];
+  std::snprintf(entry, sizeof(entry), "%d", fd);
   char target[512];
-  ssize_t n = ::readlink(path, target, sizeof(target) - 1);
+  ssize_t n = ::readlinkat(proc_fd_dir, entry, target, sizeof(target) - 1);
   if (n <= 0) return "";
   std::string link(target, static_cast<size_t>(n));
   constexpr std::string_view kPrefix = "/memfd:", kSuffix = " (deleted)";
@@ -118,7 +119,7 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
                    "handle " + Id(h.handle) + " was not given out by an earlier broker on this socket");
   if (table_.Find(h.handle) != nullptr)
     return Refused(ErrorCode::kInvalidHandle, "handle " + Id(h.handle) + " is other memory here");
-  if (!identity_->Tagged(MemfdName(fd.get())))
+  if (!identity_->Tagged(MemfdName(proc_fd_dir_.get(), fd.get())))
     return Refused(ErrorCode::kPermissionDenied,
                    "the fd of handle " + Id(h.handle) +
                        " is not memory a broker on this socket handed out (no valid tag)");
@@ -153,7 +154,8 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
       MB_WARN("reattach_unpinned", "handle=%llu reason=\"%s\"", static_cast<unsigned long long>(h.handle),
               LogText(pin.message()).c_str());
   }
-  Allocation& a = table_.Adopt(h.handle, std::move(mem), PolicyOf(page), h.created ? s.id : 0, s.cred.uid);
+  Allocation& a = table_.Adopt(h.handle, std::move(mem), PolicyOf(page), h.created ? s.id : 0, s.cred.uid,
+                               {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
   a.fixed_address = h.fixed_address;
   a.charge = Usage{size, pinned ? size : 0, 1, 0};
   accounting_.ChargeUid(s.cred.uid, a.charge);  // it exists: charged, never refused

@@ -126,7 +126,7 @@ class ClientCore {
  private:
   void WatchLoop();
   // Waits for the broker's socket to accept again; invalid when stopping.
-  ipc::UniqueFd ConnectAgain();
+  ipc::UniqueFd ConnectAgain(ipc::UniqueFd* watch);
   // Presents everything on a fresh connection, then makes it this client's.
   Status Reattach(ipc::UniqueFd sock, ReattachReport* report);
   // Sends a Free for handles freed while no broker was there.

@@ -77,8 +77,11 @@ void ClientCore::WatchLoop() {
                                                 options_.socket_path + " again"));
     // A broker that said why it closed (kicked by the operator, refused) meant it.
     if (why.code() != ErrorCode::kNotConnected) return;
+    // Closing an inotify instance waits for an RCU grace period (milliseconds),
+    // so the watch is closed only once the client has reattached.
+    ipc::UniqueFd watch;
     for (;;) {
-      ipc::UniqueFd sock = ConnectAgain();
+      ipc::UniqueFd sock = ConnectAgain(&watch);
       if (!sock.valid()) return;  // stopping
       ReattachReport report;
       Status st = Reattach(std::move(sock), &report);
@@ -95,13 +98,17 @@ void ClientCore::WatchLoop() {
   }
 }
 
-ipc::UniqueFd ClientCore::ConnectAgain() {
+ipc::UniqueFd ClientCore::ConnectAgain(ipc::UniqueFd* watch_fd) {
   // The socket file reappearing (a new broker binding it) wakes us at once;
   // otherwise retry with a doubling delay, at most reattach_max_backoff_ms.
-  ipc::UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
-  if (watch.valid())
-    (void)::inotify_add_watch(watch.get(), DirOf(options_.socket_path).c_str(),
-                              IN_CREATE | IN_MOVED_TO | IN_ATTRIB);
+  // Without an inotify instance (the per-uid limit), the delay alone.
+  ipc::UniqueFd& watch = *watch_fd;
+  if (!watch.valid()) {
+    watch.reset(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+    if (watch.valid() && ::inotify_add_watch(watch.get(), DirOf(options_.socket_path).c_str(),
+                                             IN_CREATE | IN_MOVED_TO | IN_ATTRIB) < 0)
+      watch.reset();
+  }
   const uint32_t max_backoff = std::max<uint32_t>(1, options_.reattach_max_backoff_ms);
   uint32_t backoff = 1;
   for (;;) {

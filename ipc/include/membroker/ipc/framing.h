@@ -19,7 +19,7 @@
 namespace membroker::ipc {
 
 inline constexpr size_t kMaxFrameBytes = 64 * 1024;
-inline constexpr size_t kMaxFdsPerFrame = 16;  // kMaxReattachHandles
+inline constexpr size_t kMaxFdsPerFrame = 64;  // kMaxReattachHandles
 
 struct Frame {
   std::vector<uint8_t> bytes;

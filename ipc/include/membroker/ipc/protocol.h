@@ -290,7 +290,7 @@ struct PingRequest {
 // before the broker restarted (ReattachRequest, RestoreExportRequest follow).
 inline constexpr uint64_t kFeatureReattach = 1u << 0;
 // Handles per ReattachRequest (each with its fd).
-inline constexpr size_t kMaxReattachHandles = 16;
+inline constexpr size_t kMaxReattachHandles = 64;
 struct ReattachHandle {
   uint64_t handle = 0;
   bool created = false;

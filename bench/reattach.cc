@@ -1,0 +1,162 @@
+// Broker restart: how long after a new broker is ready every client has
+// reattached, for 1, 16 and 64 client processes holding 100 allocations
+// each. The old broker is SIGKILLed; each client's on_reattach records the
+// moment it finished (CLOCK_MONOTONIC, comparable across processes).
+//   bench_reattach --broker PATH [--quick]   -> JSON lines on stdout
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "broker_launch.h"
+#include "membroker/client.h"
+
+namespace {
+
+int kAllocations = 100;
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  return ::write(fd, p, n) == static_cast<ssize_t>(n);
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// A client process: holds kAllocations, says ready, reports when it reattached,
+// then waits for the parent to close `go`.
+int Holder(const std::string& socket, int report_fd, int go_fd) {
+  membroker::ConnectOptions o{socket, "reattach-bench"};
+  o.on_reattach = [report_fd](const membroker::ReattachReport& r) {
+    // One write of 16 bytes: atomic on a pipe, whatever the other clients write.
+    const uint64_t x[2] = {NowNs(), r.handles};
+    (void)WriteAll(report_fd, x, sizeof(x));
+  };
+  auto c = membroker::Client::Connect(o);
+  if (!c.ok()) return 1;
+  std::vector<membroker::PhysicalHandle> held;
+  for (int i = 0; i < kAllocations; ++i) {
+    auto h = c->MallocPhysical(4096);
+    if (!h.ok()) return 2;
+    held.push_back(std::move(*h));
+  }
+  const uint64_t ready[2] = {0, 0};
+  if (!WriteAll(report_fd, ready, sizeof(ready))) return 3;
+  char b;
+  (void)::read(go_fd, &b, 1);  // EOF: the parent is done
+  return 0;
+}
+
+struct Run {
+  double all_ms = 0, median_ms = 0;
+  uint64_t handles = 0;
+};
+
+Run Once(const std::string& broker, const std::string& dir, int clients) {
+  const std::string socket = dir + "/b.sock";
+  std::vector<std::string> args{"--socket", socket, "--log-level", "error"};
+  pid_t b = membroker::bench::LaunchBroker(broker, args);
+  int report[2], go[2];
+  // Close-on-exec: the broker started later must not hold them open.
+  if (::pipe2(report, O_CLOEXEC) != 0 || ::pipe2(go, O_CLOEXEC) != 0) std::exit(1);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < clients; ++i) {
+    pid_t p = ::fork();
+    if (p == 0) {
+      ::close(report[0]);
+      ::close(go[1]);
+      _exit(Holder(socket, report[1], go[0]));
+    }
+    kids.push_back(p);
+  }
+  ::close(report[1]);
+  ::close(go[0]);
+  for (int i = 0; i < clients; ++i) {
+    uint64_t x[2];
+    if (!ReadAll(report[0], x, sizeof(x))) {
+      std::fprintf(stderr, "bench_reattach: a client failed to start\n");
+      std::exit(1);
+    }
+  }
+  ::kill(b, SIGKILL);
+  ::waitpid(b, nullptr, 0);
+  b = membroker::bench::LaunchBroker(broker, args);
+  const uint64_t ready = NowNs();
+  std::vector<double> ms;
+  Run run;
+  for (int i = 0; i < clients; ++i) {
+    uint64_t x[2];
+    if (!ReadAll(report[0], x, sizeof(x))) {
+      std::fprintf(stderr, "bench_reattach: a client did not reattach\n");
+      std::exit(1);
+    }
+    ms.push_back(x[0] > ready ? static_cast<double>(x[0] - ready) / 1e6 : 0.0);
+    run.handles += x[1];
+  }
+  std::sort(ms.begin(), ms.end());
+  run.all_ms = ms.back();
+  run.median_ms = ms[ms.size() / 2];
+  ::close(go[1]);
+  for (pid_t p : kids) ::waitpid(p, nullptr, 0);
+  ::close(report[0]);
+  ::kill(b, SIGTERM);
+  ::waitpid(b, nullptr, 0);
+  return run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string broker;
+  bool quick = false;
+  int only_clients = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--allocations") && i + 1 < argc) kAllocations = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--clients") && i + 1 < argc) only_clients = std::atoi(argv[++i]);
+  }
+  if (broker.empty()) {
+    std::fprintf(stderr, "usage: bench_reattach --broker PATH [--quick]\n");
+    return 2;
+  }
+  char tmpl[] = "/tmp/membroker-reattach.XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return 1;
+  const std::string dir = tmpl;
+  const int rounds = quick ? 3 : 7;
+  for (int clients : {1, 16, 64}) {
+    if (only_clients != 0 && clients != only_clients) continue;
+    std::vector<Run> runs;
+    for (int r = 0; r < rounds; ++r) runs.push_back(Once(broker, dir, clients));
+    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.all_ms < b.all_ms; });
+    const Run& mid = runs[runs.size() / 2];
+    std::printf(
+        "{\"bench\": \"reattach\", \"clients\": %d, \"allocations_per_client\": %d, \"rounds\": %d, "
+        "\"all_reattached_ms\": %.3f, \"median_client_ms\": %.3f, \"handles\": %llu}\n",
+        clients, kAllocations, rounds, mid.all_ms, mid.median_ms, static_cast<unsigned long long>(mid.handles));
+    std::fflush(stdout);
+  }
+  std::string rm = "rm -rf '" + dir + "'";
+  return std::system(rm.c_str()) == 0 ? 0 : 1;
+}
