@@ -286,10 +286,10 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
   for (int round = 0; round < 100; ++round) {
     auto r = Present(flood, forged_handles, forged_fds);
     ASSERT_EQ(r.size(), kMaxReattachHandles);
-    for (const auto& one : r) ASSERT_EQ(one.code, ErrorCode::kPermissionDenied);
     for (const auto& one : r) {
       ASSERT_EQ(one.code, ErrorCode::kPermissionDenied);
     }
+    if (round % 10 == 0) EXPECT_TRUE(bystander->Ping().ok());
   }
   EXPECT_EQ(b.Stat("allocations_live"), 1u);
   EXPECT_EQ(b.Stat("reattach_refused"), 6u + 100 * kMaxReattachHandles);
