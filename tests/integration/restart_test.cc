@@ -289,7 +289,9 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
     for (const auto& one : r) {
       ASSERT_EQ(one.code, ErrorCode::kPermissionDenied);
     }
-    if (round % 10 == 0) EXPECT_TRUE(bystander->Ping().ok());
+    if (round % 10 == 0) {
+      EXPECT_TRUE(bystander->Ping().ok());
+    }
   }
   EXPECT_EQ(b.Stat("allocations_live"), 1u);
   EXPECT_EQ(b.Stat("reattach_refused"), 6u + 100 * kMaxReattachHandles);
