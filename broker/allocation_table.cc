@@ -78,6 +78,16 @@ std::optional<Allocation> AllocationTable::DropHolder(uint64_t id) {
   auto it = allocations_.find(id);
   if (it == allocations_.end() || it->second.holders == 0) return std::nullopt;
   if (--it->second.holders > 0) return std::nullopt;
+  return Erase(it);
+}
+
+std::optional<Allocation> AllocationTable::RemoveUnheld(uint64_t id) {
+  auto it = allocations_.find(id);
+  if (it == allocations_.end() || it->second.holders != 0) return std::nullopt;
+  return Erase(it);
+}
+
+Allocation AllocationTable::Erase(std::map<uint64_t, Allocation>::iterator it) {
   for (const std::string& t : it->second.tokens) exports_.erase(t);
   by_inode_.erase(InodeOf(it->second.memory.fd.get()));
   counters_.bytes_live -= it->second.size;

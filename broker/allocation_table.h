@@ -40,7 +40,8 @@ struct Allocation {
   bool pinned = false;
   int pool = -1;               // index of the pool it came from, or -1
   uint64_t fixed_address = 0;  // same-address allocations
-  bool adopted = false;        // presented by a reattaching client, not created here
+  bool adopted = false;        // presented by a reattaching client or handed over, not created here
+  bool awaiting = false;       // handed over: kept without holders until the reattach grace ends
   Usage charge;                // what it costs its creator (and the creator's uid)
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;
@@ -115,6 +116,9 @@ class AllocationTable {
   // When this was the last holder, removes the allocation and returns it (its
   // memory is released when the caller lets it go).
   std::optional<Allocation> DropHolder(uint64_t id);
+  // Removes an allocation nobody holds (a handed-over one nobody reattached).
+  std::optional<Allocation> RemoveUnheld(uint64_t id);
+  const std::unordered_map<std::string, ExportEntry>& exports() const { return exports_; }
 
   // Creates an export token for allocation id.
   Result<std::string> Export(uint64_t id, uint64_t exporter, uid_t exporter_uid, uint32_t flags);
@@ -133,6 +137,7 @@ class AllocationTable {
   void CountImport() { ++counters_.imports; }
 
  private:
+  Allocation Erase(std::map<uint64_t, Allocation>::iterator it);
   Allocation& Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                     uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
 

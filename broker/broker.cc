@@ -123,6 +123,7 @@ Broker::~Broker() {
   // Broker that never ran (Create failed half way, or an embedder).
   if (loop_.data == this) {
     if (socket_bound_) ::unlink(options_.socket_path.c_str());
+    if (takeover_bound_) ::unlink(TakeOverSocketPath().c_str());
     uv_walk(&loop_, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); },
             nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
@@ -143,11 +144,15 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   b->listen_retry_timer_.data = b.get();
   MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->watchdog_timer_)));
   b->watchdog_timer_.data = b.get();
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->handover_timer_)));
+  b->handover_timer_.data = b.get();
+  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->grace_timer_)));
+  b->grace_timer_.data = b.get();
   // Kept for the moment the broker runs out of fds: closing it makes room to
   // accept a connection and refuse it with a reason.
   b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!b->reserve_fd_) return ipc::ErrnoStatus("open", "/dev/null (the reserve fd)", errno);
-  MB_RETURN_IF_ERROR(b->Listen());
+  MB_RETURN_IF_ERROR(b->options_.take_over ? b->ReceiveTakeOver() : b->Listen());
   // After Listen: a live broker on this socket has refused us by now, so the
   // state file is this broker's to carry on.
   MB_ASSIGN_OR_RETURN(b->identity_, BrokerIdentity::Open(b->options_.state_file));
@@ -158,6 +163,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
     MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",
             LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->identity_->first_id()));
   MB_RETURN_IF_ERROR(b->ListenAdmin());
+  MB_RETURN_IF_ERROR(b->ListenTakeOver());
   b->FillPools();  // before READY: a ready broker serves pooled sizes at once
   return b;
 }
@@ -286,6 +292,13 @@ void Broker::Stop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&background_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&handshake_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&listen_retry_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&handover_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&grace_timer_), nullptr);
+  if (takeover_bound_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&takeover_poll_), nullptr);
+    ::unlink(TakeOverSocketPath().c_str());
+    takeover_bound_ = false;
+  }
 }
 
 void Broker::OnListenReadable(uv_poll_t* h, int status, int) {

@@ -250,6 +250,22 @@ class Broker {
                      const std::string& metadata = "");
   // Drops one reference; the allocation goes when the last one does.
   void DropReference(uint64_t allocation_id);
+  // Settles and releases an allocation that has left the table.
+  void Retire(Allocation gone);
+
+  // Take-over (takeover.cc). The old broker's side: SOCKET.takeover, a new
+  // broker connecting to it, draining, sending the state, then exiting.
+  Status ListenTakeOver();
+  std::string TakeOverSocketPath() const { return options_.socket_path + ".takeover"; }
+  static void OnTakeOverReadable(uv_poll_t* h, int status, int events);
+  void BeginHandOver();
+  void ContinueHandOver();
+  Status SendState(int fd);
+  void ResumeServing(const std::string& why);
+  // The new broker's side: receives the listening socket and the state.
+  Status ReceiveTakeOver();
+  // When the reattach grace ends: what nobody reattached to goes.
+  void ExpireAwaiting();
   // Closes the batch's fds on a worker, counted in bytes_returning meanwhile.
   void ReturnOnWorker(ReturnBatch batch);
   // Pool refills and single frees' returns wait until takes and frees pause
@@ -306,6 +322,15 @@ class Broker {
   // The fds of the request being handled (ReattachRequest's), for its handler.
   std::vector<ipc::UniqueFd>* request_fds_ = nullptr;
   ipc::UniqueFd proc_fd_dir_;  // /proc/self/fd, where reattach reads memfd names
+  // Take-over (takeover.cc).
+  ipc::UniqueFd takeover_listen_fd_;
+  uv_poll_t takeover_poll_{};
+  bool takeover_bound_ = false;  // SOCKET.takeover is ours to unlink
+  ipc::UniqueFd handover_conn_;  // the new broker, while handing over
+  pid_t handover_pid_ = 0;
+  uint64_t handover_deadline_ = 0;  // uv_now() by which draining ends
+  uv_timer_t handover_timer_{};
+  uv_timer_t grace_timer_{};
   PhysicalBackend& backend_ = MemfdBackend();  // host memory; device backends join here
   AllocationTable table_{backend_};
   Accounting accounting_;

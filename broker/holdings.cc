@@ -49,7 +49,12 @@ size_t Broker::ReleaseAll(Session& s, Holding where) {
 
 void Broker::DropReference(uint64_t id) {
   std::optional<Allocation> gone = table_.DropHolder(id);
-  if (!gone) return;
+  if (gone) Retire(std::move(*gone));
+}
+
+void Broker::Retire(Allocation gone_allocation) {
+  std::optional<Allocation> gone(std::move(gone_allocation));
+  const uint64_t id = gone->id;
   MB_DEBUG("free", "id=%llu size=%llu", static_cast<unsigned long long>(id),
            static_cast<unsigned long long>(gone->size));
   accounting_.ReleaseUid(gone->creator_uid, gone->charge);

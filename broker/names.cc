@@ -24,6 +24,15 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   if (!s.ledger.Holds(m.allocation) || a == nullptr)
     return Status(ErrorCode::kInvalidHandle,
                   "allocation " + std::to_string(m.allocation) + " is not held by this client");
+  if (auto it = names_.find(m.name); it != names_.end() && s.reattaching && it->second.publisher_session == 0 &&
+                                     it->second.allocation == m.allocation && it->second.uid == s.cred.uid) {
+    // Its publisher, reattaching after a take-over (or a persistent object's
+    // publisher back): the name is its own again, as it was.
+    it->second.publisher_session = s.id;
+    it->second.publisher_pid = s.cred.pid;
+    it->second.awaiting_publisher = false;
+    return Status::Ok();
+  }
   if (auto it = names_.find(m.name);
       it != names_.end() && !(it->second.publisher_session != 0 && !it->second.persist &&
                               ReapIfExited(it->second.publisher_session)))

@@ -26,6 +26,9 @@ struct NamedEntry {
   bool persist = false;
   ipc::UniqueFd read_only_fd;  // what lookups of a read-only object get
   std::string metadata;        // the publisher's, given to every lookup
+  // Handed over, not persistent: goes when the reattach grace ends unless its
+  // publisher reattaches and publishes it again.
+  bool awaiting_publisher = false;
 };
 
 }  // namespace membroker::broker

@@ -17,6 +17,10 @@ const char kUsage[] =
     "  --admin-socket PATH      admin socket (mode 0600); default: PATH.admin\n"
     "  --state-file FILE        key and id counter kept for the next broker on this socket, so\n"
     "                           clients reattach after a restart (mode 0600); default: PATH.state\n"
+    "  --take-over              take over the broker serving --socket (its listening socket, memory,\n"
+    "                           exports and names) through PATH.takeover; it exits 0, clients reattach\n"
+    "  --reattach-grace-ms MS   after a take-over, keep memory and names no client has reattached to\n"
+    "                           for MS (default 10000)\n"
     "  --config FILE            settings file: 'key = value' lines with the flags' names\n"
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
@@ -70,6 +74,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     o->admin_socket_path = value;
   } else if (key == "state-file") {
     o->state_file = value;
+  } else if (key == "reattach-grace-ms") {
+    if (!ParseSize(value, &n) || n > 3600000) return Bad(key, value, "milliseconds, at most an hour");
+    o->reattach_grace_ms = static_cast<uint32_t>(n);
   } else if (key == "ready-fd") {
     if (!ParseSize(value, &n) || n > 1 << 20) return Bad(key, value, "an fd number");
     o->ready_fd = static_cast<int>(n);
@@ -176,6 +183,10 @@ Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
     }
     if (a == "--verbose") {
       out->log_level = 3;
+      continue;
+    }
+    if (a == "--take-over") {
+      out->take_over = true;
       continue;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc)

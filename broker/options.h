@@ -25,6 +25,11 @@ struct Options {
   // The key that tags the broker's memory and how far its ids have gone
   // (identity.h), for the next broker on this socket; default: PATH.state.
   std::string state_file;
+  // Start by taking over the broker serving socket_path (takeover.cc): its
+  // listening socket, memory and state, through socket_path + ".takeover".
+  bool take_over = false;
+  // After a take-over: how long memory and names nobody has reattached to are kept.
+  uint32_t reattach_grace_ms = 10000;
   int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
   uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
   uint64_t max_pinned_bytes = 0;        // broker-wide pinned budget; 0 = an eighth of RAM

@@ -236,6 +236,36 @@ struct Encoder {
                                          b.CreateVector(ps))
         .Union();
   }
+  fb::Offset<void> operator()(const TakeOverHello& m) {
+    return w::CreateTakeOverHello(b, m.pid).Union();
+  }
+  fb::Offset<void> operator()(const TakeOverSockets&) { return w::CreateTakeOverSockets(b).Union(); }
+  fb::Offset<void> operator()(const TakeOverAllocations& m) {
+    std::vector<fb::Offset<w::TakeOverAllocation>> as;
+    for (const auto& a : m.handles)
+      as.push_back(w::CreateTakeOverAllocation(b, a.id, a.page_size, static_cast<w::PagePolicy>(a.policy),
+                                               a.pinned, a.fell_back, a.fixed_address, a.creator_uid));
+    return w::CreateTakeOverAllocations(b, b.CreateVector(as)).Union();
+  }
+  fb::Offset<void> operator()(const TakeOverExport& m) {
+    auto t = b.CreateString(m.token);
+    std::vector<fb::Offset<w::AllowedProcess>> ps;
+    for (const auto& p : m.pids) ps.push_back(w::CreateAllowedProcess(b, p.pid, p.start_time));
+    return w::CreateTakeOverExport(b, t, m.allocation, m.exporter_uid, static_cast<w::ExportFlags>(m.flags),
+                                   b.CreateVector(ps))
+        .Union();
+  }
+  fb::Offset<void> operator()(const TakeOverName& m) {
+    auto n = b.CreateString(m.name);
+    auto meta = b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()), m.metadata.size());
+    return w::CreateTakeOverName(b, n, m.allocation, static_cast<w::PublishFlags>(m.flags), m.uid,
+                                 m.publisher_pid, meta)
+        .Union();
+  }
+  fb::Offset<void> operator()(const TakeOverEnd& m) {
+    return w::CreateTakeOverEnd(b, m.allocations, m.exports, m.names).Union();
+  }
+  fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
   fb::Offset<void> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -600,6 +630,47 @@ Result<Message> Read(const w::RestoreExportRequest* m) {
   }
   return Message(std::move(r));
 }
+
+Result<Message> Read(const w::TakeOverHello* m) { return Message(TakeOverHello{m->pid()}); }
+Result<Message> Read(const w::TakeOverSockets*) { return Message(TakeOverSockets{}); }
+Result<Message> Read(const w::TakeOverAllocations* m) {
+  TakeOverAllocations r;
+  if (auto as = m->handles()) {
+    if (as->size() > kMaxReattachHandles) return Malformed("too many allocations in one frame");
+    for (const auto* a : *as) {
+      if (a->policy() > w::PagePolicy_MAX) return Malformed("unknown page policy");
+      r.handles.push_back({a->id(), a->page_size(), static_cast<PagePolicy>(a->policy()), a->pinned(),
+                           a->fell_back(), a->fixed_address(), a->creator_uid()});
+    }
+  }
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::TakeOverExport* m) {
+  TakeOverExport r;
+  MB_RETURN_IF_ERROR(ReadString(m->token(), kMaxTokenBytes, "token", &r.token));
+  r.allocation = m->allocation();
+  r.exporter_uid = m->exporter_uid();
+  r.flags = static_cast<uint32_t>(m->flags());
+  if (auto ps = m->pids()) {
+    if (ps->size() > kMaxPidsPerRequest) return Malformed("too many pids");
+    for (const auto* p : *ps) r.pids.push_back({p->pid(), p->start_time()});
+  }
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::TakeOverName* m) {
+  TakeOverName r;
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
+  r.allocation = m->allocation();
+  r.flags = static_cast<uint32_t>(m->flags());
+  r.uid = m->uid();
+  r.publisher_pid = m->publisher_pid();
+  MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::TakeOverEnd* m) {
+  return Message(TakeOverEnd{m->allocations(), m->exports(), m->names()});
+}
+Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
 
 // The wire union's tags are Message's indices + 1 (the list's order).
 #define MEMBROKER_WIRE_TAG(T, direction, fds)                                        \

@@ -73,7 +73,9 @@ struct PublicationRecord {
 class ClientCore {
  public:
   ClientCore(ipc::UniqueFd sock, const ConnectOptions& options)
-      : options_(options), conn_(std::move(sock), std::chrono::milliseconds(options.call_timeout_ms)) {}
+      : options_(options), conn_(std::move(sock), std::chrono::milliseconds(options.call_timeout_ms)) {
+    conn_.set_resend_after_hand_over(options.reattach);
+  }
   ~ClientCore();
 
   // The first request on a connection: learns the client id and granularities.
@@ -128,7 +130,7 @@ class ClientCore {
   // Waits for the broker's socket to accept again; invalid when stopping.
   ipc::UniqueFd ConnectAgain(ipc::UniqueFd* watch);
   // Presents everything on a fresh connection, then makes it this client's.
-  Status Reattach(ipc::UniqueFd sock, ReattachReport* report);
+  Status Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_point lost, ReattachReport* report);
   // Sends a Free for handles freed while no broker was there.
   void SendLostFrees(const std::set<uint64_t>& taken);
 

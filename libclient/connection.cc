@@ -22,33 +22,39 @@ Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request, std:
   std::vector<uint8_t> bytes = ipc::Encode({ipc::kProtocolVersion, rid, flags, std::move(request)});
   std::lock_guard<std::mutex> lk(send_mu_);
   Status st = ipc::SendFrame(sock_.get(), bytes, fds);
-  if (!st.ok() && st.code() != ErrorCode::kParamInvalid) {
-    // A broker that refused this connection said why before closing it.
-    if (Status why = ReadRefusal(); !why.ok()) {
-      std::lock_guard<std::mutex> rlk(refusal_mu_);
-      refusal_ = why;  // for the reattacher (BreakOnHangup): the broker meant it
-      return why;
-    }
+  if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
-  }
   return st;
 }
 
-Status Connection::ReadRefusal() {
-  pollfd p{sock_.get(), POLLIN, 0};
-  if (::poll(&p, 1, 0) != 1) return Status::Ok();
-  ipc::Frame frame;
-  if (!ipc::RecvFrame(sock_.get(), &frame).ok()) return Status::Ok();
-  auto env = ipc::Decode(frame.bytes);
-  return env.ok() ? RefusalIn(*env) : Status::Ok();
+Status Connection::AfterFailedSend(std::unique_lock<std::mutex>& lk, Status sent) {
+  // What the broker sent before it closed - replies, and a refusal or a
+  // hand-over notice saying why - is read now, so the reason is the broker's.
+  cv_.wait(lk, [&] { return !reader_active_; });
+  DrainLocked();
+  if (broken_.ok()) broken_ = sent;
+  cv_.notify_all();
+  return broken_;
+}
+
+void Connection::DrainLocked() {
+  for (int i = 0; i < 1024 && broken_.ok(); ++i) {
+    pollfd p{sock_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) break;
+    ipc::Frame frame;
+    if (!ipc::RecvFrame(sock_.get(), &frame).ok()) break;
+    Deliver(std::move(frame));
+  }
 }
 
 Status Connection::Notify(ipc::Message request) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!broken_.ok()) return broken_;
-  }
-  return Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, std::move(request));
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!broken_.ok()) return broken_;
+  lk.unlock();
+  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, std::move(request));
+  if (sent.code() != ErrorCode::kNotConnected) return sent;
+  lk.lock();
+  return AfterFailedSend(lk, sent);
 }
 
 void Connection::Deliver(ipc::Frame frame) {
@@ -59,6 +65,8 @@ void Connection::Deliver(ipc::Frame frame) {
   }
   uint64_t rid = env->request_id;
   if (Status refused = RefusalIn(*env); !refused.ok()) {
+    // NOT_CONNECTED at request id 0: the broker handed over (takeover.cc).
+    if (refused.code() == ErrorCode::kNotConnected) moved_generation_ = generation_;
     broken_ = std::move(refused);  // the broker closes it: every call gets the reason
     return;
   }
@@ -93,21 +101,42 @@ void Connection::ReleaseLateGrant(bool engine_import, const ipc::Message& reply)
 
 Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker,
                                std::span<const int> fds) {
+  const auto total = call_timeout_ + waits_in_broker;
+  const Clock::time_point deadline = Clock::now() + total;
+  for (;;) {
+    uint64_t moved_at = 0;
+    Result<Reply> r = CallOnce(request, deadline, total, fds, &moved_at);
+    if (moved_at == 0 || !resend_after_hand_over_) return r;
+    // The broker handed over before reading this request (it answers all it
+    // read before it says so): send it again once this client has reattached.
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_until(lk, deadline, [&] { return generation_ != moved_at; })) return r;
+  }
+}
+
+Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_point deadline,
+                                   std::chrono::milliseconds total, std::span<const int> fds,
+                                   uint64_t* moved_at) {
   const uint64_t rid = next_rid_++;
-  const Clock::time_point deadline = Clock::now() + call_timeout_ + waits_in_broker;
   // What a late reply to this call would have to give back goes by the request's type.
   const bool engine_import = std::holds_alternative<ipc::EngineImportRequest>(request);
   const char* name = ipc::MessageName(request);
   std::unique_lock<std::mutex> lk(mu_);
-  if (!broken_.ok()) return broken_;
+  // Broken by a hand-over: nothing was sent, so wait for the next broker.
+  auto moved = [&](Status st) {
+    if (moved_generation_ == generation_) *moved_at = generation_;
+    return st;
+  };
+  if (!broken_.ok()) return moved(broken_);
   const uint64_t generation = generation_;
   waiting_.insert(rid);
   lk.unlock();
-  Status sent = Send(rid, 0, std::move(request), fds);
+  Status sent = Send(rid, 0, request, fds);
   lk.lock();
   if (!sent.ok()) {
     waiting_.erase(rid);
-    return sent;
+    if (generation != generation_ || sent.code() != ErrorCode::kNotConnected) return sent;
+    return moved(AfterFailedSend(lk, sent));
   }
   for (;;) {
     if (auto it = replies_.find(rid); it != replies_.end()) {
@@ -121,19 +150,19 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
     }
     if (!broken_.ok()) {
       waiting_.erase(rid);
-      return broken_;
+      return moved(broken_);
     }
-    if (generation != generation_)  // sent to a broker that went away meanwhile
+    if (generation != generation_) {  // sent to a broker that went away meanwhile
+      if (moved_generation_ == generation) *moved_at = generation;  // it handed over unread
       return Status(ErrorCode::kNotConnected, std::string(name) + " went to a broker that has gone away");
+    }
     const auto now = Clock::now();
     if (now >= deadline) {
       waiting_.erase(rid);
       abandoned_.emplace(rid, engine_import);
       return Status(ErrorCode::kTimeout,
                     std::string("the broker did not answer ") + name + " within " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           call_timeout_ + waits_in_broker)
-                                           .count()) +
+                        std::to_string(total.count()) +
                         " ms (stopped or overloaded?)");
     }
     if (reader_active_) {
@@ -166,22 +195,7 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
 
 Status Connection::BreakOnHangup(Status otherwise) {
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [&] { return !reader_active_; });  // nobody else reads the socket now
-  // What the broker sent before it went: replies go to their callers, and a
-  // refusal (kicked, refused) becomes the reason.
-  for (int i = 0; i < 1024 && broken_.ok(); ++i) {
-    pollfd p{sock_.get(), POLLIN, 0};
-    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) break;
-    ipc::Frame frame;
-    if (!ipc::RecvFrame(sock_.get(), &frame).ok()) break;
-    Deliver(std::move(frame));
-  }
-  if (broken_.ok()) {
-    std::lock_guard<std::mutex> rlk(refusal_mu_);
-    broken_ = refusal_.ok() ? std::move(otherwise) : refusal_;
-  }
-  cv_.notify_all();
-  return broken_;
+  return AfterFailedSend(lk, std::move(otherwise));
 }
 
 void Connection::Replace(ipc::UniqueFd sock) {
@@ -190,10 +204,6 @@ void Connection::Replace(ipc::UniqueFd sock) {
   cv_.wait(lk, [&] { return !reader_active_; });
   sock_ = std::move(sock);
   broken_ = Status::Ok();
-  {
-    std::lock_guard<std::mutex> rlk(refusal_mu_);
-    refusal_ = Status::Ok();
-  }
   ++generation_;
   waiting_.clear();
   abandoned_.clear();  // late replies of the old broker cannot come any more

@@ -49,6 +49,10 @@ class Connection {
   uint64_t async_errors() const;
   Status last_async_error() const;
 
+  // Calls that find the broker handed over wait for the reattach and are
+  // sent again (on by default; off for clients that do not reattach).
+  void set_resend_after_hand_over(bool on) { resend_after_hand_over_ = on; }
+
   // For the reattacher (reattach.cc), the one thread that swaps sockets.
   int socket_fd() const { return sock_.get(); }
   // The broker hung up: reads what it sent before (replies for their callers,
@@ -62,11 +66,18 @@ class Connection {
 
  private:
   Status Send(uint64_t rid, uint32_t flags, ipc::Message request, std::span<const int> fds = {});
+  // One try of Call. *moved_at: the generation whose broker handed over
+  // without reading the request (Call sends it again after the reattach).
+  Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,
+                         std::span<const int> fds, uint64_t* moved_at);
   void Deliver(ipc::Frame frame);  // called with mu_ held
 
-  // After a failed send: the refusal (ErrorReply, request id 0) the broker
-  // sent before closing, if it is there; Ok otherwise.
-  Status ReadRefusal();
+  // After a send failed for a lost connection (mu_ held): reads what the
+  // broker sent before closing, breaks the connection with its reason (a
+  // refusal, a hand-over notice) or with `sent`, and returns that.
+  Status AfterFailedSend(std::unique_lock<std::mutex>& lk, Status sent);
+  // Reads and delivers every frame already in the socket (mu_ held, no reader).
+  void DrainLocked();
   // A late reply to an abandoned call: release what it granted.
   // engine_import: the call was an EngineImportRequest (released with
   // EngineRelease); any other grant is released with Free.
@@ -76,14 +87,14 @@ class Connection {
   const std::chrono::milliseconds call_timeout_;
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
-  std::mutex refusal_mu_;  // a leaf lock: taken with send_mu_ or mu_ held
-  Status refusal_;         // a refusal a failed send found (Send)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool reader_active_ = false;
   Status broken_;  // set once the connection failed
-  uint64_t generation_ = 0;  // sockets replaced so far
+  uint64_t generation_ = 1;  // sockets replaced so far, plus one
+  uint64_t moved_generation_ = 0;
+  bool resend_after_hand_over_ = true;  // the generation whose broker handed over (0: none)
   std::unordered_set<uint64_t> waiting_;
   // Calls that timed out, by request id: whether each was an engine import.
   std::unordered_map<uint64_t, bool> abandoned_;

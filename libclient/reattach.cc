@@ -84,14 +84,8 @@ void ClientCore::WatchLoop() {
       ipc::UniqueFd sock = ConnectAgain(&watch);
       if (!sock.valid()) return;  // stopping
       ReattachReport report;
-      Status st = Reattach(std::move(sock), &report);
+      Status st = Reattach(std::move(sock), lost, &report);
       if (!st.ok()) continue;  // that broker went away too, or refused: try the next
-      report.waited_ms = MsSince(lost);
-      {
-        std::lock_guard<std::mutex> lk(reattach_mu_);
-        ++reattaches_;
-        last_reattach_ = report;
-      }
       if (options_.on_reattach) options_.on_reattach(report);
       break;
     }
@@ -128,7 +122,8 @@ ipc::UniqueFd ClientCore::ConnectAgain(ipc::UniqueFd* watch_fd) {
   }
 }
 
-Status ClientCore::Reattach(ipc::UniqueFd sock, ReattachReport* report) {
+Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_point lost,
+                            ReattachReport* report) {
   Connection fresh(std::move(sock), std::chrono::milliseconds(options_.call_timeout_ms));
   MB_ASSIGN_OR_RETURN(Reply hello, fresh.Call(ipc::HelloRequest{options_.client_name, ipc::kProtocolVersion,
                                                                 ipc::kFeatureReattach}));
@@ -207,6 +202,13 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, ReattachReport* report) {
       if (auto it = handles_.find(id); it != handles_.end()) it->second.detached = true;
   }
   client_id_ = h->client_id;
+  report->waited_ms = MsSince(lost);
+  {
+    // Counted before calls can succeed again, so reattaches() never lags them.
+    std::lock_guard<std::mutex> lk(reattach_mu_);
+    ++reattaches_;
+    last_reattach_ = *report;
+  }
   conn_.Replace(fresh.TakeSocket());
   std::set<uint64_t> taken;
   for (const Presented& p : handles)

@@ -330,3 +330,163 @@ TEST(Restart, ReattachOffStaysDisconnected) {
 
 }  // namespace
 }  // namespace membroker::testing
+
+namespace membroker::testing {
+namespace {
+
+constexpr int kLoopers = 3;
+
+// A client that runs every kind of request in a loop until told to stop; it
+// reports how many failed and the longest call.
+int Looper(const std::string& socket, int index, Channel& ch) {
+  ConnectOptions options{socket, "looper-" + std::to_string(index)};
+  auto c = Client::Connect(options);
+  if (!c.ok()) return 10;
+  AllocationProp prop;
+  prop.exported = true;
+  prop.export_flags = kExportNoPidCheck;
+  auto h = c->MallocPhysical(kSize, prop);
+  if (!h.ok()) return 11;
+  auto r = c->ReserveMemAddress(kSize);
+  auto m = c->MapMem(r->base(), kSize, 0, *h);
+  if (!m.ok()) return 12;
+  for (size_t i = 0; i < kSize; ++i) m->as<uint8_t>()[i] = Pattern(index, kExported, i);
+  const std::string name = "loop/" + std::to_string(index);
+  if (!c->Publish(name, *h).ok()) return 13;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> calls{0}, failed{0}, longest_us{0};
+  std::string first_failure;
+  std::mutex failure_mu;
+  std::thread loop([&] {
+    for (uint64_t n = 0; !stop; ++n) {
+      const auto start = std::chrono::steady_clock::now();
+      Status st;
+      switch (n % 5) {
+        case 0: st = c->Ping(); break;
+        case 1: st = c->MallocPhysical(4096).status(); break;
+        case 2: {  // a fresh export of a fresh allocation (exports die with it)
+          auto x = c->MallocPhysical(4096);
+          st = x.ok() ? c->ExportToShareableHandle(*x).status() : x.status();
+          break;
+        }
+        case 3: st = c->ImportFromShareableHandle(h->export_token()).status(); break;
+        case 4: st = c->Lookup(name).status(); break;
+      }
+      // Importing and looking up what this client holds already: ALREADY_EXISTS is the answer.
+      if (!st.ok() && st.code() != ErrorCode::kAlreadyExists) {
+        ++failed;
+        std::lock_guard<std::mutex> lk(failure_mu);
+        if (first_failure.empty()) first_failure = st.ToString();
+      }
+      const auto us = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
+      if (us > longest_us) longest_us = us;
+      if (++calls == 500) ch.Send("looping");
+    }
+  });
+  const std::string cmd = ch.Receive();
+  stop = true;
+  loop.join();
+  if (cmd != "stop") return 14;
+  if (c->reattaches() != 1) return 15;
+  if (!HasPattern(m->data(), index, kExported)) return 16;
+  std::ostringstream out;
+  out << "ok " << failed << " " << longest_us << " " << first_failure;
+  ch.Send(out.str());
+  return ch.Receive() == "exit" ? 0 : 17;
+}
+
+TEST(TakeOver, RequestsRunAcrossTheHandOverAndNothingIsLost) {
+  BrokerProcess b;
+  // A persistent name whose publisher has gone: only the broker holds it.
+  {
+    auto p = Client::Connect({b.socket(), "publisher"});
+    ASSERT_TRUE(p.ok());
+    auto h = p->MallocPhysical(kSize);
+    ASSERT_TRUE(h.ok());
+    auto r = p->ReserveMemAddress(kSize);
+    auto m = p->MapMem(r->base(), kSize, 0, *h);
+    ASSERT_TRUE(m.ok());
+    for (size_t i = 0; i < kSize; ++i) m->as<uint8_t>()[i] = Pattern(9, kPlain, i);
+    ASSERT_TRUE(p->Publish("keep/persistent", *h, kPublishPersist).ok());
+  }
+  std::vector<Channel> channels(kLoopers);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kLoopers; ++i)
+    pids.push_back(ForkChild([&, i] {
+      channels[i].AsChild();
+      return Looper(b.socket(), i, channels[i]);
+    }));
+  for (int i = 0; i < kLoopers; ++i) {
+    channels[i].AsParent();
+    ASSERT_EQ(channels[i].Receive(), "looping") << "looper " << i;
+  }
+  const pid_t old_pid = b.pid();
+  EXPECT_EQ(b.TakeOver(), 0) << "the old broker must exit 0 after handing over";
+  EXPECT_NE(b.pid(), old_pid);
+  for (auto& ch : channels) ch.Send("stop");
+  for (int i = 0; i < kLoopers; ++i) {
+    std::istringstream in(channels[i].Receive());
+    std::string ok, failure;
+    uint64_t failed = 1, longest_us = 0;
+    in >> ok >> failed >> longest_us;
+    std::getline(in, failure);
+    EXPECT_EQ(ok, "ok") << "looper " << i;
+    EXPECT_EQ(failed, 0u) << "looper " << i << " had failed requests, the first:" << failure;
+    std::printf("looper %d: longest call %.1f ms across the take-over\n", i, longest_us / 1000.0);
+  }
+  // What the old broker held is all here: the persistent name, the tokens.
+  auto reader = Client::Connect({b.socket(), "reader"});
+  ASSERT_TRUE(reader.ok());
+  auto kept = reader->Lookup("keep/persistent");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  auto r = reader->ReserveMemAddress(kSize);
+  auto m = reader->MapMem(r->base(), kSize, 0, *kept);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(HasPattern(m->data(), 9, kPlain));
+  auto names = reader->ListNames("loop/");
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(names->size(), size_t{kLoopers});
+  EXPECT_EQ(b.Stat("clients_reattached"), uint64_t{kLoopers});
+  EXPECT_EQ(b.Stat("reattach_refused"), 0u);
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+  for (auto& ch : channels) ch.Send("exit");
+  for (int i = 0; i < kLoopers; ++i) EXPECT_EQ(WaitChild(pids[i]), 0) << "looper " << i;
+  EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);
+  // Left: the persistent object (its own reference) and the reader's import of it.
+  EXPECT_EQ(b.WaitForStat("allocations_live", 1), 1u);
+  ASSERT_TRUE(reader->Unpublish("keep/persistent").ok());
+  m = Mapping();
+  kept = PhysicalHandle();
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+}
+
+TEST(TakeOver, WhatNobodyReattachesToGoesAfterTheGrace) {
+  BrokerProcess b({"--reattach-grace-ms", "300"});
+  ConnectOptions off{b.socket(), "stays-away"};
+  off.reattach = false;
+  auto c = Client::Connect(off);
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(c->Publish("gone/soon", *h).ok());
+  EXPECT_EQ(b.TakeOver(), 0);
+  // Kept for the grace: the name and its memory are there...
+  auto other = Client::Connect({b.socket(), "other"});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(b.Stat("named_objects"), 1u);
+  // ...then, with nobody back for them, released.
+  EXPECT_EQ(b.WaitForStat("named_objects", 0), 0u);
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+  EXPECT_EQ(c->Ping().code(), ErrorCode::kNotConnected);
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+}
+
+TEST(TakeOver, WithoutABrokerToTakeOverItFailsClearly) {
+  const RunResult r = RunBrokerExpectingExit({"--socket", "/tmp/membroker-nobody-here.sock", "--take-over"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no broker to take over"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace membroker::testing

@@ -108,6 +108,15 @@ void BrokerProcess::Restart() {
   Start();
 }
 
+int BrokerProcess::TakeOver() {
+  const pid_t old = pid_;
+  const std::vector<std::string> args = args_;
+  args_.push_back("--take-over");
+  Start();
+  args_ = args;
+  return WaitChild(old);
+}
+
 void BrokerProcess::Start() {
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) std::abort();

@@ -44,6 +44,9 @@ class BrokerProcess {
   // Starts a new broker on the same sockets and state file (after Kill or
   // Stop), with the same flags; waits for it to be ready.
   void Restart();
+  // Starts a new broker with --take-over on the same sockets, waits for it to
+  // be ready, then for the old one to exit: returns the old one's exit code.
+  int TakeOver();
 
  private:
   void Start();

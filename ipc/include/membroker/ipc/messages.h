@@ -11,7 +11,9 @@
 #pragma once
 
 // X(Type, Direction, fds): Direction is Request (client -> broker) or Reply;
-// fds kOneFdPerEntry: one per element of the message's `handles`.
+// fds kOneFdPerEntry: one per element of the message's `handles`. The
+// TakeOver messages pass between two brokers (takeover.cc), never on the
+// client socket: they are "replies" so that no client may send them.
 #define MEMBROKER_MESSAGES(X)           \
   X(HelloRequest, Request, 0)           \
   X(HelloReply, Reply, 0)               \
@@ -55,7 +57,14 @@
   X(EnginePeersReply, Reply, 0)         \
   X(ReattachRequest, Request, kOneFdPerEntry) \
   X(ReattachReply, Reply, 0)            \
-  X(RestoreExportRequest, Request, 0)
+  X(RestoreExportRequest, Request, 0)   \
+  X(TakeOverHello, Reply, 0)          \
+  X(TakeOverSockets, Reply, 1)          \
+  X(TakeOverAllocations, Reply, kOneFdPerEntry) \
+  X(TakeOverExport, Reply, 0)           \
+  X(TakeOverName, Reply, 0)             \
+  X(TakeOverEnd, Reply, 0)              \
+  X(TakeOverAck, Reply, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

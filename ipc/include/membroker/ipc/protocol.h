@@ -317,6 +317,52 @@ struct AllowedPid {
   uint64_t start_time = 0;
   bool operator==(const AllowedPid&) const = default;
 };
+// Between two brokers, at a take-over (takeover.cc).
+struct TakeOverHello {
+  int32_t pid = 0;
+  bool operator==(const TakeOverHello&) const = default;
+};
+struct TakeOverSockets {  // + the listening client socket
+  bool operator==(const TakeOverSockets&) const = default;
+};
+struct TakeOverAllocation {
+  uint64_t id = 0;
+  uint64_t page_size = 0;
+  PagePolicy policy = PagePolicy::kNormalOnly;
+  bool pinned = false;
+  bool fell_back = false;
+  uint64_t fixed_address = 0;
+  uint32_t creator_uid = 0;
+  bool operator==(const TakeOverAllocation&) const = default;
+};
+struct TakeOverAllocations {  // + one fd per entry
+  std::vector<TakeOverAllocation> handles;
+  bool operator==(const TakeOverAllocations&) const = default;
+};
+struct TakeOverExport {
+  std::string token;
+  uint64_t allocation = 0;
+  uint32_t exporter_uid = 0;
+  uint32_t flags = 0;
+  std::vector<AllowedPid> pids;
+  bool operator==(const TakeOverExport&) const = default;
+};
+struct TakeOverName {
+  std::string name;
+  uint64_t allocation = 0;
+  uint32_t flags = 0;
+  uint32_t uid = 0;
+  int32_t publisher_pid = 0;
+  std::string metadata;
+  bool operator==(const TakeOverName&) const = default;
+};
+struct TakeOverEnd {
+  uint64_t allocations = 0, exports = 0, names = 0;
+  bool operator==(const TakeOverEnd&) const = default;
+};
+struct TakeOverAck {
+  bool operator==(const TakeOverAck&) const = default;
+};
 struct RestoreExportRequest {
   uint64_t handle = 0;
   std::string token;
