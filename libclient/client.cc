@@ -251,6 +251,10 @@ Status Client::Ping() {
 
 uint64_t Client::reattaches() const { return core_ ? core_->reattaches() : 0; }
 ReattachReport Client::last_reattach() const { return core_ ? core_->last_reattach() : ReattachReport{}; }
+Status Client::WaitForReattach(uint64_t count, int timeout_ms) const {
+  if (!core_) return detail::NotConnectedClient();
+  return core_->WaitForReattach(count, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms));
+}
 
 uint64_t Client::async_errors() const { return core_ ? core_->conn().async_errors() : 0; }
 Status Client::last_async_error() const {

@@ -86,6 +86,7 @@ class ClientCore {
   Status StartWatcher();
   uint64_t reattaches() const;
   ReattachReport last_reattach() const;
+  Status WaitForReattach(uint64_t count, std::chrono::milliseconds timeout) const;
   // Records of what a reattach re-presents.
   void RecordExport(const std::string& token, uint64_t handle, uint32_t flags);
   void RecordPids(const std::string& token, std::vector<ipc::AllowedPid> pids);
@@ -147,6 +148,7 @@ class ClientCore {
   std::thread watcher_;
   ipc::UniqueFd stop_fd_;  // eventfd: the watcher stops when it is written
   mutable std::mutex reattach_mu_;
+  mutable std::condition_variable reattach_cv_;  // notified at each reattach
   uint64_t reattaches_ = 0;
   ReattachReport last_reattach_;
   std::vector<uint64_t> lost_frees_;  // freed while detached (guarded by mu_)

@@ -61,6 +61,12 @@ ReattachReport ClientCore::last_reattach() const {
   return last_reattach_;
 }
 
+Status ClientCore::WaitForReattach(uint64_t count, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lk(reattach_mu_);
+  if (reattach_cv_.wait_for(lk, timeout, [&] { return reattaches_ >= count; })) return Status::Ok();
+  return Status(ErrorCode::kTimeout, "no reattach to a new broker within " + std::to_string(timeout.count()) + " ms");
+}
+
 void ClientCore::WatchLoop() {
   for (;;) {
     // Only hang-ups wake this poll (no POLLIN): callers read the replies.
@@ -208,6 +214,7 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     std::lock_guard<std::mutex> lk(reattach_mu_);
     ++reattaches_;
     last_reattach_ = *report;
+    reattach_cv_.notify_all();
   }
   conn_.Replace(fresh.TakeSocket());
   std::set<uint64_t> taken;

@@ -25,6 +25,15 @@ class Client:
         """One round trip to the broker."""
         self._c.ping()
 
+    @property
+    def reattaches(self) -> int:
+        """How often this client reattached to a new broker (docs/RESTART.md)."""
+        return self._c.reattaches
+
+    def wait_for_reattach(self, count: int = 1, timeout_ms: int = 10000) -> None:
+        """Waits until reattaches >= count; raises membroker.Timeout otherwise."""
+        self._c.wait_for_reattach(count, timeout_ms)
+
     def close(self) -> None:
         """Drops this object's hold on the connection (it closes when the last
         handle and mapping made through it are gone too)."""
@@ -155,10 +164,12 @@ class Client:
                       meta["offset"])
 
 
-def connect(socket: str, name: str = "", call_timeout_ms: int = 30000) -> Client:
+def connect(socket: str, name: str = "", call_timeout_ms: int = 30000, reattach: bool = True) -> Client:
     """Connects to the broker at `socket` (one round trip). call_timeout_ms bounds how long
-    any call waits for the broker beyond what it asks the broker to wait."""
-    return Client(_membroker.Client.connect(socket, name, call_timeout_ms))
+    any call waits for the broker beyond what it asks the broker to wait. With reattach,
+    the client reattaches to the next broker on the socket by itself when this one goes
+    away, keeping its handles, mappings, exports and names (docs/RESTART.md)."""
+    return Client(_membroker.Client.connect(socket, name, call_timeout_ms, reattach))
 
 
 __all__ = ["Client", "connect"]

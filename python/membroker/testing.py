@@ -56,6 +56,14 @@ class Broker:
     def stats(self) -> dict:
         return json.loads(self.admin("stats --json"))
 
+    def kill_and_restart(self) -> None:
+        """SIGKILLs the broker and starts a new one on the same sockets and state
+        file (clients reattach to it: docs/RESTART.md); waits until it is ready."""
+        self.process.kill()
+        self.process.wait()
+        self.process = _start(self._cmd, self._ready_timeout)
+        self.pid = self.process.pid
+
     def wait_for_stat(self, key: str, value: int, timeout: float = 10.0) -> int:
         """Polls stats until stats[key] == value (bounded); returns the last value."""
         deadline = time.monotonic() + timeout
@@ -73,15 +81,10 @@ def _binary(explicit: str | None) -> str:
     return path
 
 
-@contextlib.contextmanager
-def broker(*args: str, binary: str | None = None, ready_timeout: float = 10.0):
-    """Starts a private membrokerd (extra flags in args) and yields a Broker."""
-    directory = tempfile.mkdtemp(prefix="membroker-py.")
-    os.chmod(directory, 0o755)
+def _start(cmd: list, ready_timeout: float) -> subprocess.Popen:
+    """Starts membrokerd with --ready-fd and waits for its READY line."""
     read_end, write_end = os.pipe()
-    cmd = [_binary(binary), "--socket", os.path.join(directory, "broker.sock"),
-           "--admin-socket", os.path.join(directory, "admin.sock"), "--ready-fd", str(write_end), *args]
-    proc = subprocess.Popen(cmd, pass_fds=(write_end,))
+    proc = subprocess.Popen([*cmd, "--ready-fd", str(write_end)], pass_fds=(write_end,))
     os.close(write_end)
     try:
         ready = b""
@@ -89,6 +92,7 @@ def broker(*args: str, binary: str | None = None, ready_timeout: float = 10.0):
         while not ready.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                proc.kill()
                 raise TimeoutError(f"membrokerd did not report ready in {ready_timeout} s")
             chunk = os.read(read_end, 64)
             if not chunk:
@@ -96,10 +100,24 @@ def broker(*args: str, binary: str | None = None, ready_timeout: float = 10.0):
             ready += chunk
         if not ready.startswith(b"READY "):
             raise RuntimeError(f"membrokerd said {ready!r} instead of READY")
-        b = Broker(proc, directory)
-        yield b
+        return proc
     finally:
         os.close(read_end)
+
+
+@contextlib.contextmanager
+def broker(*args: str, binary: str | None = None, ready_timeout: float = 10.0):
+    """Starts a private membrokerd (extra flags in args) and yields a Broker."""
+    directory = tempfile.mkdtemp(prefix="membroker-py.")
+    os.chmod(directory, 0o755)
+    cmd = [_binary(binary), "--socket", os.path.join(directory, "broker.sock"),
+           "--admin-socket", os.path.join(directory, "admin.sock"), *args]
+    b = Broker(_start(cmd, ready_timeout), directory)
+    b._cmd, b._ready_timeout = cmd, ready_timeout
+    try:
+        yield b
+    finally:
+        proc = b.process
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:

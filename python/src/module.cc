@@ -278,15 +278,16 @@ PYBIND11_MODULE(_membroker, mod) {
   py::class_<PyClient, std::shared_ptr<PyClient>>(mod, "Client")
       .def_static(
           "connect",
-          [](const std::string& socket, const std::string& name, uint32_t call_timeout_ms) {
+          [](const std::string& socket, const std::string& name, uint32_t call_timeout_ms, bool reattach) {
             ConnectOptions o{socket, name};
             o.call_timeout_ms = call_timeout_ms;
+            o.reattach = reattach;
             Result<Client> c = Unlocked([&] { return Client::Connect(o); });
             auto pc = std::make_shared<PyClient>();
             pc->client = Take(std::move(c));
             return pc;
           },
-          py::arg("socket"), py::arg("name") = "", py::arg("call_timeout_ms") = 30000)
+          py::arg("socket"), py::arg("name") = "", py::arg("call_timeout_ms") = 30000, py::arg("reattach") = true)
       .def_property_readonly("client_id", [](PyClient& c) { return c.client.client_id(); })
       .def("ping",
            [](PyClient& c) {
@@ -423,6 +424,13 @@ PYBIND11_MODULE(_membroker, mod) {
           },
           py::arg("prefix") = "")
       .def_property_readonly("async_errors", [](PyClient& c) { return c.client.async_errors(); })
+      .def_property_readonly("reattaches", [](PyClient& c) { return c.client.reattaches(); })
+      .def("wait_for_reattach",
+           [](PyClient& c, uint64_t count, int timeout_ms) {
+             Status st = Unlocked([&] { return c.client.WaitForReattach(count, timeout_ms); });
+             Check(st);
+           },
+           py::arg("count"), py::arg("timeout_ms"))
       .def("malloc_host",
            [](std::shared_ptr<PyClient> c, size_t size) {
              auto b = std::make_shared<PyHostBuffer>();

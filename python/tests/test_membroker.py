@@ -325,3 +325,24 @@ def test_transfer_engine_async_read_within_one_process_pair(mb):
         ea.transfer_status(req)   # reported once, then forgotten
     ea.finalize()
     eb.finalize()
+
+
+def test_a_published_tensor_survives_a_broker_sigkill(mb):
+    # The producer keeps its tensor, mapping and name across the broker's death;
+    # a consumer in another process finds it at the new broker.
+    c = membroker.connect(mb.socket, "producer")
+    w = c.tensor_from(np.arange(4096, dtype=np.float32))
+    c.publish_tensor("restart/weights", w)
+    arr = w.numpy()
+    mb.kill_and_restart()
+    c.wait_for_reattach(1, timeout_ms=10000)
+    assert c.reattaches == 1
+    c.ping()
+    assert arr[4095] == 4095.0  # the mapping never went away
+    out = finish(child("""
+        import sys, numpy as np, membroker
+        t = membroker.connect(sys.argv[1], "consumer").lookup_tensor("restart/weights", timeout_ms=2000)
+        print(int(t.numpy().sum()))
+    """, mb.socket))
+    assert int(out) == sum(range(4096))
+    assert mb.stats()["handles_adopted"] == 1

@@ -316,6 +316,8 @@ class MEMBROKER_API Client {
   // How often this client reattached to a new broker, and what it found last time.
   uint64_t reattaches() const;
   ReattachReport last_reattach() const;
+  // Waits up to timeout_ms until reattaches() >= count: TIMEOUT otherwise.
+  Status WaitForReattach(uint64_t count, int timeout_ms) const;
   // Releases sent without waiting that the broker refused (see last_async_error).
   uint64_t async_errors() const;
   Status last_async_error() const;
