@@ -2,14 +2,19 @@
 // reattached, for 1, 16 and 64 client processes holding 100 allocations
 // each. The old broker is SIGKILLed; each client's on_reattach records the
 // moment it finished (CLOCK_MONOTONIC, comparable across processes).
+// Then a take-over (--take-over) under clients calling Ping in a loop: the
+// longest call beside it against the longest across it, and failed calls.
 //   bench_reattach --broker PATH [--quick]   -> JSON lines on stdout
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <new>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -125,6 +130,79 @@ Run Once(const std::string& broker, const std::string& dir, int clients) {
   return run;
 }
 
+// The take-over under load: phase 0 beside it, 1 across it, 2 stop.
+struct LoopShared {
+  std::atomic<int> phase{0};
+  std::atomic<uint64_t> longest_us[2][8];
+  std::atomic<uint64_t> calls[2][8];
+  std::atomic<uint64_t> failed[8];
+};
+
+int Looper(const std::string& socket, LoopShared* shared, int index) {
+  auto c = membroker::Client::Connect({socket, "takeover-bench"});
+  if (!c.ok()) return 1;
+  std::vector<membroker::PhysicalHandle> held;
+  for (int i = 0; i < kAllocations; ++i) {
+    auto h = c->MallocPhysical(4096);
+    if (!h.ok()) return 2;
+    held.push_back(std::move(*h));
+  }
+  for (int phase; (phase = shared->phase.load()) < 2;) {
+    const uint64_t start = NowNs();
+    if (!c->Ping().ok()) ++shared->failed[index];
+    const uint64_t us = (NowNs() - start) / 1000;
+    if (us > shared->longest_us[phase][index]) shared->longest_us[phase][index] = us;
+    ++shared->calls[phase][index];
+  }
+  return 0;
+}
+
+void TakeOverRun(const std::string& broker, const std::string& dir) {
+  constexpr int kLoopers = 4;
+  const std::string socket = dir + "/t.sock";
+  std::vector<std::string> args{"--socket", socket, "--log-level", "error"};
+  pid_t a = membroker::bench::LaunchBroker(broker, args);
+  void* mem = ::mmap(nullptr, sizeof(LoopShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) std::exit(1);
+  auto* shared = new (mem) LoopShared();
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kLoopers; ++i) {
+    pid_t p = ::fork();
+    if (p == 0) _exit(Looper(socket, shared, i));
+    kids.push_back(p);
+  }
+  // A measured duration, not a synchronisation: each phase runs this long.
+  ::usleep(500 * 1000);
+  shared->phase = 1;
+  std::vector<std::string> take = args;
+  take.push_back("--take-over");
+  pid_t b = membroker::bench::LaunchBroker(broker, take);
+  int status = 0;
+  ::waitpid(a, &status, 0);
+  ::usleep(500 * 1000);
+  shared->phase = 2;
+  for (pid_t p : kids) ::waitpid(p, nullptr, 0);
+  uint64_t longest[2] = {0, 0}, calls[2] = {0, 0}, failed = 0;
+  for (int i = 0; i < kLoopers; ++i) {
+    for (int ph = 0; ph < 2; ++ph) {
+      longest[ph] = std::max<uint64_t>(longest[ph], shared->longest_us[ph][i]);
+      calls[ph] += shared->calls[ph][i];
+    }
+    failed += shared->failed[i];
+  }
+  std::printf(
+      "{\"bench\": \"takeover\", \"clients\": %d, \"allocations_per_client\": %d, \"old_exit\": %d, "
+      "\"beside_longest_ms\": %.3f, \"across_longest_ms\": %.3f, \"beside_calls\": %llu, "
+      "\"across_calls\": %llu, \"failed\": %llu}\n",
+      kLoopers, kAllocations, WIFEXITED(status) ? WEXITSTATUS(status) : -1, longest[0] / 1000.0,
+      longest[1] / 1000.0, static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(calls[1]),
+      static_cast<unsigned long long>(failed));
+  std::fflush(stdout);
+  ::kill(b, SIGTERM);
+  ::waitpid(b, nullptr, 0);
+  ::munmap(mem, sizeof(LoopShared));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +235,7 @@ int main(int argc, char** argv) {
         clients, kAllocations, rounds, mid.all_ms, mid.median_ms, static_cast<unsigned long long>(mid.handles));
     std::fflush(stdout);
   }
+  if (only_clients == 0) TakeOverRun(broker, dir);
   std::string rm = "rm -rf '" + dir + "'";
   return std::system(rm.c_str()) == 0 ? 0 : 1;
 }

@@ -213,6 +213,16 @@ if reattach:
     for r in reattach:
         md.append(f"| {r['clients']} | {r['handles']} | {r['rounds']} | {r['all_reattached_ms']:.1f} | "
                   f"{r['median_client_ms']:.1f} |")
+takeover = next((x for x in load if x["bench"] == "takeover"), None)
+if takeover:
+    t = takeover
+    md += ["", f"Take-over (`--take-over`) while {t['clients']} clients, holding {t['allocations_per_client']} "
+           "allocations each, call Ping in closed loops: the longest call in the 0.5 s before the new broker",
+           "starts, against the longest in the span from its start until 0.5 s after the old one exited.", "",
+           "| longest call beside | longest call across | calls beside / across | failed calls | old broker's exit code |",
+           "| --- | --- | --- | --- | --- |",
+           f"| {t['beside_longest_ms']:.2f} ms | {t['across_longest_ms']:.2f} ms | {t['beside_calls']} / "
+           f"{t['across_calls']} | {t['failed']} | {t['old_exit']} |"]
 for sc in (x for x in load if x["bench"] == "scale"):
     md += ["", "## Scale", "",
            "Broker resident memory (VmRSS) per idle client and per 4 KiB allocation (the memfd's",
@@ -425,6 +435,10 @@ goal("restart", "64 clients with 100 allocations each reattached in < 50 ms",
      r64 is not None and r64["all_reattached_ms"] < 50,
      "" if r64 is None else "the broker takes the 6,400 handles one after another on its loop thread "
      "(an fstat, a readlinkat of the memfd's name and its tag check per new allocation)")
+if takeover:
+    extra = takeover["across_longest_ms"] - takeover["beside_longest_ms"]
+    goal("restart", "take-over: no call waits more than 10 ms longer than beside it, none fails",
+         f"{extra:+.2f} ms, {takeover['failed']} failed", extra <= 10 and takeover["failed"] == 0, "")
 for sc in (x for x in load if x["bench"] == "scale"):
     goal("scale", f"RSS per idle client < 16 KiB ({sc['clients']} clients)",
          f"{sc['bytes_per_idle_client']:.0f} B", sc["bytes_per_idle_client"] < 16384, "")

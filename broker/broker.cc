@@ -73,6 +73,7 @@ Status PrepareSocketPath(const std::string& path) {
 Broker::Broker(Options options)
     : options_(std::move(options)), window_(options_.va_window_base, options_.va_window_size) {
   g_log_level = options_.log_level;
+  if (options_.state_file.empty()) options_.state_file = options_.socket_path + ".state";  // embedders
   // Defaults from the memory the broker really lives in (a container's
   // cgroup, not the host's RAM), so a request past them is an error reply,
   // never the OOM killer.
