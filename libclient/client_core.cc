@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <new>
+
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/ranges.h"
 #include "membroker/ipc/syscall.h"
@@ -28,6 +30,15 @@ Status ReserveFixed(uintptr_t va, size_t size) {
 }  // namespace
 
 ClientCore::~ClientCore() {
+  if (::getpid() != owner_pid_) {
+    // A forked child's copy: the watcher thread and the connection are the
+    // parent's. Neither is stopped, joined or told goodbye; this copy's fds
+    // just close. The thread handle is parked where no destructor runs (a
+    // joinable std::thread's would terminate the process).
+    alignas(std::thread) static unsigned char parked[sizeof(std::thread)];
+    if (watcher_.joinable()) new (parked) std::thread(std::move(watcher_));
+    return;
+  }
   if (watcher_.joinable()) {
     const uint64_t one = 1;
     if (::write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) {

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <unistd.h>
+
 #include <atomic>
 
 #include "connection.h"
@@ -143,6 +145,7 @@ class ClientCore {
   Status CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const;
 
   const ConnectOptions options_;
+  const pid_t owner_pid_ = ::getpid();  // the process that connected
   Connection conn_;
   std::atomic<uint64_t> client_id_{0};  // set by Handshake (again at each reattach)
   std::thread watcher_;

@@ -4,6 +4,8 @@
 // slow request of one thread never blocks another thread's reply.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -83,6 +85,10 @@ class Connection {
   // EngineRelease); any other grant is released with Free.
   void ReleaseLateGrant(bool engine_import, const ipc::Message& reply);
 
+  // NOT_CONNECTED for a call from a forked child of the process that connected.
+  Status NotOurs() const;
+
+  const pid_t owner_ = ::getpid();
   ipc::UniqueFd sock_;
   const std::chrono::milliseconds call_timeout_;
   std::atomic<uint64_t> next_rid_{1};

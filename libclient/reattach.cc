@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "client_core.h"
 #include "membroker/ipc/framing.h"
@@ -47,7 +48,16 @@ Status ClientCore::StartWatcher() {
   int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return ipc::ErrnoStatus("eventfd", "the reattach watcher", errno);
   stop_fd_.reset(efd);
-  watcher_ = std::thread([this] { WatchLoop(); });
+  // Returns only once the thread runs: a process that forks right after
+  // Connect must not fork in the middle of a thread's creation (the child
+  // would inherit the thread library's or a sanitizer's locks held).
+  std::promise<void> running;
+  std::future<void> started = running.get_future();
+  watcher_ = std::thread([this, &running] {
+    running.set_value();
+    WatchLoop();
+  });
+  started.wait();
   return Status::Ok();
 }
 

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "raw_client.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -155,6 +156,8 @@ TEST(Access, ConnectionHandedOnByAnExitedProcessCannotImport) {
     ch.AsChild();
     auto mine = Client::Connect({s, "hands-on"});
     if (!mine.ok()) return 1;
+    RawClient raw(s);  // the same, below the library (which refuses a forked child's calls)
+    raw.Hello();
     ch.Send("connected");
     ch.Receive();  // the parent allow-lists this pid
     // Hand the connection to a new process and exit; the new one tries to import.
@@ -167,7 +170,12 @@ TEST(Access, ConnectionHandedOnByAnExitedProcessCannotImport) {
       while (::poll(&gone, 1, -1) < 0 && errno == EINTR) {
       }
       auto got = mine->ImportFromShareableHandle(t);
-      ch.Send(got.code() == ErrorCode::kNotFound ? "refused" : "imported");
+      if (got.code() != ErrorCode::kNotConnected) {
+        ch.Send("the library let a forked child call on its parent's connection");
+        _exit(0);
+      }
+      if (!raw.SendMsg(ipc::ImportRequest{t}).ok()) _exit(3);
+      ch.Send(ErrorOf(raw.Next()) == ErrorCode::kNotFound ? "refused" : "imported");
       _exit(0);
     }
     _exit(0);

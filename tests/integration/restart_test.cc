@@ -489,6 +489,29 @@ TEST(TakeOver, WhatNobodyReattachesToGoesAfterTheGrace) {
   EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
 }
 
+// A child forked after Connect that drops its copy of the parent's Client
+// stops nothing of the parent's: its watcher still reattaches the parent.
+TEST(Restart, AForkedChildDroppingItsCopyLeavesTheParentsClientAlone) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "parent"});
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  pid_t child = ForkChild([&] {
+    *h = PhysicalHandle();
+    *c = Client();  // the child's copy of the core goes here
+    return 0;
+  });
+  ASSERT_EQ(WaitChild(child), 0);
+  EXPECT_TRUE(c->Ping().ok());
+  EXPECT_EQ(b.Stat("allocations_live"), 1u);  // the child's copy freed nothing
+  b.Kill();
+  b.Restart();
+  ASSERT_TRUE(c->WaitForReattach(1, 10000).ok());
+  EXPECT_TRUE(c->Ping().ok());
+  EXPECT_EQ(b.Stat("handles_adopted"), 1u);
+}
+
 TEST(TakeOver, WithoutABrokerToTakeOverItFailsClearly) {
   const RunResult r = RunBrokerExpectingExit({"--socket", "/tmp/membroker-nobody-here.sock", "--take-over"});
   EXPECT_NE(r.exit_code, 0);
