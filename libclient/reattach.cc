@@ -219,14 +219,15 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   }
   client_id_ = h->client_id;
   report->waited_ms = MsSince(lost);
+  conn_.Replace(fresh.TakeSocket());
   {
-    // Counted before calls can succeed again, so reattaches() never lags them.
+    // Counted once the new broker serves this client's calls (WaitForReattach
+    // returns only then); a call may succeed a moment before the count.
     std::lock_guard<std::mutex> lk(reattach_mu_);
     ++reattaches_;
     last_reattach_ = *report;
     reattach_cv_.notify_all();
   }
-  conn_.Replace(fresh.TakeSocket());
   std::set<uint64_t> taken;
   for (const Presented& p : handles)
     if (std::find(refused.begin(), refused.end(), p.handle.handle) == refused.end()) taken.insert(p.handle.handle);

@@ -395,7 +395,7 @@ int Looper(const std::string& socket, int index, Channel& ch) {
   stop = true;
   loop.join();
   if (cmd != "stop") return 14;
-  if (c->reattaches() != 1) return 15;
+  if (!c->WaitForReattach(1, 10000).ok() || c->reattaches() != 1) return 15;
   if (!HasPattern(m->data(), index, kExported)) return 16;
   std::ostringstream out;
   out << "ok " << failed << " " << longest_us << " " << first_failure;
