@@ -49,6 +49,16 @@ bool ReadAll(int fd, void* p, size_t n) {
   return true;
 }
 
+// kAllocations of 4 KiB, held in *held.
+bool Hold(membroker::Client& c, std::vector<membroker::PhysicalHandle>* held) {
+  for (int i = 0; i < kAllocations; ++i) {
+    auto h = c.MallocPhysical(4096);
+    if (!h.ok()) return false;
+    held->push_back(std::move(*h));
+  }
+  return true;
+}
+
 // A client process: holds kAllocations, says ready, reports when it reattached,
 // then waits for the parent to close `go`.
 int Holder(const std::string& socket, int report_fd, int go_fd) {
@@ -61,11 +71,7 @@ int Holder(const std::string& socket, int report_fd, int go_fd) {
   auto c = membroker::Client::Connect(o);
   if (!c.ok()) return 1;
   std::vector<membroker::PhysicalHandle> held;
-  for (int i = 0; i < kAllocations; ++i) {
-    auto h = c->MallocPhysical(4096);
-    if (!h.ok()) return 2;
-    held.push_back(std::move(*h));
-  }
+  if (!Hold(*c, &held)) return 2;
   const uint64_t ready[2] = {0, 0};
   if (!WriteAll(report_fd, ready, sizeof(ready))) return 3;
   char b;
@@ -142,11 +148,7 @@ int Looper(const std::string& socket, LoopShared* shared, int index) {
   auto c = membroker::Client::Connect({socket, "takeover-bench"});
   if (!c.ok()) return 1;
   std::vector<membroker::PhysicalHandle> held;
-  for (int i = 0; i < kAllocations; ++i) {
-    auto h = c->MallocPhysical(4096);
-    if (!h.ok()) return 2;
-    held.push_back(std::move(*h));
-  }
+  if (!Hold(*c, &held)) return 2;
   for (int phase; (phase = shared->phase.load()) < 2;) {
     const uint64_t start = NowNs();
     if (!c->Ping().ok()) ++shared->failed[index];
