@@ -1,4 +1,5 @@
 #include "client_core.h"
+#include "hangup_watcher.h"
 
 #include <sys/mman.h>
 
@@ -31,20 +32,22 @@ Status ReserveFixed(uintptr_t va, size_t size) {
 
 ClientCore::~ClientCore() {
   if (::getpid() != owner_pid_) {
-    // A forked child's copy: the watcher thread and the connection are the
+    // A forked child's copy: the reattach thread and the connection are the
     // parent's. Neither is stopped, joined or told goodbye; this copy's fds
     // just close. The thread handle is parked where no destructor runs (a
     // joinable std::thread's would terminate the process).
     alignas(std::thread) static unsigned char parked[sizeof(std::thread)];
-    if (watcher_.joinable()) new (parked) std::thread(std::move(watcher_));
+    if (reattacher_.joinable()) new (parked) std::thread(std::move(reattacher_));
     return;
   }
-  if (watcher_.joinable()) {
+  HangupWatcher::Get().Forget(this);  // no reattach starts after this
+  if (reattacher_.joinable()) {
     const uint64_t one = 1;
     if (::write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) {
-      // An eventfd write fails only on overflow: the watcher has been told already.
+      // An eventfd write fails only on overflow: the reattach has been told already.
     }
-    watcher_.join();
+    reattacher_.join();
+    HangupWatcher::Get().Forget(this);  // a reattach that finished meanwhile watched again
   }
   // Unmap before the connection closes: the broker releases our references
   // when it sees the socket close.

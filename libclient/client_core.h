@@ -86,6 +86,9 @@ class ClientCore {
   // Reattach (reattach.cc): a thread that notices the broker going away and
   // reattaches to the next one on the socket.
   Status StartWatcher();
+  // Called by the process's HangupWatcher when the broker hangs up: starts
+  // the reattach on a thread of this client's.
+  void OnHangup();
   uint64_t reattaches() const;
   ReattachReport last_reattach() const;
   Status WaitForReattach(uint64_t count, std::chrono::milliseconds timeout) const;
@@ -129,7 +132,7 @@ class ClientCore {
   void ForgetEngineRange(uintptr_t va);
 
  private:
-  void WatchLoop();
+  void ReattachLoop();
   // Waits for the broker's socket to accept again; invalid when stopping.
   ipc::UniqueFd ConnectAgain(ipc::UniqueFd* watch);
   // Presents everything on a fresh connection, then makes it this client's.
@@ -148,8 +151,8 @@ class ClientCore {
   const pid_t owner_pid_ = ::getpid();  // the process that connected
   Connection conn_;
   std::atomic<uint64_t> client_id_{0};  // set by Handshake (again at each reattach)
-  std::thread watcher_;
-  ipc::UniqueFd stop_fd_;  // eventfd: the watcher stops when it is written
+  std::thread reattacher_;  // while reattaching (HangupWatcher starts it)
+  ipc::UniqueFd stop_fd_;  // eventfd: a reattach in progress stops when it is written
   mutable std::mutex reattach_mu_;
   mutable std::condition_variable reattach_cv_;  // notified at each reattach
   uint64_t reattaches_ = 0;

@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <future>
 
 #include "client_core.h"
+#include "hangup_watcher.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/syscall.h"
 
@@ -45,20 +45,22 @@ void Note(ReattachReport* report, const Status& st) {
 
 Status ClientCore::StartWatcher() {
   if (!options_.reattach) return Status::Ok();
-  int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (efd < 0) return ipc::ErrnoStatus("eventfd", "the reattach watcher", errno);
-  stop_fd_.reset(efd);
-  // Returns only once the thread runs: a process that forks right after
-  // Connect must not fork in the middle of a thread's creation (the child
-  // would inherit the thread library's or a sanitizer's locks held).
-  std::promise<void> running;
-  std::future<void> started = running.get_future();
-  watcher_ = std::thread([this, &running] {
-    running.set_value();
-    WatchLoop();
-  });
-  started.wait();
-  return Status::Ok();
+  return HangupWatcher::Get().Watch(this, conn_.socket_fd());
+}
+
+void ClientCore::OnHangup() {
+  // The previous reattach has finished (it watched the new socket last).
+  if (reattacher_.joinable()) reattacher_.join();
+  if (!stop_fd_.valid()) {
+    stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stop_fd_.valid()) {
+      // Without an eventfd this client could not be stopped mid-reattach: it
+      // stays detached (every call NOT_CONNECTED), as with reattach off.
+      (void)conn_.BreakOnHangup(ipc::ErrnoStatus("eventfd", "reattaching", errno));
+      return;
+    }
+  }
+  reattacher_ = std::thread([this] { ReattachLoop(); });
 }
 
 uint64_t ClientCore::reattaches() const {
@@ -77,34 +79,25 @@ Status ClientCore::WaitForReattach(uint64_t count, std::chrono::milliseconds tim
   return Status(ErrorCode::kTimeout, "no reattach to a new broker within " + std::to_string(timeout.count()) + " ms");
 }
 
-void ClientCore::WatchLoop() {
+void ClientCore::ReattachLoop() {
+  const Clock::time_point lost = Clock::now();
+  Status why = conn_.BreakOnHangup(Status(ErrorCode::kNotConnected,
+                                          "the broker went away; this client reattaches when one serves " +
+                                              options_.socket_path + " again"));
+  // A broker that said why it closed (kicked by the operator, refused) meant it.
+  if (why.code() != ErrorCode::kNotConnected) return;
+  // Closing an inotify instance waits for an RCU grace period (milliseconds),
+  // so the watch is closed only once the client has reattached.
+  ipc::UniqueFd watch;
   for (;;) {
-    // Only hang-ups wake this poll (no POLLIN): callers read the replies.
-    pollfd p[2] = {{stop_fd_.get(), POLLIN, 0}, {conn_.socket_fd(), 0, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[0].revents) return;  // the client is being destroyed
-    if (!(p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) continue;
-    const Clock::time_point lost = Clock::now();
-    Status why = conn_.BreakOnHangup(Status(ErrorCode::kNotConnected,
-                                            "the broker went away; this client reattaches when one serves " +
-                                                options_.socket_path + " again"));
-    // A broker that said why it closed (kicked by the operator, refused) meant it.
-    if (why.code() != ErrorCode::kNotConnected) return;
-    // Closing an inotify instance waits for an RCU grace period (milliseconds),
-    // so the watch is closed only once the client has reattached.
-    ipc::UniqueFd watch;
-    for (;;) {
-      ipc::UniqueFd sock = ConnectAgain(&watch);
-      if (!sock.valid()) return;  // stopping
-      ReattachReport report;
-      Status st = Reattach(std::move(sock), lost, &report);
-      if (!st.ok()) continue;  // that broker went away too, or refused: try the next
-      if (options_.on_reattach) options_.on_reattach(report);
-      break;
-    }
+    ipc::UniqueFd sock = ConnectAgain(&watch);
+    if (!sock.valid()) return;  // stopping
+    ReattachReport report;
+    Status st = Reattach(std::move(sock), lost, &report);
+    if (!st.ok()) continue;  // that broker went away too, or refused: try the next
+    if (!HangupWatcher::Get().Watch(this, conn_.socket_fd()).ok()) return;  // no eventfd left: stays attached, unwatched
+    if (options_.on_reattach) options_.on_reattach(report);
+    return;
   }
 }
 
