@@ -31,7 +31,7 @@ Status ReserveFixed(uintptr_t va, size_t size) {
 }  // namespace
 
 ClientCore::~ClientCore() {
-  if (::getpid() != owner_pid_) {
+  if (CurrentPid() != owner_pid_) {
     // A forked child's copy: the reattach thread and the connection are the
     // parent's. Neither is stopped, joined or told goodbye; this copy's fds
     // just close. The thread handle is parked where no destructor runs (a

@@ -18,6 +18,7 @@
 
 #include <atomic>
 
+#include "process_id.h"
 #include "connection.h"
 #include "membroker/client.h"
 #include "membroker/ipc/protocol.h"
@@ -148,7 +149,7 @@ class ClientCore {
   Status CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const;
 
   const ConnectOptions options_;
-  const pid_t owner_pid_ = ::getpid();  // the process that connected
+  const pid_t owner_pid_ = CurrentPid();  // the process that connected
   Connection conn_;
   std::atomic<uint64_t> client_id_{0};  // set by Handshake (again at each reattach)
   std::thread reattacher_;  // while reattaching (HangupWatcher starts it)

@@ -55,7 +55,7 @@ Status Connection::NotOurs() const {
 }
 
 Status Connection::Notify(ipc::Message request) {
-  if (::getpid() != owner_) return NotOurs();
+  if (CurrentPid() != owner_) return NotOurs();
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   lk.unlock();
@@ -125,7 +125,7 @@ Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds w
 Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_point deadline,
                                    std::chrono::milliseconds total, std::span<const int> fds,
                                    uint64_t* moved_at) {
-  if (::getpid() != owner_) return NotOurs();  // its replies are the parent's to read
+  if (CurrentPid() != owner_) return NotOurs();  // its replies are the parent's to read
   const uint64_t rid = next_rid_++;
   // What a late reply to this call would have to give back goes by the request's type.
   const bool engine_import = std::holds_alternative<ipc::EngineImportRequest>(request);

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "process_id.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/unique_fd.h"
@@ -88,7 +89,7 @@ class Connection {
   // NOT_CONNECTED for a call from a forked child of the process that connected.
   Status NotOurs() const;
 
-  const pid_t owner_ = ::getpid();
+  const pid_t owner_ = CurrentPid();
   ipc::UniqueFd sock_;
   const std::chrono::milliseconds call_timeout_;
   std::atomic<uint64_t> next_rid_{1};

@@ -17,9 +17,9 @@ HangupWatcher& HangupWatcher::Get() {
   std::lock_guard<std::mutex> lk(init_mu);
   // Never destroyed (its thread runs until the process exits); a forked
   // child's copy is the parent's, without the thread: it gets its own.
-  if (instance == nullptr || owner != ::getpid()) {
+  if (instance == nullptr || owner != CurrentPid()) {
     instance = new HangupWatcher();
-    owner = ::getpid();
+    owner = CurrentPid();
   }
   return *instance;
 }
