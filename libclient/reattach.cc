@@ -89,13 +89,21 @@ void ClientCore::ReattachLoop() {
   // Closing an inotify instance waits for an RCU grace period (milliseconds),
   // so the watch is closed only once the client has reattached.
   ipc::UniqueFd watch;
-  for (;;) {
+  const uint32_t max_backoff = std::max<uint32_t>(1, options_.reattach_max_backoff_ms);
+  for (uint32_t retry_ms = 1;; retry_ms = std::min(retry_ms * 2, max_backoff)) {
     ipc::UniqueFd sock = ConnectAgain(&watch);
     if (!sock.valid()) return;  // stopping
     ReattachReport report;
     Status st = Reattach(std::move(sock), lost, &report);
-    if (!st.ok()) continue;  // that broker went away too, or refused: try the next
-    if (!HangupWatcher::Get().Watch(this, conn_.socket_fd()).ok()) return;  // no eventfd left: stays attached, unwatched
+    if (!st.ok()) {
+      // That broker went away too, or refused this client (too many clients,
+      // another protocol): try again, after a doubling pause, never in a spin.
+      pollfd stop{stop_fd_.get(), POLLIN, 0};
+      if (::poll(&stop, 1, static_cast<int>(retry_ms)) > 0) return;
+      continue;
+    }
+    // (Watch fails only without an epoll entry to spare: attached, but unwatched.)
+    if (!HangupWatcher::Get().Watch(this, conn_.socket_fd()).ok()) return;
     if (options_.on_reattach) options_.on_reattach(report);
     return;
   }
