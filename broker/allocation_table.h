@@ -58,10 +58,8 @@ struct ExportEntry {
   // Who may import (unless kExportNoPidCheck): each pid with the start time of
   // the process it named at SetPids time, so a recycled pid never inherits
   // an entry - and no fd is held per entry.
-  struct AllowedProcess {
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-  };
+  // The wire's type: what reattach and take-over carry is stored as it came.
+  using AllowedProcess = ipc::AllowedPid;
   std::vector<AllowedProcess> allowed;
   ipc::UniqueFd read_only_fd;  // set for kExportReadOnly
 };

@@ -177,11 +177,9 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::RestoreExportRequest& m) 
   if (!s.ledger.Holds(m.handle))
     return Status(ErrorCode::kInvalidHandle,
                   "handle " + Id(m.handle) + " is not held by this client: reattach it first");
-  std::vector<ExportEntry::AllowedProcess> pids;
-  for (const auto& p : m.pids) pids.push_back({p.pid, p.start_time});
   // What a client may only read it shares onward read-only (as ExportRequest).
   const uint32_t flags = m.flags | (s.ledger.ReadOnly(m.handle) ? ipc::kExportReadOnly : 0);
-  MB_RETURN_IF_ERROR(table_.RestoreExport(m.token, m.handle, s.id, s.cred.uid, flags, pids));
+  MB_RETURN_IF_ERROR(table_.RestoreExport(m.token, m.handle, s.id, s.cred.uid, flags, m.pids));
   ++counters_.exports_restored;
   return Status::Ok();
 }

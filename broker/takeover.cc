@@ -219,9 +219,9 @@ Status Broker::SendState(int fd) {
   }
   MB_RETURN_IF_ERROR(send_batch());
   for (const auto& [token, e] : table_.exports()) {
-    ipc::TakeOverExport x{token, e.allocation, static_cast<uint32_t>(e.exporter_uid), e.flags, {}};
-    for (const auto& p : e.allowed) x.pids.push_back({p.pid, p.start_time});
-    MB_RETURN_IF_ERROR(SendWithin(fd, std::move(x), {}, kStepMs));
+    MB_RETURN_IF_ERROR(SendWithin(
+        fd, ipc::TakeOverExport{token, e.allocation, static_cast<uint32_t>(e.exporter_uid), e.flags, e.allowed}, {},
+        kStepMs));
   }
   for (const auto& [name, e] : names_) {
     const uint32_t flags = (e.read_only ? ipc::kPublishReadOnly : 0) | (e.persist ? ipc::kPublishPersist : 0);
@@ -300,9 +300,7 @@ Status Broker::ReceiveTakeOver() {
         ++allocations;
       }
     } else if (auto* m = std::get_if<ipc::TakeOverExport>(&env->body)) {
-      std::vector<ExportEntry::AllowedProcess> pids;
-      for (const auto& p : m->pids) pids.push_back({p.pid, p.start_time});
-      MB_RETURN_IF_ERROR(table_.RestoreExport(m->token, m->allocation, 0, m->exporter_uid, m->flags, pids));
+      MB_RETURN_IF_ERROR(table_.RestoreExport(m->token, m->allocation, 0, m->exporter_uid, m->flags, m->pids));
       ++exports;
     } else if (auto* m = std::get_if<ipc::TakeOverName>(&env->body)) {
       const Allocation* a = table_.Find(m->allocation);
