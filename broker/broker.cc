@@ -70,6 +70,26 @@ Status PrepareSocketPath(const std::string& path) {
   return Status::Ok();
 }
 
+Status BindSeqpacket(const std::string& path, mode_t umask_bits, ipc::UniqueFd* out, bool* bound) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return Status(ErrorCode::kParamInvalid, "socket path too long: " + path);
+  MB_RETURN_IF_ERROR(PrepareSocketPath(path));
+  int raw = -1;
+  MB_RETURN_IF_ERROR(ipc::CheckedCall("socket", "AF_UNIX, SOCK_SEQPACKET", &raw, [] {
+    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  }));
+  out->reset(raw);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  mode_t old = ::umask(umask_bits);
+  int rc = ::bind(raw, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  ::umask(old);
+  if (rc != 0) return ipc::ErrnoStatus("bind", path, err);
+  *bound = true;
+  return Status::Ok();
+}
+
 Broker::Broker(Options options)
     : options_(std::move(options)), window_(options_.va_window_base, options_.va_window_size) {
   g_log_level = options_.log_level;
@@ -137,18 +157,11 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (int rc = uv_loop_init(&b->loop_); rc != 0)
     return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
   b->loop_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->background_timer_)));
-  b->background_timer_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->handshake_timer_)));
-  b->handshake_timer_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->listen_retry_timer_)));
-  b->listen_retry_timer_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->watchdog_timer_)));
-  b->watchdog_timer_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->handover_timer_)));
-  b->handover_timer_.data = b.get();
-  MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, &b->grace_timer_)));
-  b->grace_timer_.data = b.get();
+  for (uv_timer_t* t : {&b->background_timer_, &b->handshake_timer_, &b->listen_retry_timer_,
+                        &b->watchdog_timer_, &b->handover_timer_, &b->grace_timer_}) {
+    MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, t)));
+    t->data = b.get();
+  }
   // Kept for the moment the broker runs out of fds: closing it makes room to
   // accept a connection and refuse it with a reason.
   b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -185,22 +198,8 @@ Status Broker::Listen() {
     listen_poll_.data = this;
     return UvStatus("uv_poll_start", uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable));
   }
-  MB_RETURN_IF_ERROR(PrepareSocketPath(options_.socket_path));
-  int raw = -1;
-  MB_RETURN_IF_ERROR(ipc::CheckedCall("socket", "AF_UNIX, SOCK_SEQPACKET", &raw, [] {
-    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  }));
-  listen_fd_.reset(raw);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size() + 1);
   // Clients of the same uid or group may connect: mode 0660.
-  mode_t old = ::umask(0117);
-  int rc = ::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = errno;
-  ::umask(old);
-  if (rc != 0) return ipc::ErrnoStatus("bind", options_.socket_path, err);
-  socket_bound_ = true;
+  MB_RETURN_IF_ERROR(BindSeqpacket(options_.socket_path, 0117, &listen_fd_, &socket_bound_));
   if (!options_.socket_group.empty()) {
     MB_ASSIGN_OR_RETURN(gid_t gid, ResolveGroup(options_.socket_group));
     MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("chown", options_.socket_path, nullptr, [&] {

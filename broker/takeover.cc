@@ -83,23 +83,8 @@ bool SameOwner(int fd) {
 
 Status Broker::ListenTakeOver() {
   const std::string path = TakeOverSocketPath();
-  if (path.size() >= sizeof(sockaddr_un::sun_path))
-    return Status(ErrorCode::kParamInvalid, "socket path too long for its .takeover socket");
-  MB_RETURN_IF_ERROR(PrepareSocketPath(path));
-  int raw = -1;
-  MB_RETURN_IF_ERROR(ipc::CheckedCall("socket", "the take-over socket", &raw, [] {
-    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  }));
-  takeover_listen_fd_.reset(raw);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  mode_t old = ::umask(0177);  // 0600
-  int rc = ::bind(raw, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = errno;
-  ::umask(old);
-  if (rc != 0) return ipc::ErrnoStatus("bind", path, err);
-  takeover_bound_ = true;
+  MB_RETURN_IF_ERROR(BindSeqpacket(path, 0177, &takeover_listen_fd_, &takeover_bound_));  // mode 0600
+  const int raw = takeover_listen_fd_.get();
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("listen", path, nullptr, [&] { return ::listen(raw, 1); }));
   MB_RETURN_IF_ERROR(UvStatus("uv_poll_init", uv_poll_init(&loop_, &takeover_poll_, raw)));
   takeover_poll_.data = this;
