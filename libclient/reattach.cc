@@ -176,7 +176,7 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     subscriptions = subscriptions_;
     host_regs = host_regs_;
   }
-  std::vector<uint64_t> refused;
+  std::set<uint64_t> taken;  // handles the new broker holds for this client again
   for (size_t at = 0; at < handles.size(); at += ipc::kMaxReattachHandles) {
     const size_t n = std::min(ipc::kMaxReattachHandles, handles.size() - at);
     ipc::ReattachRequest req;
@@ -193,20 +193,20 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
       const ipc::ReattachResult& res = m->results[i];
       if (res.code == ErrorCode::kOk) {
         ++report->handles;
+        taken.insert(handles[at + i].handle.handle);
         continue;
       }
       ++report->handles_refused;
-      refused.push_back(handles[at + i].handle.handle);
       if (report->first_error.ok())
         report->first_error = Status(res.code, "handle " + std::to_string(handles[at + i].handle.handle) +
                                                    ": " + res.message);
     }
   }
   for (const auto& [token, e] : exports)
-    if (std::find(refused.begin(), refused.end(), e.handle) == refused.end())
+    if (taken.count(e.handle))
       Note(report, fresh.Call(ipc::RestoreExportRequest{e.handle, token, e.flags, e.pids}).status());
   for (const auto& [name, p] : publications)
-    if (std::find(refused.begin(), refused.end(), p.handle) == refused.end())
+    if (taken.count(p.handle))
       Note(report, fresh.Call(ipc::PublishRequest{name, p.handle, p.flags, p.metadata}).status());
   for (const std::string& prefix : subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
   for (const auto& [addr, size] : host_regs)
@@ -215,8 +215,9 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   // From here on the new broker serves every call of this client.
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (uint64_t id : refused)
-      if (auto it = handles_.find(id); it != handles_.end()) it->second.detached = true;
+    for (const Presented& p : handles)
+      if (!taken.count(p.handle.handle))
+        if (auto it = handles_.find(p.handle.handle); it != handles_.end()) it->second.detached = true;
   }
   client_id_ = h->client_id;
   report->waited_ms = MsSince(lost);
@@ -229,9 +230,6 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     last_reattach_ = *report;
     reattach_cv_.notify_all();
   }
-  std::set<uint64_t> taken;
-  for (const Presented& p : handles)
-    if (std::find(refused.begin(), refused.end(), p.handle.handle) == refused.end()) taken.insert(p.handle.handle);
   SendLostFrees(taken);
   return Status::Ok();
 }
