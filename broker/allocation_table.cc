@@ -1,31 +1,22 @@
 #include "allocation_table.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include "membroker/ipc/pidfd.h"
 
 namespace membroker::broker {
 
-namespace {
-std::pair<uint64_t, uint64_t> InodeOf(int fd) {
-  struct stat st{};
-  if (fd < 0 || ::fstat(fd, &st) != 0) return {0, 0};
-  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-}
-}  // namespace
-
 Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
                                     uint64_t creator, uid_t creator_uid) {
-  const auto inode = InodeOf(mem.fd.get());
-  return Place(next_id_++, std::move(mem), policy, creator, creator_uid, inode);
+  return Place(next_id_++, std::move(mem), policy, creator, creator_uid);
 }
 
 Allocation& AllocationTable::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
                                    uint64_t creator, uid_t creator_uid, std::pair<uint64_t, uint64_t> inode) {
-  Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid, inode);
+  Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid);
   a.adopted = true;
+  a.inode = inode;
+  by_inode_[inode] = id;
   return a;
 }
 
@@ -35,8 +26,7 @@ Allocation* AllocationTable::FindByInode(uint64_t dev, uint64_t ino) {
 }
 
 Allocation& AllocationTable::Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
-                                   uint64_t creator, uid_t creator_uid, std::pair<uint64_t, uint64_t> inode) {
-  by_inode_[inode] = id;
+                                   uint64_t creator, uid_t creator_uid) {
   Allocation& a = allocations_[id];
   a.id = id;
   a.size = mem.size;
@@ -89,7 +79,7 @@ std::optional<Allocation> AllocationTable::RemoveUnheld(uint64_t id) {
 
 Allocation AllocationTable::Erase(std::map<uint64_t, Allocation>::iterator it) {
   for (const std::string& t : it->second.tokens) exports_.erase(t);
-  by_inode_.erase(InodeOf(it->second.memory.fd.get()));
+  if (it->second.adopted) by_inode_.erase(it->second.inode);
   counters_.bytes_live -= it->second.size;
   ++counters_.allocations_freed;
   Allocation gone = std::move(it->second);

@@ -41,7 +41,8 @@ struct Allocation {
   int pool = -1;               // index of the pool it came from, or -1
   uint64_t fixed_address = 0;  // same-address allocations
   bool adopted = false;        // presented by a reattaching client or handed over, not created here
-  bool awaiting = false;       // handed over: kept without holders until the reattach grace ends
+  bool awaiting = false;
+  std::pair<uint64_t, uint64_t> inode{0, 0};  // (st_dev, st_ino), for adopted allocations       // handed over: kept without holders until the reattach grace ends
   Usage charge;                // what it costs its creator (and the creator's uid)
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;
@@ -100,7 +101,10 @@ class AllocationTable {
   void StartIdsAt(uint64_t first) { next_id_ = first_id_ = first; }
   uint64_t first_id() const { return first_id_; }
   uint64_t next_id() const { return next_id_; }
-  // The allocation whose memory is this inode (fstat of any fd to it), if any.
+  // The adopted allocation whose memory is this inode (fstat of any fd to
+  // it), if any. Only adopted memory is indexed: memory this broker created
+  // is never presented to it (a reattach goes to a later broker), so Insert
+  // and frees cost no fstat.
   Allocation* FindByInode(uint64_t dev, uint64_t ino);
 
   Allocation* Find(uint64_t id);
@@ -137,12 +141,12 @@ class AllocationTable {
  private:
   Allocation Erase(std::map<uint64_t, Allocation>::iterator it);
   Allocation& Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
-                    uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
+                    uid_t creator_uid);
 
   PhysicalBackend& backend_;
   uint64_t first_id_ = 1;
   uint64_t next_id_ = 1;
-  std::map<std::pair<uint64_t, uint64_t>, uint64_t> by_inode_;  // (dev, ino) -> id
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> by_inode_;  // adopted: (dev, ino) -> id
   std::map<uint64_t, Allocation> allocations_;
   std::unordered_map<std::string, ExportEntry> exports_;
   TableCounters counters_;

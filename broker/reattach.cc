@@ -5,7 +5,7 @@
 // names, subscriptions and host registrations are ordinary requests again.
 //
 // What a client presents is checked before anything changes:
-//  1. Memory this broker knows (by the fd's inode) is that allocation; the
+//  1. Memory this broker adopted already (by the fd's inode) is that allocation; the
 //     client must name the id it has here.
 //  2. Memory it does not know must be a predecessor's: an id below this
 //     broker's first (the state file keeps ids above every predecessor's),
