@@ -184,6 +184,12 @@ class Broker {
   void HandleFrame(Session& s, ipc::Frame frame);
   // Reattach (reattach.cc): gives s back one handle it presents with its fd.
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
+  // Puts memory an earlier broker made into the table under its old id
+  // (reattach and take-over): pinned again if it was, at its old
+  // same-address range (ADDRESS_IN_USE if that is taken: nothing changes),
+  // charged to uid, with one holder (the caller's to record) and no creator.
+  Result<Allocation*> AdoptMemory(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid,
+                                  bool pinned, uint64_t fixed_address, std::pair<uint64_t, uint64_t> inode);
   // A tagged memfd name (identity.h) for memory made for `what`.
   std::string MemoryName(const std::string& what) { return identity_->NameFor(what); }
   // After ids were handed out: reserves the next block in the state file.

@@ -136,30 +136,17 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
     mem.fd = std::move(fd);
   } else {
     // The broker needs a writable fd for later importers; the memory is its own.
-    char path[64];
-    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd.get());
-    mem.fd.reset(::open(path, O_RDWR | O_CLOEXEC));
+    mem.fd.reset(::openat(proc_fd_dir_.get(), std::to_string(fd.get()).c_str(), O_RDWR | O_CLOEXEC));
     if (!mem.fd.valid()) mem.fd = std::move(fd);  // only read-only importers then
   }
   mem.size = size;
   mem.page_size = page;
-  if (h.fixed_address != 0 && !window_.Claim(h.fixed_address, size))
-    return Refused(ErrorCode::kAddressInUse, "the same-address range of handle " + Id(h.handle) +
-                                                 " is taken here or outside --va-window");
-  bool pinned = false;
-  if (h.pinned) {
-    Status pin = ipc::Pin(&mem);
-    pinned = pin.ok();
-    if (!pin.ok())
-      MB_WARN("reattach_unpinned", "handle=%llu reason=\"%s\"", static_cast<unsigned long long>(h.handle),
-              LogText(pin.message()).c_str());
-  }
-  Allocation& a = table_.Adopt(h.handle, std::move(mem), PolicyOf(page), h.created ? s.id : 0, s.cred.uid,
-                               {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
-  a.fixed_address = h.fixed_address;
-  a.charge = Usage{size, pinned ? size : 0, 1, 0};
-  accounting_.ChargeUid(s.cred.uid, a.charge);  // it exists: charged, never refused
+  auto adopted = AdoptMemory(h.handle, std::move(mem), PolicyOf(page), s.cred.uid, h.pinned, h.fixed_address,
+                             {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+  if (!adopted.ok()) return Refused(adopted.code(), adopted.status().message());
+  Allocation& a = **adopted;
   if (h.created) {
+    a.creator = s.id;
     s.usage += a.charge;
   } else {
     s.usage += Usage{0, 0, 0, 1};
@@ -167,7 +154,26 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
   }
   s.ledger.Add(a.id, !writable);
   ++counters_.handles_adopted;
-  return ipc::ReattachResult{ErrorCode::kOk, "", pinned};
+  return ipc::ReattachResult{ErrorCode::kOk, "", a.pinned};
+}
+
+Result<Allocation*> Broker::AdoptMemory(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid,
+                                        bool pinned, uint64_t fixed_address, std::pair<uint64_t, uint64_t> inode) {
+  if (fixed_address != 0 && !window_.Claim(fixed_address, mem.size))
+    return Status(ErrorCode::kAddressInUse, "the same-address range of allocation " + Id(id) +
+                                                " is taken here or outside --va-window");
+  if (pinned) {
+    // Its pages were locked by the broker that died; this one locks them again.
+    if (Status pin = ipc::Pin(&mem); !pin.ok())
+      MB_WARN("reattach_unpinned", "id=%llu reason=\"%s\"", static_cast<unsigned long long>(id),
+              LogText(pin.message()).c_str());
+  }
+  const uint64_t size = mem.size;
+  Allocation& a = table_.Adopt(id, std::move(mem), policy, 0, uid, inode);
+  a.fixed_address = fixed_address;
+  a.charge = Usage{size, a.pinned ? size : 0, 1, 0};
+  accounting_.ChargeUid(uid, a.charge);  // it exists: charged, never refused
+  return &a;
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::RestoreExportRequest& m) {

@@ -263,24 +263,11 @@ Status Broker::ReceiveTakeOver() {
         mem.size = static_cast<uint64_t>(st.st_size);
         mem.page_size = x.page_size;
         mem.fell_back = x.fell_back;
-        bool pinned = false;
-        if (x.pinned) {
-          Status pin = ipc::Pin(&mem);
-          pinned = pin.ok();
-          if (!pin.ok()) MB_WARN("takeover_unpinned", "id=%llu reason=\"%s\"", static_cast<unsigned long long>(x.id),
-                                 LogText(pin.message()).c_str());
-        }
-        if (x.fixed_address != 0 && !window_.Claim(x.fixed_address, mem.size))
-          return Status(ErrorCode::kAddressInUse, "--take-over: the same-address range of allocation " +
-                                                      std::to_string(x.id) + " does not fit --va-window");
-        const uint64_t size = mem.size;
-        Allocation& a = table_.Adopt(x.id, std::move(mem), x.policy, 0, x.creator_uid,
-                                     {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
-        a.holders = 0;  // its holders come back by reattaching
-        a.awaiting = true;
-        a.fixed_address = x.fixed_address;
-        a.charge = Usage{size, pinned ? size : 0, 1, 0};
-        accounting_.ChargeUid(x.creator_uid, a.charge);
+        auto adopted = AdoptMemory(x.id, std::move(mem), x.policy, x.creator_uid, x.pinned, x.fixed_address,
+                                   {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+        if (!adopted.ok()) return Status(adopted.code(), "--take-over: " + adopted.status().message());
+        (*adopted)->holders = 0;  // its holders come back by reattaching
+        (*adopted)->awaiting = true;
         ++allocations;
       }
     } else if (auto* m = std::get_if<ipc::TakeOverExport>(&env->body)) {
