@@ -228,12 +228,15 @@ struct Encoder {
     }
     return w::CreateReattachReply(b, b.CreateVector(rs)).Union();
   }
+  // An export's allowed processes (RestoreExportRequest, TakeOverExport).
+  fb::Offset<fb::Vector<fb::Offset<w::AllowedProcess>>> Pids(const std::vector<AllowedPid>& pids) {
+    std::vector<fb::Offset<w::AllowedProcess>> ps;
+    for (const auto& p : pids) ps.push_back(w::CreateAllowedProcess(b, p.pid, p.start_time));
+    return b.CreateVector(ps);
+  }
   fb::Offset<void> operator()(const RestoreExportRequest& m) {
     auto t = b.CreateString(m.token);
-    std::vector<fb::Offset<w::AllowedProcess>> ps;
-    for (const auto& p : m.pids) ps.push_back(w::CreateAllowedProcess(b, p.pid, p.start_time));
-    return w::CreateRestoreExportRequest(b, m.handle, t, static_cast<w::ExportFlags>(m.flags),
-                                         b.CreateVector(ps))
+    return w::CreateRestoreExportRequest(b, m.handle, t, static_cast<w::ExportFlags>(m.flags), Pids(m.pids))
         .Union();
   }
   fb::Offset<void> operator()(const TakeOverHello& m) {
@@ -249,10 +252,8 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const TakeOverExport& m) {
     auto t = b.CreateString(m.token);
-    std::vector<fb::Offset<w::AllowedProcess>> ps;
-    for (const auto& p : m.pids) ps.push_back(w::CreateAllowedProcess(b, p.pid, p.start_time));
     return w::CreateTakeOverExport(b, t, m.allocation, m.exporter_uid, static_cast<w::ExportFlags>(m.flags),
-                                   b.CreateVector(ps))
+                                   Pids(m.pids))
         .Union();
   }
   fb::Offset<void> operator()(const TakeOverName& m) {
@@ -618,16 +619,20 @@ Result<Message> Read(const w::ReattachReply* m) {
   return Message(std::move(r));
 }
 
+// An export's allowed processes (RestoreExportRequest, TakeOverExport).
+Status ReadPids(const fb::Vector<fb::Offset<w::AllowedProcess>>* ps, std::vector<AllowedPid>* out) {
+  if (ps == nullptr) return Status::Ok();
+  if (ps->size() > kMaxPidsPerRequest) return Malformed("more than " + std::to_string(kMaxPidsPerRequest) + " pids");
+  for (const auto* p : *ps) out->push_back({p->pid(), p->start_time()});
+  return Status::Ok();
+}
+
 Result<Message> Read(const w::RestoreExportRequest* m) {
   RestoreExportRequest r;
   r.handle = m->handle();
   r.flags = static_cast<uint32_t>(m->flags());
   MB_RETURN_IF_ERROR(ReadString(m->token(), kMaxTokenBytes, "token", &r.token));
-  if (auto ps = m->pids()) {
-    if (ps->size() > kMaxPidsPerRequest)
-      return Malformed("more than " + std::to_string(kMaxPidsPerRequest) + " pids");
-    for (const auto* p : *ps) r.pids.push_back({p->pid(), p->start_time()});
-  }
+  MB_RETURN_IF_ERROR(ReadPids(m->pids(), &r.pids));
   return Message(std::move(r));
 }
 
@@ -651,10 +656,7 @@ Result<Message> Read(const w::TakeOverExport* m) {
   r.allocation = m->allocation();
   r.exporter_uid = m->exporter_uid();
   r.flags = static_cast<uint32_t>(m->flags());
-  if (auto ps = m->pids()) {
-    if (ps->size() > kMaxPidsPerRequest) return Malformed("too many pids");
-    for (const auto* p : *ps) r.pids.push_back({p->pid(), p->start_time()});
-  }
+  MB_RETURN_IF_ERROR(ReadPids(m->pids(), &r.pids));
   return Message(std::move(r));
 }
 Result<Message> Read(const w::TakeOverName* m) {
