@@ -321,7 +321,8 @@ Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
 }
 
 Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const {
-  if (!ipc::Overlaps(engine_ranges_, va, size, [](size_t n) { return n; })) return Status::Ok();
+  if (!ipc::Overlaps(engine_ranges_, va, size, [](const EngineRegistration& r) { return r.size; }))
+    return Status::Ok();
   return Status(ErrorCode::kBusy, "range " + Hex(va) + "+" + std::to_string(size) +
                                       " is registered with a transfer engine and cannot be " + what +
                                       " (DeregisterMem it first)");
@@ -347,13 +348,24 @@ Result<EngineRange> ClientCore::LockEngineRange(uintptr_t va, size_t size) {
                   "range " + Hex(va) + "+" + std::to_string(size) +
                       " is neither inside one mapping of broker memory nor inside one "
                       "HostRegister range");
-  engine_ranges_[va] = size;
+  engine_ranges_[va] = EngineRegistration{size, found, 0};
   return found;
 }
 
 void ClientCore::ForgetEngineRange(uintptr_t va) {
   std::lock_guard<std::mutex> lk(mu_);
   engine_ranges_.erase(va);
+}
+
+uint64_t ClientCore::EngineRegion(uintptr_t va) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = engine_ranges_.find(va);
+  return it == engine_ranges_.end() ? 0 : it->second.region;
+}
+
+void ClientCore::SetEngineRegion(uintptr_t va, uint64_t region) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = engine_ranges_.find(va); it != engine_ranges_.end()) it->second.region = region;
 }
 
 }  // namespace membroker::detail

@@ -53,6 +53,15 @@ struct EngineRange {
   bool read_only = false;
 };
 
+// A range registered with this client's transfer engine, as a reattach
+// registers it again: region is its id at the current broker (0 while it is
+// not registered there: being registered, or deregistered and draining).
+struct EngineRegistration {
+  size_t size = 0;
+  EngineRange where;
+  uint64_t region = 0;
+};
+
 struct ReservationState {
   uint64_t size = 0;
   std::map<uintptr_t, MappingState> mappings;  // by start address
@@ -99,6 +108,10 @@ class ClientCore {
   void RecordPublication(const std::string& name, uint64_t handle, uint32_t flags, std::string metadata);
   void ForgetPublication(const std::string& name);
   void RecordSubscription(const std::string& prefix);
+  // The transfer engine of this client (one at most): its name and control
+  // block, re-registered at a reattach with its ranges.
+  void RecordEngine(const std::string& name, uint64_t control_allocation);
+  void ForgetEngine();
 
   Connection& conn() { return conn_; }
   uint64_t client_id() const { return client_id_; }
@@ -131,6 +144,9 @@ class ClientCore {
   // unmapped, protected below read-write or unregistered until ForgetEngineRange.
   Result<EngineRange> LockEngineRange(uintptr_t va, size_t size);
   void ForgetEngineRange(uintptr_t va);
+  // The range's region id at the current broker (0: none), and setting it.
+  uint64_t EngineRegion(uintptr_t va);
+  void SetEngineRegion(uintptr_t va, uint64_t region);
 
  private:
   void ReattachLoop();
@@ -138,6 +154,10 @@ class ClientCore {
   ipc::UniqueFd ConnectAgain(ipc::UniqueFd* watch);
   // Presents everything on a fresh connection, then makes it this client's.
   Status Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_point lost, ReattachReport* report);
+  // Registers the transfer engine and its ranges again on `fresh`; the
+  // ranges' new region ids by address.
+  std::map<uintptr_t, uint64_t> ReattachEngine(Connection& fresh, const std::set<uint64_t>& taken,
+                                               ReattachReport* report);
   // Sends a Free for handles freed while no broker was there.
   void SendLostFrees(const std::set<uint64_t>& taken);
 
@@ -162,13 +182,15 @@ class ClientCore {
   std::map<std::string, ExportRecord> exports_;           // by token (guarded by mu_)
   std::map<std::string, PublicationRecord> publications_;  // by name (guarded by mu_)
   std::set<std::string> subscriptions_;                   // (guarded by mu_)
+  std::string engine_name_;                               // (guarded by mu_)
+  uint64_t engine_control_ = 0;                           // (guarded by mu_)
   std::vector<ipc::Granularity> granularities_;
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;
   std::map<uintptr_t, ReservationState> reservations_;  // by base address
   std::map<uintptr_t, uint64_t> host_allocs_;           // MallocHost pointers
   std::map<uintptr_t, size_t> host_regs_;               // HostRegister ranges
-  std::map<uintptr_t, size_t> engine_ranges_;           // registered with a transfer engine
+  std::map<uintptr_t, EngineRegistration> engine_ranges_;  // registered with the transfer engine
   uint64_t next_map_id_ = 1;
 };
 

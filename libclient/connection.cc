@@ -207,6 +207,11 @@ Status Connection::BreakOnHangup(Status otherwise) {
   return AfterFailedSend(lk, std::move(otherwise));
 }
 
+bool Connection::attached() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_.ok();
+}
+
 void Connection::Replace(ipc::UniqueFd sock) {
   std::lock_guard<std::mutex> send_lk(send_mu_);
   std::unique_lock<std::mutex> lk(mu_);

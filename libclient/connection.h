@@ -63,6 +63,8 @@ class Connection {
   // or `otherwise`, unless it is broken already. Every call from now on fails
   // at once with the reason returned.
   Status BreakOnHangup(Status otherwise);
+  // Whether calls go to a broker now (false from a hang-up to the reattach).
+  bool attached() const;
   // Serves sock from now on; calls still waiting on the old one fail.
   void Replace(ipc::UniqueFd sock);
   ipc::UniqueFd TakeSocket() { return std::move(sock_); }

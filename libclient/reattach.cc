@@ -211,6 +211,7 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   for (const std::string& prefix : subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
   for (const auto& [addr, size] : host_regs)
     Note(report, fresh.Call(ipc::RegisterHostRequest{addr, size, 0}).status());
+  const std::map<uintptr_t, uint64_t> regions = ReattachEngine(fresh, taken, report);
 
   // From here on the new broker serves every call of this client.
   {
@@ -218,6 +219,10 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     for (const Presented& p : handles)
       if (!taken.count(p.handle.handle))
         if (auto it = handles_.find(p.handle.handle); it != handles_.end()) it->second.detached = true;
+    // A range the new broker did not take is local only (DeregisterMem then
+    // only forgets it here).
+    for (auto& [va, r] : engine_ranges_)
+      if (r.region != 0) r.region = regions.count(va) ? regions.at(va) : 0;
   }
   client_id_ = h->client_id;
   report->waited_ms = MsSince(lost);
@@ -232,6 +237,53 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   }
   SendLostFrees(taken);
   return Status::Ok();
+}
+
+std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, const std::set<uint64_t>& taken,
+                                                         ReattachReport* report) {
+  std::string name;
+  uint64_t control = 0;
+  std::map<uintptr_t, EngineRegistration> ranges;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    name = engine_name_;
+    control = engine_control_;
+    for (const auto& [va, r] : engine_ranges_)
+      if (r.region != 0) ranges.emplace(va, r);
+  }
+  std::map<uintptr_t, uint64_t> regions;
+  if (name.empty()) return regions;
+  // The engine's connections are made again by each peer's next use of them
+  // (transfer_engine.cc): the peer's engine may reattach after this one.
+  Status init = taken.count(control) ? fresh.Call(ipc::EngineInitRequest{name, control}).status()
+                                     : Status(ErrorCode::kNotFound, "the engine's control block was not taken back");
+  Note(report, init);
+  if (!init.ok()) return regions;
+  for (const auto& [va, r] : ranges) {
+    if (r.where.handle != 0 && !taken.count(r.where.handle)) {
+      Note(report, Status(ErrorCode::kNotFound, "registered memory of a handle the new broker did not take back"));
+      continue;
+    }
+    auto reply = fresh.Call(ipc::EngineRegisterRequest{va, r.size, r.where.handle, r.where.offset});
+    auto* m = reply.ok() ? std::get_if<ipc::EngineRegisterReply>(&reply->body) : nullptr;
+    Note(report, m != nullptr ? Status::Ok()
+                 : reply.ok() ? Status(ErrorCode::kProtocolError, "EngineRegisterRequest got a wrong reply")
+                              : reply.status());
+    if (m != nullptr) regions[va] = m->region;
+  }
+  return regions;
+}
+
+void ClientCore::RecordEngine(const std::string& name, uint64_t control_allocation) {
+  std::lock_guard<std::mutex> lk(mu_);
+  engine_name_ = name;
+  engine_control_ = control_allocation;
+}
+
+void ClientCore::ForgetEngine() {
+  std::lock_guard<std::mutex> lk(mu_);
+  engine_name_.clear();
+  engine_control_ = 0;
 }
 
 void ClientCore::SendLostFrees(const std::set<uint64_t>& taken) {

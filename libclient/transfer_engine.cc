@@ -14,6 +14,11 @@
 // sees it busy. The block's layout is membroker/ipc/engine_control.h; who the
 // peers are (slot, pid) comes from the broker, never from the block, and the
 // wait is bounded ("drain_timeout_ms").
+//
+// After the broker restarts, the client's reattach registers the engine and
+// its ranges again (reattach.cc); each connection is made again by its next
+// use (a transfer or a notify), which waits for the peer's engine to be back
+// until that call's deadline.
 #include "membroker/transfer_engine.h"
 
 #include <signal.h>
@@ -120,7 +125,7 @@ class ThreadPool {
 struct LocalRegion {
   uintptr_t addr = 0;
   size_t len = 0;
-  uint64_t id = 0;
+  uint64_t handle = 0;  // the MemHandle (the broker's region id changes at a reattach)
   bool read_only = false;
   // Deregistered at the broker, but a peer was still inside a transfer when
   // the drain timed out: the range stays locked here until a later
@@ -155,6 +160,7 @@ struct Peer {
   std::map<uint64_t, ipc::EngineRegion> regions;  // by remote address
   std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
   std::atomic<bool> lost{false};
+  uint64_t epoch = 0;  // the client's reattach count when this connection was made (under mu)
 };
 
 // One check: the pidfd where there is one (a pid can be reused), the pid otherwise.
@@ -188,7 +194,7 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   Status TransferAsync(const std::string& remote, TransferOp op,
                        const std::vector<TransferOpDesc>& descs, TransferReq& req, int32_t timeout_ms);
   Status GetTransferStatus(TransferReq req, TransferStatus& status);
-  Status SendNotify(const std::string& remote, const NotifyDesc& notify);
+  Status SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms);
   Status GetNotifies(std::vector<Notify>& notifies);
   Status last_error() const {
     std::lock_guard<std::mutex> lk(req_mu_);
@@ -197,10 +203,19 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
 
  private:
   std::shared_ptr<Peer> FindPeer(const std::string& remote);
+  // Whether the broker that made this connection is gone (a reattach since).
+  bool Stale(Peer& peer);
+  // Connects to the peer's engine again at the new broker, waiting for it
+  // until deadline; the old mappings go (the new broker never gave them).
+  Status Reconnect(Peer& peer, Clock::time_point deadline);
+  // Takes the broker's answer to EngineConnectRequest into peer (peer.mu
+  // exclusive, or peer not shared yet): its pid, slot and control block.
+  Status Adopt(Peer& peer, const ipc::EngineInfoReply& info);
   // Re-reads the peer's regions from the broker and maps new broker-backed ones.
   Status Refresh(Peer& peer);
-  // Unmaps and releases everything the peer mapping holds (peer.mu exclusive).
-  void DropPeerMappings(Peer& peer);
+  // Unmaps and releases everything the peer mapping holds (peer.mu exclusive);
+  // tell_broker false: only unmaps (the broker that gave them is gone).
+  void DropPeerMappings(Peer& peer, bool tell_broker = true);
   Status ResolveAndCopy(Peer& peer, TransferOp op, const std::vector<TransferOpDesc>& descs,
                         Clock::time_point deadline, bool* retry);
   Status CopyAll(std::vector<CopySegment>& segs, Clock::time_point deadline);
@@ -223,6 +238,7 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   Reservation control_range_;
   Mapping control_map_;
   ControlBlock* control_ = nullptr;  // ours, mapped read-write
+  uint64_t next_handle_ = 1;         // MemHandles (under local_mu_)
   std::chrono::milliseconds drain_timeout_{10'000};
 
   std::shared_mutex local_mu_;  // shared: transfers; exclusive: deregistration
@@ -264,6 +280,7 @@ Status TransferEngine::Impl::Initialize(const std::string& name,
   MB_ASSIGN_OR_RETURN(Reservation range, client_.ReserveMemAddress(h.size()));
   MB_ASSIGN_OR_RETURN(Mapping map, client_.MapMem(range.base(), h.size(), 0, h));
   MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineInitRequest{name, h.id()}).status());
+  core_->RecordEngine(name, h.id());
   control_ = map.as<ControlBlock>();
   control_->magic.store(ipc::kEngineControlMagic);
   control_handle_ = std::move(h);
@@ -288,6 +305,7 @@ void TransferEngine::Impl::Finalize() {
   std::unique_lock<std::shared_mutex> lk(local_mu_);
   // Who may still be inside our memory: asked before the broker forgets them.
   auto peers = ConnectedPeers();
+  core_->ForgetEngine();
   (void)core_->conn().Call(ipc::EngineFinalizeRequest{});
   if (peers.ok()) (void)WaitForPeers(*peers, Clock::now() + drain_timeout_);  // bounded either way
   for (const auto& [addr, r] : local_) core_->ForgetEngineRange(addr);
@@ -362,21 +380,26 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
     return reply.ok() ? Status(ErrorCode::kProtocolError, "EngineRegisterRequest got a wrong reply")
                       : reply.status();
   }
-  local_[mem.addr] = LocalRegion{mem.addr, mem.len, r->region, where.read_only};
-  handle = reinterpret_cast<MemHandle>(static_cast<uintptr_t>(r->region));
+  core_->SetEngineRegion(mem.addr, r->region);
+  const uint64_t h = next_handle_++;
+  local_[mem.addr] = LocalRegion{mem.addr, mem.len, h, where.read_only};
+  handle = reinterpret_cast<MemHandle>(static_cast<uintptr_t>(h));
   return Status::Ok();
 }
 
 Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
   if (!initialized_) return NotInitialized();
-  const uint64_t id = reinterpret_cast<uintptr_t>(handle);
+  const uint64_t h = reinterpret_cast<uintptr_t>(handle);
   // Exclusive: our own transfers that may use it finish first.
   std::unique_lock<std::shared_mutex> lk(local_mu_);
-  auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& kv) { return kv.second.id == id; });
+  auto it = std::find_if(local_.begin(), local_.end(), [&](const auto& kv) { return kv.second.handle == h; });
   if (it == local_.end())
     return Status(ErrorCode::kParamInvalid, "unknown MemHandle (never registered, or deregistered)");
   if (!it->second.draining) {
-    MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineDeregisterRequest{id}).status());
+    // (0: a reattach could not register it again; the broker has nothing to forget.)
+    if (const uint64_t region = core_->EngineRegion(it->first); region != 0)
+      MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineDeregisterRequest{region}).status());
+    core_->SetEngineRegion(it->first, 0);
     it->second.draining = true;  // gone at the broker; ours until the peers drain
   }
   // Peers' transfers into it finish; later ones refresh and miss it.
@@ -415,14 +438,72 @@ void TransferEngine::Impl::ReleaseImported(void* base, size_t size, uint64_t all
   (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
 }
 
-void TransferEngine::Impl::DropPeerMappings(Peer& peer) {
-  for (auto& [alloc, m] : peer.maps) ReleaseImported(m.base, m.size, alloc);
+void TransferEngine::Impl::DropPeerMappings(Peer& peer, bool tell_broker) {
+  auto drop = [&](void* base, size_t size, uint64_t allocation) {
+    if (tell_broker) ReleaseImported(base, size, allocation);
+    else ::munmap(base, size);
+  };
+  for (auto& [alloc, m] : peer.maps) drop(m.base, m.size, alloc);
   peer.maps.clear();
   peer.regions.clear();
+  peer.fresh = false;
   if (peer.control != nullptr) {
-    ReleaseImported(peer.control, sizeof(ControlBlock), peer.control_allocation);
+    drop(peer.control, sizeof(ControlBlock), peer.control_allocation);
     peer.control = nullptr;
   }
+}
+
+bool TransferEngine::Impl::Stale(Peer& peer) {
+  std::shared_lock<std::shared_timed_mutex> lk(peer.mu);
+  return peer.epoch != core_->reattaches();
+}
+
+Status TransferEngine::Impl::Adopt(Peer& peer, const ipc::EngineInfoReply& info) {
+  peer.pid = info.pid;
+  peer.slot = info.slot;
+  peer.control_allocation = info.control_allocation;
+  auto pidfd = ipc::PidfdOpenIfSupported(info.pid);
+  if (pidfd.ok()) peer.pidfd = std::move(*pidfd);
+  if (!pidfd.ok() || !PeerAlive(peer))
+    return Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" exited while connecting");
+  size_t size = 0;
+  MB_ASSIGN_OR_RETURN(void* control, MapImported(peer.name, info.control_allocation, &size));
+  peer.control = static_cast<ControlBlock*>(control);
+  ControlSlot& slot = peer.control->slots[peer.slot % ipc::kEngineSlots];
+  slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::Reconnect(Peer& peer, Clock::time_point deadline) {
+  std::unique_lock<std::shared_timed_mutex> lk(peer.mu);
+  const uint64_t epoch = core_->reattaches();
+  if (peer.epoch == epoch) return Status::Ok();  // another thread did it
+  if (peer.lost.load()) return NotConnected(peer.name);
+  if (!core_->conn().attached())
+    return Status(ErrorCode::kNotConnected, "the broker went away; engine \"" + peer.name +
+                                                "\" is connected again once this client has reattached");
+  DropPeerMappings(peer, /*tell_broker=*/false);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  const uint32_t wait_ms = static_cast<uint32_t>(std::max<int64_t>(left.count(), 0));
+  auto reply = core_->conn().Call(ipc::EngineConnectRequest{peer.name, wait_ms}, std::chrono::milliseconds(wait_ms));
+  auto* info = reply.ok() ? std::get_if<ipc::EngineInfoReply>(&reply->body) : nullptr;
+  Status st = info != nullptr ? Adopt(peer, *info)
+              : reply.ok()    ? Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply")
+                              : reply.status();
+  if (st.ok()) {
+    peer.epoch = epoch;
+    return st;
+  }
+  if (info != nullptr) (void)core_->conn().Call(ipc::EngineDisconnectRequest{peer.name});
+  // Its engine did not come back to the new broker in time: lost, as if it
+  // had exited (Connect starts over). A broker gone again is tried next time.
+  if (st.code() == ErrorCode::kNotFound || st.code() == ErrorCode::kTimeout || info != nullptr) {
+    peer.lost.store(true);
+    peer.epoch = epoch;
+    return Status(ErrorCode::kNotConnected, "engine \"" + peer.name +
+                                                "\" is not back after the broker restarted: " + st.message());
+  }
+  return st;
 }
 
 Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
@@ -434,6 +515,7 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
   }
   // The broker answers only with an engine whose process it knows is alive,
   // waiting up to timeout_ms for one to appear.
+  const uint64_t epoch = core_->reattaches();
   auto reply = core_->conn().Call(ipc::EngineConnectRequest{remote, static_cast<uint32_t>(std::max(timeout_ms, 0))},
                                    std::chrono::milliseconds(std::max(timeout_ms, 0)));
   if (!reply.ok()) return reply.status();
@@ -441,23 +523,11 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
   if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineConnectRequest got a wrong reply");
   auto peer = std::make_shared<Peer>();
   peer->name = remote;
-  peer->pid = info->pid;
-  peer->slot = info->slot;
-  peer->control_allocation = info->control_allocation;
-  auto pidfd = ipc::PidfdOpenIfSupported(info->pid);
-  if (pidfd.ok()) peer->pidfd = std::move(*pidfd);
-  Status st = pidfd.ok() && PeerAlive(*peer)
-                  ? Status::Ok()
-                  : Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" exited while connecting");
-  size_t size = 0;
-  Result<void*> control = st.ok() ? MapImported(remote, info->control_allocation, &size) : st;
-  if (!control.ok()) {
+  peer->epoch = epoch;
+  if (Status st = Adopt(*peer, *info); !st.ok()) {
     (void)core_->conn().Call(ipc::EngineDisconnectRequest{remote});
-    return control.status();
+    return st;
   }
-  peer->control = static_cast<ControlBlock*>(*control);
-  ControlSlot& slot = peer->control->slots[peer->slot % ipc::kEngineSlots];
-  slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
   std::lock_guard<std::mutex> lk(peers_mu_);
   peers_[remote] = std::move(peer);
   return Status::Ok();
@@ -480,7 +550,10 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
     peers_.emplace(remote, peer);
     return Status(ErrorCode::kTimeout, "transfers to \"" + remote + "\" still running after the timeout");
   }
-  DropPeerMappings(*peer);
+  // A connection made at a broker that is gone: the new one never knew it.
+  const bool stale = peer->epoch != core_->reattaches();
+  DropPeerMappings(*peer, !stale);
+  if (stale) return Status::Ok();
   Status st = core_->conn().Call(ipc::EngineDisconnectRequest{remote}).status();
   if (peer->lost.load() && st.code() == ErrorCode::kNotConnected) return Status::Ok();
   return st;
@@ -488,14 +561,17 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
 
 Status TransferEngine::Impl::Refresh(Peer& peer) {
   std::unique_lock<std::shared_timed_mutex> lk(peer.mu);
-  if (peer.lost.load()) return NotConnected(peer.name);
+  if (peer.lost.load() || peer.control == nullptr) return NotConnected(peer.name);
   const uint32_t generation = peer.control->generation.load();
   auto reply = core_->conn().Call(ipc::EngineRegionsRequest{peer.name});
   if (!reply.ok()) {
-    if (reply.code() == ErrorCode::kNotConnected) peer.lost.store(true);
-    return reply.code() == ErrorCode::kNotConnected
-               ? Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" finalized or went away")
-               : reply.status();
+    // NOT_CONNECTED from the broker itself (not a broker gone, or a new one
+    // that has not seen this connection yet): the peer's engine is gone.
+    const bool peer_gone = reply.code() == ErrorCode::kNotConnected && core_->conn().attached() &&
+                           peer.epoch == core_->reattaches();
+    if (!peer_gone) return reply.status();
+    peer.lost.store(true);
+    return Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" finalized or went away");
   }
   auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
   if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineRegionsRequest got a wrong reply");
@@ -528,10 +604,14 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (op != READ && op != WRITE) return Status(ErrorCode::kParamInvalid, "op must be READ or WRITE");
   std::shared_ptr<Peer> peer = FindPeer(remote);
   if (peer == nullptr) return NotConnected(remote);
-  if (peer->lost.load() || !PeerAlive(*peer)) {
-    peer->lost.store(true);
-    return Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" (pid " +
-                                                std::to_string(peer->pid) + ") has exited");
+  if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
+  {
+    std::shared_lock<std::shared_timed_mutex> lk(peer->mu);  // (a reconnect replaces pid and pidfd)
+    if (peer->lost.load() || !PeerAlive(*peer)) {
+      peer->lost.store(true);
+      return Status(ErrorCode::kNotConnected, "engine \"" + remote + "\" (pid " +
+                                                  std::to_string(peer->pid) + ") has exited");
+    }
   }
   // Local ranges: registered, and writable when we read into them.
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
@@ -544,19 +624,22 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
     if (op == READ && it->second.read_only)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
   }
-  ControlSlot& slot = peer->control->slots[peer->slot % ipc::kEngineSlots];
   for (int attempt = 0;; ++attempt) {
     bool retry = false;
-    slot.busy.fetch_add(1);
     Status st;
     {
+      // Shared: the control block and mappings stay while we copy (a
+      // reconnect after a reattach replaces them under the exclusive lock).
       std::shared_lock<std::shared_timed_mutex> lk(peer->mu);
+      if (peer->control == nullptr) return NotConnected(remote);
+      ControlSlot& slot = peer->control->slots[peer->slot % ipc::kEngineSlots];
+      slot.busy.fetch_add(1);
       if (peer->fresh && peer->control->generation.load() == peer->generation)
         st = ResolveAndCopy(*peer, op, descs, deadline, &retry);
       else
         retry = true;
+      if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) detail::FutexWakeAll(&slot.busy);
     }
-    if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) detail::FutexWakeAll(&slot.busy);
     if (!retry || attempt == 2) return st;
     MB_RETURN_IF_ERROR(Refresh(*peer));
   }
@@ -713,13 +796,15 @@ Status TransferEngine::Impl::GetTransferStatus(TransferReq req, TransferStatus& 
   return Status::Ok();
 }
 
-Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify) {
+Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify,
+                                        int32_t timeout_ms) {
   if (!initialized_) return NotInitialized();
   auto peer = FindPeer(remote);
   if (peer == nullptr || peer->lost.load()) return NotConnected(remote);
   if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
     return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
   if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");
+  if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, DeadlineAfter(timeout_ms)));
   return core_->conn().Call(ipc::EngineNotifyRequest{remote, notify.name, notify.notify_msg}).status();
 }
 
@@ -773,8 +858,8 @@ Status TransferEngine::GetTransferStatus(std::span<const TransferReq> reqs,
   return Status::Ok();
 }
 Status TransferEngine::last_error() const { return impl_->last_error(); }
-Status TransferEngine::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t) {
-  return impl_->SendNotify(remote, notify);
+Status TransferEngine::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms) {
+  return impl_->SendNotify(remote, notify, timeout_ms);
 }
 Status TransferEngine::GetNotifies(std::vector<Notify>& notifies) { return impl_->GetNotifies(notifies); }
 

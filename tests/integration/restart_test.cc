@@ -1,7 +1,8 @@
 // Broker restart: clients reattach by themselves to the next broker on their
 // socket and keep their handles (ids unchanged), mappings, exports, names and
-// subscriptions; what a client presents is checked, so nobody gets memory
-// they were never given (docs/RESTART.md).
+// subscriptions, transfer engines and their connections; what a client
+// presents is checked, so nobody gets memory they were never given
+// (docs/RESTART.md).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 
 #include "broker_process.h"
 #include "membroker/client.h"
+#include "membroker/transfer_engine.h"
 #include "raw_client.h"
 
 namespace membroker::testing {
@@ -69,9 +71,13 @@ struct ReattachSignal {
   }
 };
 
+std::string EngineName(int index) { return "holder-" + std::to_string(index % kClients); }
+
 // One of the eight holders: three allocations mapped and filled, one
-// exported, one published, a subscription; even-numbered ones keep requests
-// in flight across the broker's death. Exit codes name the failed step.
+// exported, one published, a subscription, an engine that registered the
+// plain allocation and host-registered scratch memory and is connected to
+// the next holder's engine; even-numbered ones keep requests in flight
+// across the broker's death. Exit codes name the failed step.
 int Holder(const std::string& socket, int index, Channel& ch) {
   ReattachSignal reattached;
   ConnectOptions options{socket, "holder-" + std::to_string(index)};
@@ -102,6 +108,15 @@ int Holder(const std::string& socket, int index, Channel& ch) {
   if (!token.ok()) return 14;
   if (!c->Publish("restart/" + std::to_string(index), handles[kPlain]).ok()) return 15;
   if (!c->Subscribe("restart/").ok()) return 16;
+  void* scratch = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (scratch == MAP_FAILED || !c->HostRegister(scratch, kSize).ok()) return 40;
+  TransferEngine engine(*c);
+  MemHandle registered, scratch_registered;
+  if (!engine.Initialize(EngineName(index)).ok()) return 41;
+  if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(maps[kPlain].data()), kSize}, MEM_HOST, registered).ok() ||
+      !engine.RegisterMem({reinterpret_cast<uintptr_t>(scratch), kSize}, MEM_HOST, scratch_registered).ok())
+    return 42;
+  if (!engine.Connect(EngineName(index + 1), 20000).ok()) return 43;
 
   std::atomic<bool> stop{false};
   std::atomic<int> wrong_errors{0};
@@ -114,16 +129,19 @@ int Holder(const std::string& socket, int index, Channel& ch) {
         if (h.code() != ErrorCode::kNotConnected) ++wrong_errors;
       }
     });
-  ch.Send("ready " + *token);
-  if (ch.Receive() != "restarted") return 17;
+  ch.Send("ready " + *token + " " + std::to_string(reinterpret_cast<uintptr_t>(maps[kPlain].data())));
+  const std::string restarted = ch.Receive();
+  if (restarted.rfind("restarted ", 0) != 0) return 17;
+  const uintptr_t next_plain = std::stoull(restarted.substr(10));
   if (!reattached.Wait()) return 18;
   stop = true;
   if (busy.joinable()) busy.join();
   if (wrong_errors != 0) return 19;
   const ReattachReport report = c->last_reattach();
-  // Three handles at least (the busy loop may have held one), none refused;
-  // export, name and subscription restored.
-  if (report.handles < 3 || report.handles_refused != 0 || report.failed != 0 || report.restored != 3) return 20;
+  // Four handles at least (the busy loop may have held one), none refused;
+  // export, name, subscription, host registration, engine and its two
+  // ranges restored.
+  if (report.handles < 4 || report.handles_refused != 0 || report.failed != 0 || report.restored != 7) return 20;
   if (c->reattaches() != 1 || c->client_id() != report.client_id) return 21;
   // Same ids, same bytes, same fixed address; the broker serves them again.
   for (int kind = 0; kind < kKinds; ++kind) {
@@ -134,6 +152,27 @@ int Holder(const std::string& socket, int index, Channel& ch) {
   if (handles[kSameAddress].fixed_address() != fixed) return 25;
   auto fresh = c->MallocPhysical(4096);
   if (!fresh.ok()) return 26;
+  // Transfers work again: the connection to the next holder's engine is made
+  // again at the new broker (waiting for that engine to be back); READ
+  // brings its bytes, WRITE puts them back unchanged.
+  const std::vector<TransferOpDesc> all = {{reinterpret_cast<uintptr_t>(scratch), next_plain, kSize}};
+  if (Status st = engine.TransferSync(EngineName(index + 1), READ, all, 20000); !st.ok()) {
+    std::fprintf(stderr, "holder %d READ: %s\n", index, st.ToString().c_str());
+    return 44;
+  }
+  if (!HasPattern(scratch, (index + 1) % kClients, kPlain)) return 45;
+  if (!engine.TransferSync(EngineName(index + 1), WRITE, all, 20000).ok()) return 46;
+  if (!engine.SendNotify(EngineName(index + 1), {"restarted", "ok"}).ok()) return 47;
+  // Ranges registered before and after the restart are deregistered cleanly.
+  MemHandle later;
+  if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(maps[kExported].data()), kSize}, MEM_HOST, later).ok() ||
+      !engine.DeregisterMem(later).ok() || !engine.DeregisterMem(scratch_registered).ok())
+    return 48;
+  ch.Send("ok");
+  if (ch.Receive() != "notifies") return 49;
+  std::vector<Notify> notifies;
+  if (!engine.GetNotifies(notifies).ok() || notifies.size() != 1 || notifies[0].remote_engine != EngineName(index - 1 + kClients))
+    return 50;
   ch.Send("ok");
   return ch.Receive() == "exit" ? 0 : 27;
 }
@@ -148,18 +187,23 @@ TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
       channels[i].AsChild();
       return Holder(b.socket(), i, channels[i]);
     }));
-  std::vector<std::string> tokens;
+  std::vector<std::string> tokens, plain_addresses;
   for (int i = 0; i < kClients; ++i) {
     channels[i].AsParent();
-    const std::string line = channels[i].Receive();
-    ASSERT_EQ(line.rfind("ready ", 0), 0u) << "holder " << i << " said '" << line << "'";
-    tokens.push_back(line.substr(6));
+    std::istringstream line(channels[i].Receive());
+    std::string ready, token, address;
+    line >> ready >> token >> address;
+    ASSERT_EQ(ready, "ready") << "holder " << i << " said '" << line.str() << "'";
+    tokens.push_back(token);
+    plain_addresses.push_back(address);
   }
   ASSERT_EQ(b.Stat("allocations_live") >= kClients * kKinds, true);
 
   b.Kill();  // mid-request for the busy holders
   b.Restart();
-  for (auto& ch : channels) ch.Send("restarted");
+  for (int i = 0; i < kClients; ++i) channels[i].Send("restarted " + plain_addresses[(i + 1) % kClients]);
+  for (int i = 0; i < kClients; ++i) ASSERT_EQ(channels[i].Receive(), "ok") << "holder " << i;
+  for (auto& ch : channels) ch.Send("notifies");  // every notify was sent
   for (int i = 0; i < kClients; ++i) ASSERT_EQ(channels[i].Receive(), "ok") << "holder " << i;
 
   // Another process reads what the holders re-presented: the old tokens and
@@ -178,8 +222,9 @@ TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
       EXPECT_TRUE(HasPattern(m->data(), i, kind)) << "holder " << i << " kind " << kind;
     }
   }
-  // The broker's tables equal what the holders hold: three each, adopted.
-  EXPECT_EQ(b.WaitForStat("allocations_live", kClients * (kKinds + 1)), uint64_t{kClients * (kKinds + 1)});
+  // The broker's tables equal what the holders hold: three each and the
+  // engine's control block, adopted, and the one made after the restart.
+  EXPECT_EQ(b.WaitForStat("allocations_live", kClients * (kKinds + 2)), uint64_t{kClients * (kKinds + 2)});
   EXPECT_GE(b.Stat("handles_adopted"), uint64_t{kClients * kKinds});
   EXPECT_EQ(b.Stat("reattach_refused"), 0u);
   EXPECT_EQ(b.Stat("clients_reattached"), uint64_t{kClients});
@@ -315,6 +360,65 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
 }
 
 // A kicked client is told so and stays away; a client with reattach off too.
+// Memory a client maps and registers with its engine.
+struct EngineMemory {
+  PhysicalHandle handle;
+  Reservation range;
+  Mapping map;
+  MemHandle registered = nullptr;
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(map.data()); }
+};
+
+EngineMemory Registered(Client& c, TransferEngine& engine) {
+  EngineMemory m;
+  auto h = c.MallocPhysical(kSize);
+  EXPECT_TRUE(h.ok());
+  m.handle = std::move(*h);
+  m.range = std::move(*c.ReserveMemAddress(kSize));
+  m.map = std::move(*c.MapMem(m.range.base(), kSize, 0, m.handle));
+  EXPECT_TRUE(engine.RegisterMem({m.address(), kSize}, MEM_HOST, m.registered).ok());
+  return m;
+}
+
+TEST(Restart, AnEngineThatDoesNotComeBackIsNotConnectedAndConnectStartsOver) {
+  BrokerProcess b;
+  auto a = Client::Connect({b.socket(), "a"});
+  ConnectOptions gone_options{b.socket(), "gone"};
+  gone_options.reattach = false;  // its engine never comes back
+  auto gone = Client::Connect(gone_options);
+  ASSERT_TRUE(a.ok() && gone.ok());
+  TransferEngine ea(*a), eb(*gone);
+  ASSERT_TRUE(ea.Initialize("a").ok());
+  ASSERT_TRUE(eb.Initialize("b").ok());
+  EngineMemory ma = Registered(*a, ea), mb = Registered(*gone, eb);
+  ASSERT_TRUE(ea.Connect("b").ok());
+  const std::vector<TransferOpDesc> one = {{ma.address(), mb.address(), 4096}};
+  ASSERT_TRUE(ea.TransferSync("b", READ, one).ok());
+
+  b.Kill();
+  b.Restart();
+  ASSERT_TRUE(a->WaitForReattach(1, 20000).ok());
+  // The connection is made again on first use, waiting for "b" until the
+  // transfer's deadline: it is not back, so NOT_CONNECTED, as for an exited peer.
+  Status st = ea.TransferSync("b", READ, one, 300);
+  EXPECT_EQ(st.code(), ErrorCode::kNotConnected) << st.ToString();
+  EXPECT_NE(st.message().find("not back after the broker restarted"), std::string::npos) << st.ToString();
+  EXPECT_EQ(ea.TransferSync("b", READ, one, 300).code(), ErrorCode::kNotConnected);
+
+  // A new "b" at the new broker: Connect starts over and transfers work.
+  auto again = Client::Connect({b.socket(), "b-again"});
+  ASSERT_TRUE(again.ok());
+  TransferEngine eb2(*again);
+  ASSERT_TRUE(eb2.Initialize("b").ok());
+  EngineMemory mb2 = Registered(*again, eb2);
+  std::memset(mb2.map.data(), 0x5a, 4096);
+  ASSERT_TRUE(ea.Connect("b").ok());
+  ASSERT_TRUE(ea.TransferSync("b", READ, {{ma.address(), mb2.address(), 4096}}).ok());
+  EXPECT_EQ(static_cast<uint8_t*>(ma.map.data())[4095], 0x5a);
+  // "a" itself came back whole: its registered memory is deregistered cleanly.
+  EXPECT_TRUE(ea.DeregisterMem(ma.registered).ok());
+}
+
 TEST(Restart, ReattachOffStaysDisconnected) {
   BrokerProcess b;
   ConnectOptions off{b.socket(), "no-reattach"};
