@@ -37,7 +37,8 @@ bool IsCounter(const std::string& key) {
       "allocations_created", "allocations_freed", "exports_created", "imports",
       "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
       "protocol_errors", "huge_fallbacks", "clients_reattached", "handles_reattached",
-      "handles_adopted", "reattach_refused", "exports_restored"};
+      "handles_adopted", "reattach_refused", "exports_restored", "fd_store_stored", "fd_store_states",
+      "fd_store_failures", "fd_store_restored"};
   return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
 }
 
@@ -95,6 +96,10 @@ Record Broker::StatsRecord() const {
       .Num("handles_adopted", counters_.handles_adopted)
       .Num("reattach_refused", counters_.reattach_refused)
       .Num("exports_restored", counters_.exports_restored)
+      .Num("fd_store_stored", counters_.fd_store_stored)
+      .Num("fd_store_states", counters_.fd_store_states)
+      .Num("fd_store_failures", counters_.fd_store_failures)
+      .Num("fd_store_restored", counters_.fd_store_restored)
       .Num("requests", counters_.requests)
       .Num("errors_sent", counters_.errors_sent)
       .Num("protocol_errors", counters_.protocol_errors)

@@ -41,8 +41,9 @@ struct Allocation {
   int pool = -1;               // index of the pool it came from, or -1
   uint64_t fixed_address = 0;  // same-address allocations
   bool adopted = false;        // presented by a reattaching client or handed over, not created here
-  bool awaiting = false;
-  std::pair<uint64_t, uint64_t> inode{0, 0};  // (st_dev, st_ino), for adopted allocations       // handed over: kept without holders until the reattach grace ends
+  bool awaiting = false;       // handed over: kept without holders until the reattach grace ends
+  std::pair<uint64_t, uint64_t> inode{0, 0};  // (st_dev, st_ino), for adopted allocations
+  std::string stored_as;       // its FDNAME in systemd's fd store (fd_store.h), if stored
   Usage charge;                // what it costs its creator (and the creator's uid)
   std::chrono::steady_clock::time_point created;
   std::vector<std::string> tokens;

@@ -158,7 +158,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
     return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
   b->loop_.data = b.get();
   for (uv_timer_t* t : {&b->background_timer_, &b->handshake_timer_, &b->listen_retry_timer_,
-                        &b->watchdog_timer_, &b->handover_timer_, &b->grace_timer_}) {
+                        &b->watchdog_timer_, &b->handover_timer_, &b->grace_timer_, &b->state_timer_}) {
     MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(&b->loop_, t)));
     t->data = b.get();
   }
@@ -166,6 +166,8 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   // accept a connection and refuse it with a reason.
   b->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!b->reserve_fd_) return ipc::ErrnoStatus("open", "/dev/null (the reserve fd)", errno);
+  systemd::PassedFds passed = systemd::TakePassedFds();
+  b->activated_socket_ = std::move(passed.client_socket);
   MB_RETURN_IF_ERROR(b->options_.take_over ? b->ReceiveTakeOver() : b->Listen());
   // After Listen: a live broker on this socket has refused us by now, so the
   // state file is this broker's to carry on.
@@ -176,6 +178,9 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (b->identity_->first_id() > 1)
     MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",
             LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->identity_->first_id()));
+  b->fd_store_ = b->options_.fd_store || systemd::StoreAnnounced();
+  if (!passed.stored.empty() && !b->options_.take_over)
+    MB_RETURN_IF_ERROR(b->RestoreFromFdStore(std::move(passed.stored)));
   MB_RETURN_IF_ERROR(b->ListenAdmin());
   MB_RETURN_IF_ERROR(b->ListenTakeOver());
   b->FillPools();  // before READY: a ready broker serves pooled sizes at once
@@ -186,8 +191,9 @@ Status Broker::Listen() {
   // Started by systemd with the socket already listening (membrokerd.socket):
   // serve that one. It is systemd's to create and remove, and connections
   // queued while the broker (re)started are waiting in it.
-  if (int activated = systemd::ActivatedClientSocket(); activated >= 0) {
-    listen_fd_.reset(activated);
+  if (activated_socket_.valid()) {
+    listen_fd_ = std::move(activated_socket_);
+    const int activated = listen_fd_.get();
     socket_activated_ = true;
     MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("fcntl", "O_NONBLOCK on the activated socket", nullptr, [&] {
       return ::fcntl(activated, F_SETFL, ::fcntl(activated, F_GETFL) | O_NONBLOCK);
@@ -294,6 +300,7 @@ void Broker::Stop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&listen_retry_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&handover_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&grace_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&state_timer_), nullptr);
   if (takeover_bound_) {
     uv_close(reinterpret_cast<uv_handle_t*>(&takeover_poll_), nullptr);
     ::unlink(TakeOverSocketPath().c_str());

@@ -52,6 +52,11 @@ struct BrokerCounters {
   uint64_t handles_adopted = 0;      // of those, memory a previous broker created
   uint64_t reattach_refused = 0;     // handles refused (not ours, wrong id, ...)
   uint64_t exports_restored = 0;
+  // systemd's fd store (fd_store_broker.cc)
+  uint64_t fd_store_stored = 0;    // memfds stored
+  uint64_t fd_store_states = 0;    // state memfds stored
+  uint64_t fd_store_failures = 0;  // stores refused
+  uint64_t fd_store_restored = 0;  // allocations taken back from it at start
 };
 
 // Freed allocations' memory, to be given back to the backend together on a worker.
@@ -270,8 +275,27 @@ class Broker {
   void ResumeServing(const std::string& why);
   // The new broker's side: receives the listening socket and the state.
   Status ReceiveTakeOver();
+  // What both take-over and the fd store carry: an allocation the broker
+  // before this one had (kept without holders until clients reattach), an
+  // export, a name.
+  Result<Allocation*> AdoptHandedOver(const ipc::TakeOverAllocation& x, ipc::UniqueFd fd);
+  Status RestoreName(const ipc::TakeOverName& m);
+  // The exports and names as take-over and the fd store write them down.
+  std::vector<ipc::Message> StateRecords() const;
+  // Memory and names nobody reattached to are kept until --reattach-grace-ms.
+  Status StartReattachGrace();
   // When the reattach grace ends: what nobody reattached to goes.
   void ExpireAwaiting();
+
+  // systemd's file descriptor store (fd_store_broker.cc, fd_store.h).
+  // Stores a's memfd (once; nothing without a store).
+  void StoreMemory(Allocation& a);
+  // Exports or names changed: a new state memfd is stored at the next turn
+  // of the loop (changes made in one turn are stored together).
+  void StateChanged();
+  void StoreState();
+  // At start: takes back what systemd kept for the broker before this one.
+  Status RestoreFromFdStore(std::vector<std::pair<std::string, ipc::UniqueFd>> stored);
   // Closes the batch's fds on a worker, counted in bytes_returning meanwhile.
   void ReturnOnWorker(ReturnBatch batch);
   // Pool refills and single frees' returns wait until takes and frees pause
@@ -309,6 +333,11 @@ class Broker {
   bool socket_bound_ = false;  // our socket file exists and is ours to unlink
   ipc::UniqueFd reserve_fd_;    // closed to accept-and-refuse when out of fds
   bool socket_activated_ = false;  // the client socket came from systemd (not ours to unlink)
+  ipc::UniqueFd activated_socket_;  // that socket, until Listen serves it
+  bool fd_store_ = false;           // keep memory and state in systemd's fd store
+  uint64_t state_generation_ = 0;   // of the state memfd stored last
+  bool state_pending_ = false;      // state_timer_ runs: StoreState at the next turn
+  uv_timer_t state_timer_{};
   uv_timer_t watchdog_timer_{};    // WATCHDOG=1 pings, when systemd asks for them
   bool listening_paused_ = false;
   uv_timer_t listen_retry_timer_{};

@@ -6,6 +6,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "systemd.h"
 
 namespace membroker::broker {
 
@@ -58,6 +59,8 @@ void Broker::Retire(Allocation gone_allocation) {
   MB_DEBUG("free", "id=%llu size=%llu", static_cast<unsigned long long>(id),
            static_cast<unsigned long long>(gone->size));
   accounting_.ReleaseUid(gone->creator_uid, gone->charge);
+  if (!gone->stored_as.empty()) systemd::RemoveStoredFds(gone->stored_as);
+  if (!gone->tokens.empty()) StateChanged();  // its exports went with it
   if (gone->fixed_address) window_.Free(gone->fixed_address);
   if (gone->pool >= 0) --pools_[gone->pool].in_use;
   // Its memory goes back to the kernel here; never to another tenant (pool.h).

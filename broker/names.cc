@@ -52,6 +52,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   e.metadata = m.metadata;
   table_.AddHolder(m.allocation);  // the publication's own reference
   NamedEntry& entry = names_.emplace(m.name, std::move(e)).first->second;
+  StateChanged();
   MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d",
           static_cast<unsigned long long>(s.id), LogText(m.name).c_str(),
           static_cast<unsigned long long>(m.allocation), entry.persist ? 1 : 0);
@@ -83,6 +84,7 @@ void Broker::Unpublish(std::map<std::string, NamedEntry>::iterator it, int32_t p
   const std::string name = it->first;
   const uint64_t allocation = it->second.allocation;
   names_.erase(it);
+  StateChanged();
   DropReference(allocation);
   PostEvent(ipc::NameEventKind::kUnpublished, name, allocation, pid);
 }

@@ -19,8 +19,11 @@ const char kUsage[] =
     "                           clients reattach after a restart (mode 0600); default: PATH.state\n"
     "  --take-over              take over the broker serving --socket (its listening socket, memory,\n"
     "                           exports and names) through PATH.takeover; it exits 0, clients reattach\n"
-    "  --reattach-grace-ms MS   after a take-over, keep memory and names no client has reattached to\n"
-    "                           for MS (default 10000)\n"
+    "  --reattach-grace-ms MS   after a take-over or a restart from the fd store, keep memory and\n"
+    "                           names no client has reattached to for MS (default 10000)\n"
+    "  --fd-store               under systemd: keep every memfd and the exports and names in the\n"
+    "                           unit's file descriptor store (FileDescriptorStoreMax=), so a crash\n"
+    "                           loses nothing (on by itself where systemd sets $FDSTORE)\n"
     "  --config FILE            settings file: 'key = value' lines with the flags' names\n"
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
@@ -187,6 +190,10 @@ Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
     }
     if (a == "--take-over") {
       out->take_over = true;
+      continue;
+    }
+    if (a == "--fd-store") {
+      out->fd_store = true;
       continue;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc)

@@ -28,6 +28,9 @@ struct Options {
   // Start by taking over the broker serving socket_path (takeover.cc): its
   // listening socket, memory and state, through socket_path + ".takeover".
   bool take_over = false;
+  // Keep memory and state in systemd's fd store (FileDescriptorStoreMax=);
+  // also on when systemd announces a store ($FDSTORE, systemd 254 and later).
+  bool fd_store = false;
   // After a take-over: how long memory and names nobody has reattached to are kept.
   uint32_t reattach_grace_ms = 10000;
   int ready_fd = -1;                    // "READY <pid>\n" is written here once serving

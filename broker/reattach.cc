@@ -145,6 +145,7 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
                              {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
   if (!adopted.ok()) return Refused(adopted.code(), adopted.status().message());
   Allocation& a = **adopted;
+  StoreMemory(a);
   if (h.created) {
     a.creator = s.id;
     s.usage += a.charge;
@@ -186,6 +187,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::RestoreExportRequest& m) 
   // What a client may only read it shares onward read-only (as ExportRequest).
   const uint32_t flags = m.flags | (s.ledger.ReadOnly(m.handle) ? ipc::kExportReadOnly : 0);
   MB_RETURN_IF_ERROR(table_.RestoreExport(m.token, m.handle, s.id, s.cred.uid, flags, m.pids));
+  StateChanged();
   ++counters_.exports_restored;
   return Status::Ok();
 }

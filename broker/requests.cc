@@ -135,6 +135,7 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
   a.fixed_address = fixed;
   a.pool = p.pool;
   if (p.pool >= 0) ++pools_[p.pool].in_use;
+  StoreMemory(a);
   s->ledger.Add(a.id);
   std::string token;
   if (p.flags & ipc::kMallocExport) {
@@ -146,6 +147,7 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> me
       return;
     }
     token = std::move(*exported);
+    StateChanged();
   }
   MB_DEBUG("alloc", "client=%llu id=%llu size=%llu page_size=%llu pinned=%d pool=%d",
            static_cast<unsigned long long>(s->id), static_cast<unsigned long long>(a.id),
@@ -168,11 +170,14 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::ExportRequest& m) {
   // What this client may only read, it shares onward read-only.
   const uint32_t flags = m.flags | (s.ledger.ReadOnly(m.handle) ? ipc::kExportReadOnly : 0);
   MB_ASSIGN_OR_RETURN(std::string token, table_.Export(m.handle, s.id, s.cred.uid, flags));
+  StateChanged();
   return ipc::ExportReply{std::move(token)};
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::SetPidRequest& m) {
-  return table_.SetPids(m.token, s.id, std::vector<pid_t>(m.pids.begin(), m.pids.end()));
+  MB_RETURN_IF_ERROR(table_.SetPids(m.token, s.id, std::vector<pid_t>(m.pids.begin(), m.pids.end())));
+  StateChanged();
+  return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ImportRequest& m) {

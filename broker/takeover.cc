@@ -202,18 +202,25 @@ Status Broker::SendState(int fd) {
     if (batch.handles.size() == ipc::kMaxReattachHandles) MB_RETURN_IF_ERROR(send_batch());
   }
   MB_RETURN_IF_ERROR(send_batch());
-  for (const auto& [token, e] : table_.exports()) {
-    MB_RETURN_IF_ERROR(SendWithin(
-        fd, ipc::TakeOverExport{token, e.allocation, static_cast<uint32_t>(e.exporter_uid), e.flags, e.allowed}, {},
-        kStepMs));
+  std::vector<ipc::Message> records = StateRecords();
+  for (ipc::Message& m : records) {
+    if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) end->allocations = table_.all().size();
+    MB_RETURN_IF_ERROR(SendWithin(fd, std::move(m), {}, kStepMs));
   }
+  return Status::Ok();
+}
+
+std::vector<ipc::Message> Broker::StateRecords() const {
+  std::vector<ipc::Message> out;
+  for (const auto& [token, e] : table_.exports())
+    out.push_back(ipc::TakeOverExport{token, e.allocation, static_cast<uint32_t>(e.exporter_uid), e.flags, e.allowed});
   for (const auto& [name, e] : names_) {
     const uint32_t flags = (e.read_only ? ipc::kPublishReadOnly : 0) | (e.persist ? ipc::kPublishPersist : 0);
-    MB_RETURN_IF_ERROR(SendWithin(
-        fd, ipc::TakeOverName{name, e.allocation, flags, static_cast<uint32_t>(e.uid), e.publisher_pid, e.metadata},
-        {}, kStepMs));
+    out.push_back(
+        ipc::TakeOverName{name, e.allocation, flags, static_cast<uint32_t>(e.uid), e.publisher_pid, e.metadata});
   }
-  return SendWithin(fd, ipc::TakeOverEnd{table_.all().size(), table_.export_count(), names_.size()}, {}, kStepMs);
+  out.push_back(ipc::TakeOverEnd{0, table_.export_count(), names_.size()});
+  return out;
 }
 
 void Broker::ResumeServing(const std::string& why) {
@@ -254,42 +261,16 @@ Status Broker::ReceiveTakeOver() {
       (void)::fcntl(listen_fd_.get(), F_SETFL, ::fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
     } else if (auto* m = std::get_if<ipc::TakeOverAllocations>(&env->body)) {
       for (size_t i = 0; i < m->handles.size(); ++i) {
-        const ipc::TakeOverAllocation& x = m->handles[i];
-        struct stat st{};
-        if (::fstat(fds[i].get(), &st) != 0 || table_.Find(x.id) != nullptr)
-          return Status(ErrorCode::kProtocolError, "--take-over: allocation " + std::to_string(x.id) + " is unusable");
-        ipc::PhysicalMemory mem;
-        mem.fd = std::move(fds[i]);
-        mem.size = static_cast<uint64_t>(st.st_size);
-        mem.page_size = x.page_size;
-        mem.fell_back = x.fell_back;
-        auto adopted = AdoptMemory(x.id, std::move(mem), x.policy, x.creator_uid, x.pinned, x.fixed_address,
-                                   {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+        auto adopted = AdoptHandedOver(m->handles[i], std::move(fds[i]));
         if (!adopted.ok()) return Status(adopted.code(), "--take-over: " + adopted.status().message());
-        (*adopted)->holders = 0;  // its holders come back by reattaching
-        (*adopted)->awaiting = true;
+        StoreMemory(**adopted);
         ++allocations;
       }
     } else if (auto* m = std::get_if<ipc::TakeOverExport>(&env->body)) {
       MB_RETURN_IF_ERROR(table_.RestoreExport(m->token, m->allocation, 0, m->exporter_uid, m->flags, m->pids));
       ++exports;
     } else if (auto* m = std::get_if<ipc::TakeOverName>(&env->body)) {
-      const Allocation* a = table_.Find(m->allocation);
-      if (a == nullptr) return Status(ErrorCode::kProtocolError, "--take-over: a name of an unknown allocation");
-      NamedEntry e;
-      e.name = m->name;
-      e.allocation = m->allocation;
-      e.publisher_pid = m->publisher_pid;
-      e.uid = m->uid;
-      e.read_only = m->flags & ipc::kPublishReadOnly;
-      e.persist = m->flags & ipc::kPublishPersist;
-      e.awaiting_publisher = !e.persist;
-      e.metadata = m->metadata;
-      if (e.read_only) {
-        MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
-      }
-      table_.AddHolder(m->allocation);
-      names_.emplace(m->name, std::move(e));
+      if (Status st = RestoreName(*m); !st.ok()) return Status(st.code(), "--take-over: " + st.message());
       ++names;
     } else if (auto* m = std::get_if<ipc::TakeOverEnd>(&env->body)) {
       if (m->allocations != allocations || m->exports != exports || m->names != names || !listen_fd_.valid())
@@ -318,6 +299,49 @@ Status Broker::ReceiveTakeOver() {
   MB_RETURN_IF_ERROR(UvStatus("uv_poll_init", uv_poll_init(&loop_, &listen_poll_, listen_fd_.get())));
   listen_poll_.data = this;
   MB_RETURN_IF_ERROR(UvStatus("uv_poll_start", uv_poll_start(&listen_poll_, UV_READABLE, &Broker::OnListenReadable)));
+  return StartReattachGrace();
+}
+
+Result<Allocation*> Broker::AdoptHandedOver(const ipc::TakeOverAllocation& x, ipc::UniqueFd fd) {
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || table_.Find(x.id) != nullptr)
+    return Status(ErrorCode::kProtocolError, "allocation " + std::to_string(x.id) + " is unusable");
+  ipc::PhysicalMemory mem;
+  mem.fd = std::move(fd);
+  mem.size = static_cast<uint64_t>(st.st_size);
+  mem.page_size = x.page_size;
+  mem.fell_back = x.fell_back;
+  MB_ASSIGN_OR_RETURN(Allocation * a,
+                      AdoptMemory(x.id, std::move(mem), x.policy, x.creator_uid, x.pinned, x.fixed_address,
+                                  {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)}));
+  a->holders = 0;  // its holders come back by reattaching
+  a->awaiting = true;
+  return a;
+}
+
+Status Broker::RestoreName(const ipc::TakeOverName& m) {
+  const Allocation* a = table_.Find(m.allocation);
+  if (a == nullptr) return Status(ErrorCode::kProtocolError, "a name of an unknown allocation");
+  if (names_.count(m.name)) return Status(ErrorCode::kAlreadyExists, "the name \"" + m.name + "\" came twice");
+  MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxObjectNameBytes, "a name"));
+  NamedEntry e;
+  e.name = m.name;
+  e.allocation = m.allocation;
+  e.publisher_pid = m.publisher_pid;
+  e.uid = m.uid;
+  e.read_only = m.flags & ipc::kPublishReadOnly;
+  e.persist = m.flags & ipc::kPublishPersist;
+  e.awaiting_publisher = !e.persist;
+  e.metadata = m.metadata;
+  if (e.read_only) {
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
+  }
+  table_.AddHolder(m.allocation);
+  names_.emplace(m.name, std::move(e));
+  return Status::Ok();
+}
+
+Status Broker::StartReattachGrace() {
   return UvStatus("uv_timer_start", uv_timer_start(
                                         &grace_timer_,
                                         [](uv_timer_t* t) { static_cast<Broker*>(t->data)->ExpireAwaiting(); },
