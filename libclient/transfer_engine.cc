@@ -640,7 +640,14 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
         retry = true;
       if (slot.busy.fetch_sub(1) == 1 && peer->control->draining.load() != 0) detail::FutexWakeAll(&slot.busy);
     }
-    if (!retry || attempt == 2) return st;
+    if (!retry) return st;
+    // A range still missing after two refreshes is not registered; a
+    // generation that keeps moving (the peer registering and deregistering)
+    // is retried until the deadline, never reported as done.
+    if (!st.ok() && attempt >= 2) return st;
+    if (Clock::now() > deadline)
+      return Status(ErrorCode::kTimeout, "engine \"" + remote + "\" kept changing its registered memory until the "
+                                         "transfer's timeout; nothing was copied");
     MB_RETURN_IF_ERROR(Refresh(*peer));
   }
 }

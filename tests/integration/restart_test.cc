@@ -177,11 +177,25 @@ int Holder(const std::string& socket, int index, Channel& ch) {
   return ch.Receive() == "exit" ? 0 : 27;
 }
 
+// SIGKILLs the children not waited for yet when a test ends early (each holds
+// the others' channel ends, so none would see EOF).
+struct KillLeftOver {
+  std::vector<pid_t>& pids;
+  ~KillLeftOver() {
+    for (pid_t& p : pids)
+      if (p > 0) {
+        ::kill(p, SIGKILL);
+        (void)WaitChild(p);
+      }
+  }
+};
+
 TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
   BrokerProcess b;
   const size_t idle_fds = b.FdCount();
   std::vector<Channel> channels(kClients);
   std::vector<pid_t> pids;
+  KillLeftOver kill_left_over{pids};
   for (int i = 0; i < kClients; ++i)
     pids.push_back(ForkChild([&, i] {
       channels[i].AsChild();
@@ -232,7 +246,10 @@ TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
   EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
 
   for (auto& ch : channels) ch.Send("exit");
-  for (int i = 0; i < kClients; ++i) EXPECT_EQ(WaitChild(pids[i]), 0) << "holder " << i;
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(WaitChild(pids[i]), 0) << "holder " << i;
+    pids[i] = 0;
+  }
   reader = Client();
   EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
