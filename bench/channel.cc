@@ -1,0 +1,264 @@
+// Channel hand-off (membroker/channel.h), timed as bench_handoff and
+// bench_iceoryx_handoff time theirs: the clock starts when the publisher
+// holds a filled chunk and stops when the (last) subscriber has read its last
+// byte. Subscribers are separate processes that wait on the channel itself
+// (futex, or polling) and report over a control socket, off the clock.
+//   bench_channel --socket BROKER_SOCKET [--quick]
+// One JSON line per (wake, subscribers, size); then 64-byte messages per
+// second, and the crash cleanup of a subscriber SIGKILLed holding every chunk.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "membroker/channel.h"
+#include "membroker/client.h"
+
+using namespace membroker;
+
+namespace {
+
+std::string g_socket;
+
+uint64_t NowNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+void Fill(void* p, size_t n, uint64_t seed) {
+  auto* w = static_cast<uint64_t*>(p);
+  for (size_t i = 0; i < n / 8; ++i) w[i] = i ^ seed;
+}
+uint64_t Sum(const void* p, size_t n) {
+  const auto* w = static_cast<const uint64_t*>(p);
+  uint64_t s = 0;
+  for (size_t i = 0; i < n / 8; ++i) s += w[i];
+  return s;
+}
+void SendLine(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
+std::string RecvLine(int fd) {
+  char buf[256];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+const char* WakeName(WakeMode w) { return w == WakeMode::kFutex ? "futex" : "poll"; }
+
+// A subscriber process: reads every byte of every chunk, then reports when it
+// finished and what it summed.
+int Subscriber(int ctl, const std::string& channel, WakeMode wake, bool report_each) {
+  auto c = Client::Connect({g_socket, "bench-subscriber"});
+  if (!c.ok()) return 10;
+  SubscribeOptions o;
+  o.wake = wake;
+  o.lookup_timeout_ms = 10000;
+  auto sub = ChannelSubscriber::Join(*c, channel, o);
+  if (!sub.ok()) return 11;
+  SendLine(ctl, "joined");
+  uint64_t received = 0;
+  for (;;) {
+    auto chunk = sub->Receive(30000);
+    if (!chunk.ok()) break;  // the publisher has gone
+    const uint64_t sum = Sum(chunk->data, chunk->size);
+    const uint64_t t1 = NowNs();
+    (void)sub->Release(*chunk);
+    ++received;
+    if (report_each) SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum));
+  }
+  if (!report_each) SendLine(ctl, std::to_string(NowNs()) + " " + std::to_string(received));
+  return 0;
+}
+
+struct Subscribers {
+  std::vector<pid_t> pids;
+  std::vector<int> ctl;
+  Subscribers(size_t n, const std::string& channel, WakeMode wake, bool report_each) {
+    for (size_t i = 0; i < n; ++i) {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) std::exit(2);
+      std::fflush(stdout);
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(sv[0]);
+        ::_exit(Subscriber(sv[1], channel, wake, report_each));
+      }
+      ::close(sv[1]);
+      pids.push_back(pid);
+      ctl.push_back(sv[0]);
+      if (RecvLine(sv[0]) != "joined") std::exit(3);
+    }
+  }
+  void Wait() {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      ::waitpid(pids[i], nullptr, 0);
+      ::close(ctl[i]);
+    }
+  }
+};
+
+ChannelOptions Options(size_t size, WakeMode wake) {
+  ChannelOptions o;
+  o.chunk_bytes = size;
+  o.chunks = size >= (64 << 20) ? 4 : 16;
+  o.queue_depth = 4;
+  o.wake = wake;
+  return o;
+}
+
+void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subscribers) {
+  const std::string name = "bench/channel/" + std::to_string(size) + "/" + WakeName(wake) + "/" +
+                           std::to_string(subscribers);
+  auto pub = ChannelPublisher::Create(c, name, Options(size, wake));
+  if (!pub.ok()) {
+    std::fprintf(stderr, "channel: %s\n", pub.status().ToString().c_str());
+    std::exit(4);
+  }
+  Subscribers subs(subscribers, name, wake, true);
+  if (!pub->WaitForSubscribers(static_cast<uint32_t>(subscribers), 10000).ok()) std::exit(5);
+  std::vector<double> us;
+  std::string error;
+  for (int i = 0; i < iterations && error.empty(); ++i) {
+    auto chunk = pub->Loan(size, 10000);
+    if (!chunk.ok()) {
+      error = "loan: " + chunk.status().message();
+      break;
+    }
+    Fill(chunk->data, size, static_cast<uint64_t>(i));
+    const uint64_t expect = Sum(chunk->data, size);
+    chunk->size = size;
+    const uint64_t t0 = NowNs();
+    if (Status st = pub->Publish(*chunk, 10000); !st.ok()) {
+      error = "publish: " + st.message();
+      break;
+    }
+    uint64_t last = 0;
+    for (int fd : subs.ctl) {
+      unsigned long long t1 = 0, sum = 0;
+      std::sscanf(RecvLine(fd).c_str(), "%llu %llu", &t1, &sum);
+      if (sum != expect) error = "a subscriber read wrong bytes";
+      last = std::max<uint64_t>(last, t1);
+    }
+    us.push_back((last - t0) / 1000.0);
+  }
+  *pub = ChannelPublisher();
+  subs.Wait();
+  std::sort(us.begin(), us.end());
+  const double median = us.empty() ? 0 : us[us.size() / 2];
+  std::printf("{\"bench\": \"channel\", \"method\": \"membroker-channel\", \"wake\": \"%s\", \"subscribers\": %zu, "
+              "\"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
+              WakeName(wake), subscribers, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
+              error.c_str());
+  std::fflush(stdout);
+}
+
+// 64-byte messages as fast as the publisher can loan and publish them.
+void MessageRate(Client& c, WakeMode wake, int messages) {
+  const std::string name = std::string("bench/channel/rate/") + WakeName(wake);
+  ChannelOptions o;
+  o.chunk_bytes = 64;
+  o.chunks = 1024;
+  o.queue_depth = 512;
+  o.wake = wake;
+  auto pub = ChannelPublisher::Create(c, name, o);
+  if (!pub.ok()) std::exit(6);
+  Subscribers subs(1, name, wake, false);
+  if (!pub->WaitForSubscribers(1, 10000).ok()) std::exit(7);
+  const uint64_t t0 = NowNs();
+  for (int i = 0; i < messages; ++i) {
+    auto chunk = pub->Loan(64, 10000);
+    if (!chunk.ok()) std::exit(8);
+    std::memcpy(chunk->data, &i, sizeof(i));
+    chunk->size = 64;
+    if (!pub->Publish(*chunk, 10000).ok()) std::exit(9);
+  }
+  *pub = ChannelPublisher();  // the subscriber drains, then reports
+  unsigned long long t1 = 0, received = 0;
+  std::sscanf(RecvLine(subs.ctl[0]).c_str(), "%llu %llu", &t1, &received);
+  subs.Wait();
+  const double seconds = (t1 - t0) / 1e9;
+  std::printf("{\"bench\": \"channel_rate\", \"method\": \"membroker-channel\", \"wake\": \"%s\", \"size\": 64, "
+              "\"messages\": %llu, \"per_s\": %.0f}\n",
+              WakeName(wake), received, seconds > 0 ? received / seconds : 0.0);
+  std::fflush(stdout);
+}
+
+// A subscriber holding every chunk is SIGKILLed: how long until the
+// publisher has loaned them all again.
+void CrashCleanup(Client& c) {
+  constexpr uint32_t kChunks = 64;
+  ChannelOptions o;
+  o.chunk_bytes = 4096;
+  o.chunks = kChunks;
+  o.queue_depth = kChunks;
+  auto pub = ChannelPublisher::Create(c, "bench/channel/crash", o);
+  if (!pub.ok()) std::exit(10);
+  int sv[2];
+  ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
+  std::fflush(stdout);
+  pid_t victim = ::fork();
+  if (victim == 0) {
+    auto cc = Client::Connect({g_socket, "bench-victim"});
+    auto sub = ChannelSubscriber::Join(*cc, "bench/channel/crash");
+    if (!sub.ok()) ::_exit(1);
+    SendLine(sv[1], "joined");
+    for (uint32_t i = 0; i < kChunks; ++i)
+      if (!sub->Receive(10000).ok()) ::_exit(2);
+    SendLine(sv[1], "holding");
+    for (;;) ::pause();
+  }
+  if (RecvLine(sv[0]) != "joined" || !pub->WaitForSubscribers(1, 10000).ok()) std::exit(11);
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    auto chunk = pub->Loan(8, 1000);
+    if (!chunk.ok() || !pub->Publish(*chunk, 1000).ok()) std::exit(12);
+  }
+  if (RecvLine(sv[0]) != "holding") std::exit(13);
+  const uint64_t t0 = NowNs();
+  ::kill(victim, SIGKILL);
+  std::vector<Chunk> all;
+  while (all.size() < kChunks) {
+    auto chunk = pub->Loan(8, 10000);
+    if (!chunk.ok()) std::exit(14);
+    all.push_back(*chunk);
+  }
+  const double ms = (NowNs() - t0) / 1e6;
+  ::waitpid(victim, nullptr, 0);
+  std::printf("{\"bench\": \"channel_crash_cleanup\", \"chunks\": %u, \"ms\": %.2f}\n", kChunks, ms);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--socket") && i + 1 < argc) g_socket = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  if (g_socket.empty()) {
+    std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick]\n");
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  auto c = Client::Connect({g_socket, "bench-publisher"});
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  struct Case {
+    size_t size;
+    int iterations;
+  };
+  const std::vector<Case> cases = {{4 << 10, quick ? 200 : 2000}, {1 << 20, quick ? 40 : 400}, {64 << 20, quick ? 5 : 30}};
+  for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
+    for (size_t subscribers : {size_t{1}, size_t{8}})
+      for (const Case& k : cases) HandOff(*c, k.size, k.iterations, wake, subscribers);
+  for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll}) MessageRate(*c, wake, quick ? 50000 : 500000);
+  CrashCleanup(*c);
+  return 0;
+}

@@ -1,0 +1,625 @@
+// Channels (membroker/channel.h). The control block, shared writable by the
+// publisher and every subscriber:
+//
+//   Header       geometry (checked once at Join and kept locally), the
+//                publisher's pid, the active-subscriber mask, futex words
+//   ChunkMeta[N] per chunk: `waiting`, one bit per subscriber slot the chunk
+//                is queued to or held by, plus kLoaned while the publisher
+//                has it; size and sequence of its last publication
+//   Slot[63]     per subscriber: state, pid, and a queue of chunk indices
+//                (head: taken, by CAS - the subscriber taking, or the
+//                publisher dropping the oldest; tail: pushed by the publisher)
+//
+// A chunk is free when `waiting` is 0. Each release clears one bit, so
+// whoever cleans up after a dead subscriber clears that subscriber's bit on
+// every chunk and gets back exactly what it held, wherever it died.
+#include "membroker/channel.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "futex.h"
+#include "membroker/ipc/pidfd.h"
+#include "membroker/ipc/unique_fd.h"
+
+namespace membroker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kMagic = 0x4d424348414e4e31ull;  // "MBCHANN1"
+constexpr uint64_t kLoaned = uint64_t{1} << 63;
+constexpr size_t kLine = 64;
+constexpr uint32_t kMaxChunks = 65536;
+constexpr uint32_t kMaxQueueDepth = 4096;
+// A publisher waiting for chunks or room re-checks its subscribers' pidfds
+// this often, so a dead subscriber's chunks come back while it waits.
+constexpr auto kReapSlice = std::chrono::milliseconds(2);
+// A subscriber waiting on an empty queue re-checks the publisher this often.
+constexpr auto kPublisherCheck = std::chrono::milliseconds(10);
+
+enum SlotState : uint32_t { kFree = 0, kJoining = 1, kActive = 2, kLeaving = 3 };
+
+size_t AlignUp(size_t v) { return (v + kLine - 1) / kLine * kLine; }
+
+struct Header {
+  std::atomic<uint64_t> magic;  // stored last by the publisher
+  uint32_t chunks;
+  uint32_t queue_depth;
+  uint64_t chunk_bytes;
+  uint32_t mode;
+  uint32_t when_full;
+  int32_t publisher_pid;
+  alignas(kLine) std::atomic<uint64_t> active;  // bit s: slot s receives
+  std::atomic<uint32_t> closed;                 // the publisher has gone
+  std::atomic<uint32_t> free_signal;            // futex: bumped when a chunk frees while the publisher waits
+  std::atomic<uint32_t> publisher_waiting;
+  std::atomic<uint64_t> publishing;             // odd while a Publish is under way
+};
+
+struct ChunkMeta {
+  std::atomic<uint64_t> waiting;
+  uint64_t size;
+  uint64_t sequence;
+  uint64_t pad;
+};
+
+struct SlotHeader {
+  std::atomic<uint32_t> state;
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> generation;
+  alignas(kLine) std::atomic<uint64_t> head;
+  std::atomic<uint32_t> space_signal;  // futex: bumped on a take while the publisher waits for room
+  std::atomic<uint32_t> publisher_waiting;
+  alignas(kLine) std::atomic<uint64_t> tail;
+  std::atomic<uint32_t> data_signal;  // futex: bumped on a push while the subscriber waits
+  std::atomic<uint32_t> subscriber_waiting;
+  alignas(kLine) std::atomic<uint32_t> entries[1];  // queue_depth of them
+};
+
+// Where everything is, computed from the geometry alone (never read from
+// the shared block).
+struct Layout {
+  uint32_t chunks = 0, queue_depth = 0;
+  size_t chunk_bytes = 0;
+  size_t metas = 0, slots = 0, slot_stride = 0, control_bytes = 0, data_bytes = 0;
+
+  static Layout For(uint32_t chunks, size_t chunk_bytes, uint32_t queue_depth) {
+    Layout l;
+    l.chunks = chunks;
+    l.queue_depth = queue_depth;
+    l.chunk_bytes = AlignUp(chunk_bytes);
+    l.metas = AlignUp(sizeof(Header));
+    l.slots = AlignUp(l.metas + sizeof(ChunkMeta) * chunks);
+    l.slot_stride = AlignUp(offsetof(SlotHeader, entries) + sizeof(uint32_t) * queue_depth);
+    l.control_bytes = l.slots + l.slot_stride * kMaxChannelSubscribers;
+    l.data_bytes = l.chunk_bytes * chunks;
+    return l;
+  }
+};
+
+bool Valid(uint32_t chunks, size_t chunk_bytes, uint32_t queue_depth) {
+  return chunks >= 1 && chunks <= kMaxChunks && chunk_bytes >= 1 && chunk_bytes <= (size_t{1} << 40) &&
+         queue_depth >= 1 && queue_depth <= kMaxQueueDepth && std::has_single_bit(queue_depth);
+}
+
+// The shared block as this process sees it.
+struct View {
+  Layout layout;
+  char* control = nullptr;
+  char* data = nullptr;
+  Header* header() const { return reinterpret_cast<Header*>(control); }
+  ChunkMeta& meta(uint32_t i) const { return reinterpret_cast<ChunkMeta*>(control + layout.metas)[i]; }
+  SlotHeader& slot(uint32_t s) const {
+    return *reinterpret_cast<SlotHeader*>(control + layout.slots + layout.slot_stride * s);
+  }
+  std::atomic<uint32_t>& entry(SlotHeader& q, uint64_t position) const {
+    return q.entries[position & (layout.queue_depth - 1)];
+  }
+  char* chunk(uint32_t i) const { return data + layout.chunk_bytes * i; }
+};
+
+void Wake(std::atomic<uint32_t>* word) {
+  word->fetch_add(1);
+  detail::FutexWakeAll(word);
+}
+
+// Waits for *word to move from `seen` (futex) or spins a little (poll), at
+// most until deadline.
+void WaitFor(WakeMode wake, std::atomic<uint32_t>* word, uint32_t seen, Clock::time_point deadline,
+             Clock::duration slice) {
+  const auto until = std::min(deadline, Clock::now() + slice);
+  if (wake == WakeMode::kFutex) {
+    detail::FutexWait(word, seen, until - Clock::now());
+    return;
+  }
+  // Spinning, with a yield now and then so a waiter never starves the
+  // process it waits for when there are more of them than CPUs.
+  for (uint32_t spins = 1; word->load(std::memory_order_acquire) == seen && Clock::now() < until; ++spins) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (spins % 256 == 0) sched_yield();
+  }
+}
+
+// Clears slot s's bit on every chunk; how many chunks it was on. Wakes a
+// publisher waiting for chunks if any came free.
+size_t ClearBit(const View& v, uint32_t s) {
+  const uint64_t bit = uint64_t{1} << s;
+  size_t cleared = 0;
+  bool freed = false;
+  for (uint32_t i = 0; i < v.layout.chunks; ++i) {
+    std::atomic<uint64_t>& w = v.meta(i).waiting;
+    if ((w.load(std::memory_order_relaxed) & bit) == 0) continue;
+    const uint64_t before = w.fetch_and(~bit);
+    if (before & bit) {
+      ++cleared;
+      freed |= (before & ~bit) == 0;
+    }
+  }
+  if (freed && v.header()->publisher_waiting.load()) Wake(&v.header()->free_signal);
+  return cleared;
+}
+
+}  // namespace
+
+// ---- the publisher ---------------------------------------------------------------
+
+class ChannelPublisher::Impl {
+ public:
+  Client client;  // shares the caller's connection
+  std::string name;
+  ChannelOptions options;
+  PhysicalHandle control_handle, data_handle;
+  Reservation control_range, data_range;
+  Mapping control_map, data_map;
+  View v;
+  bool published = false;  // both names are ours to take back
+  uint32_t cursor = 0;
+  uint32_t next_worker = 0;  // work sharing's round robin
+  uint64_t sequence = 0;
+  std::set<uint32_t> loaned;
+  ChannelStats counts;
+  // What this publisher knows of each slot's process, to notice its death.
+  struct Known {
+    uint32_t generation = UINT32_MAX;
+    pid_t pid = 0;
+    ipc::UniqueFd pidfd;
+  };
+  Known known[kMaxChannelSubscribers];
+
+  ~Impl() {
+    if (!published) return;
+    v.header()->closed.store(1);
+    for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) Wake(&v.slot(s).data_signal);
+    (void)client.Unpublish(name + "/chunks");
+    (void)client.Unpublish(name);
+  }
+
+  bool Dead(uint32_t s) {
+    SlotHeader& slot = v.slot(s);
+    Known& k = known[s];
+    const uint32_t generation = slot.generation.load();
+    const pid_t pid = slot.pid.load();
+    if (k.generation != generation || k.pid != pid) {
+      k.generation = generation;
+      k.pid = pid;
+      k.pidfd.reset();
+      if (pid <= 0) return false;  // still joining: its pid comes next
+      auto fd = ipc::PidfdOpenIfSupported(pid);
+      if (!fd.ok()) return true;  // no such process
+      k.pidfd = std::move(*fd);
+    }
+    return k.pidfd.valid() && !ipc::PidfdAlive(k.pidfd.get());
+  }
+
+  size_t Reap() {
+    size_t reaped = 0;
+    for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) {
+      SlotHeader& slot = v.slot(s);
+      const uint32_t state = slot.state.load();
+      if (state == kFree || !Dead(s)) continue;
+      // Gone: no more chunks for it, and back what it held or had queued.
+      v.header()->active.fetch_and(~(uint64_t{1} << s));
+      counts.reclaimed += ClearBit(v, s);
+      slot.head.store(0);
+      slot.tail.store(0);
+      slot.pid.store(0);
+      slot.generation.fetch_add(1);
+      slot.state.store(kFree);
+      ++counts.reaped;
+      ++reaped;
+    }
+    return reaped;
+  }
+
+  Result<Chunk> Loan(size_t bytes, int timeout_ms) {
+    if (bytes > v.layout.chunk_bytes)
+      return Status(ErrorCode::kParamInvalid, "a chunk holds at most " + std::to_string(v.layout.chunk_bytes) +
+                                                  " bytes; " + std::to_string(bytes) + " asked");
+    const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+    Header* h = v.header();
+    for (;;) {
+      for (uint32_t n = 0; n < v.layout.chunks; ++n) {
+        const uint32_t i = (cursor + n) % v.layout.chunks;
+        uint64_t expected = 0;
+        if (v.meta(i).waiting.load(std::memory_order_relaxed) == 0 &&
+            v.meta(i).waiting.compare_exchange_strong(expected, kLoaned)) {
+          cursor = i + 1;
+          loaned.insert(i);
+          return Chunk{i, v.chunk(i), v.layout.chunk_bytes, bytes, 0};
+        }
+      }
+      if (Reap() > 0) continue;
+      if (Clock::now() >= deadline)
+        return Status(ErrorCode::kTimeout, "every chunk of channel \"" + name + "\" is still in use after " +
+                                               std::to_string(timeout_ms) + " ms");
+      h->publisher_waiting.store(1);
+      const uint32_t seen = h->free_signal.load();
+      bool any_free = false;
+      for (uint32_t i = 0; i < v.layout.chunks && !any_free; ++i) any_free = v.meta(i).waiting.load() == 0;
+      if (!any_free) WaitFor(options.wake, &h->free_signal, seen, deadline, kReapSlice);
+      h->publisher_waiting.store(0);
+    }
+  }
+
+  // Makes room in slot s's queue (kWait: waits; kDropOldest: drops its
+  // oldest). False when it died meanwhile (reaped) or the deadline passed.
+  Status Room(uint32_t s, Clock::time_point deadline, bool* gone) {
+    SlotHeader& q = v.slot(s);
+    const uint64_t bit = uint64_t{1} << s;
+    for (;;) {
+      uint64_t head = q.head.load();
+      const uint64_t tail = q.tail.load();
+      if (tail - head < v.layout.queue_depth) return Status::Ok();
+      if (options.when_full == WhenFull::kDropOldest) {
+        const uint32_t oldest = v.entry(q, head).load();
+        if (q.head.compare_exchange_strong(head, head + 1)) {
+          ++counts.dropped;
+          if (oldest < v.layout.chunks) {
+            const uint64_t before = v.meta(oldest).waiting.fetch_and(~bit);
+            if ((before & ~bit) == 0 && (before & bit) && v.header()->publisher_waiting.load())
+              Wake(&v.header()->free_signal);
+          }
+        }
+        continue;
+      }
+      if (Dead(s)) {
+        Reap();
+        *gone = true;
+        return Status::Ok();
+      }
+      if (Clock::now() >= deadline)
+        return Status(ErrorCode::kTimeout, "subscriber " + std::to_string(s) + " of channel \"" + name +
+                                               "\" has a full queue (" + std::to_string(v.layout.queue_depth) +
+                                               " chunks unread)");
+      q.publisher_waiting.store(1);
+      const uint32_t seen = q.space_signal.load();
+      if (q.tail.load() - q.head.load() >= v.layout.queue_depth)
+        WaitFor(options.wake, &q.space_signal, seen, deadline, kReapSlice);
+      q.publisher_waiting.store(0);
+    }
+  }
+
+  // Work sharing: the active subscriber with the fewest chunks waiting;
+  // among equals, the next one after the last chosen (round robin).
+  uint64_t LeastLoaded(uint64_t active) {
+    uint64_t best = 0, best_depth = UINT64_MAX;
+    for (uint32_t n = 0; n < kMaxChannelSubscribers; ++n) {
+      const uint32_t s = (next_worker + n) % kMaxChannelSubscribers;
+      if ((active & (uint64_t{1} << s)) == 0) continue;
+      const uint64_t depth = v.slot(s).tail.load() - v.slot(s).head.load();
+      if (depth < best_depth) {
+        best_depth = depth;
+        best = uint64_t{1} << s;
+      }
+    }
+    if (best != 0) next_worker = (static_cast<uint32_t>(std::countr_zero(best)) + 1) % kMaxChannelSubscribers;
+    return best;
+  }
+
+  Status Publish(Chunk& c, int timeout_ms) {
+    if (c.index >= v.layout.chunks || !loaned.count(c.index) || c.data != v.chunk(c.index))
+      return Status(ErrorCode::kParamInvalid, "not a chunk this publisher has loaned");
+    if (c.size > v.layout.chunk_bytes)
+      return Status(ErrorCode::kParamInvalid, "chunk.size " + std::to_string(c.size) + " is past its capacity");
+    const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+    Header* h = v.header();
+    uint64_t targets = h->active.load();
+    if (options.mode == ChannelMode::kWorkSharing) targets = LeastLoaded(targets);
+    // Room first: a publish that times out has published nothing.
+    for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
+      const uint32_t s = static_cast<uint32_t>(std::countr_zero(rest));
+      bool gone = false;
+      MB_RETURN_IF_ERROR(Room(s, deadline, &gone));
+      if (gone) targets &= ~(uint64_t{1} << s);
+    }
+    ChunkMeta& m = v.meta(c.index);
+    m.size = c.size;
+    m.sequence = ++sequence;
+    h->publishing.fetch_add(1);  // odd: a leaving subscriber waits for us
+    // Subscribers that left since `targets` was read are not given it.
+    targets &= h->active.load();
+    m.waiting.store(targets | kLoaned);
+    for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
+      SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
+      const uint64_t tail = q.tail.load();
+      v.entry(q, tail).store(c.index);
+      q.tail.store(tail + 1);
+      if (q.subscriber_waiting.load()) Wake(&q.data_signal);
+    }
+    m.waiting.fetch_and(~kLoaned);  // 0 now when nobody was given it: free again
+    h->publishing.fetch_add(1);
+    loaned.erase(c.index);
+    ++counts.published;
+    if (targets == 0) ++counts.unreceived;
+    c.sequence = m.sequence;
+    return Status::Ok();
+  }
+
+  Status Discard(Chunk& c) {
+    if (c.index >= v.layout.chunks || !loaned.erase(c.index))
+      return Status(ErrorCode::kParamInvalid, "not a chunk this publisher has loaned");
+    v.meta(c.index).waiting.fetch_and(~kLoaned);
+    return Status::Ok();
+  }
+};
+
+Result<ChannelPublisher> ChannelPublisher::Create(Client& client, const std::string& name,
+                                                  const ChannelOptions& options) {
+  if (!Valid(options.chunks, options.chunk_bytes, options.queue_depth))
+    return Status(ErrorCode::kParamInvalid,
+                  "a channel has 1 to 65536 chunks of 1 byte to 1 TiB, and a queue depth that is a power of "
+                  "two from 1 to 4096");
+  auto impl = std::make_unique<Impl>();
+  impl->client = client;
+  impl->name = name;
+  impl->options = options;
+  const Layout l = Layout::For(options.chunks, options.chunk_bytes, options.queue_depth);
+  MB_ASSIGN_OR_RETURN(impl->control_handle, client.MallocPhysical(l.control_bytes));
+  MB_ASSIGN_OR_RETURN(impl->data_handle, client.MallocPhysical(l.data_bytes));
+  MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
+  MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
+  MB_ASSIGN_OR_RETURN(impl->control_map,
+                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle));
+  MB_ASSIGN_OR_RETURN(impl->data_map,
+                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle));
+  View& v = impl->v;
+  v.layout = l;
+  v.control = impl->control_map.as<char>();
+  v.data = impl->data_map.as<char>();
+  // Fresh broker memory is zero: every chunk free, every slot free.
+  Header* h = v.header();
+  h->chunks = l.chunks;
+  h->queue_depth = l.queue_depth;
+  h->chunk_bytes = l.chunk_bytes;
+  h->mode = static_cast<uint32_t>(options.mode);
+  h->when_full = static_cast<uint32_t>(options.when_full);
+  h->publisher_pid = static_cast<int32_t>(::getpid());
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  h->magic.store(kMagic);
+  // The chunks first: a subscriber that finds the name finds both.
+  MB_RETURN_IF_ERROR(client.Publish(name + "/chunks", impl->data_handle, options.read_only_chunks ? kPublishReadOnly : 0));
+  Status st = client.Publish(name, impl->control_handle);
+  if (!st.ok()) {
+    (void)client.Unpublish(name + "/chunks");
+    return st;
+  }
+  impl->published = true;
+  return ChannelPublisher(std::move(impl));
+}
+
+ChannelPublisher::ChannelPublisher() = default;
+ChannelPublisher::ChannelPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ChannelPublisher::~ChannelPublisher() = default;
+ChannelPublisher::ChannelPublisher(ChannelPublisher&&) noexcept = default;
+ChannelPublisher& ChannelPublisher::operator=(ChannelPublisher&&) noexcept = default;
+
+namespace {
+Status NoChannel() { return Status(ErrorCode::kNotConnected, "not a channel (default-constructed or moved from)"); }
+}  // namespace
+
+Result<Chunk> ChannelPublisher::Loan(size_t bytes, int timeout_ms) {
+  if (!impl_) return NoChannel();
+  return impl_->Loan(bytes, timeout_ms);
+}
+Status ChannelPublisher::Publish(Chunk& chunk, int timeout_ms) {
+  if (!impl_) return NoChannel();
+  return impl_->Publish(chunk, timeout_ms);
+}
+Status ChannelPublisher::Discard(Chunk& chunk) {
+  if (!impl_) return NoChannel();
+  return impl_->Discard(chunk);
+}
+size_t ChannelPublisher::Reap() { return impl_ ? impl_->Reap() : 0; }
+
+Status ChannelPublisher::WaitForSubscribers(uint32_t n, int timeout_ms) {
+  if (!impl_) return NoChannel();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  while (static_cast<uint32_t>(std::popcount(impl_->v.header()->active.load())) < n) {
+    impl_->Reap();
+    if (Clock::now() >= deadline)
+      return Status(ErrorCode::kTimeout, std::to_string(n) + " subscribers did not join channel \"" + impl_->name +
+                                             "\" within " + std::to_string(timeout_ms) + " ms");
+    std::this_thread::yield();
+  }
+  return Status::Ok();
+}
+
+ChannelStats ChannelPublisher::stats() const {
+  if (!impl_) return {};
+  ChannelStats s = impl_->counts;
+  s.subscribers = static_cast<uint32_t>(std::popcount(impl_->v.header()->active.load()));
+  return s;
+}
+
+// ---- a subscriber ----------------------------------------------------------------
+
+class ChannelSubscriber::Impl {
+ public:
+  std::string name;
+  SubscribeOptions options;
+  PhysicalHandle control_handle, data_handle;
+  Reservation control_range, data_range;
+  Mapping control_map, data_map;
+  View v;
+  uint32_t s = 0;
+  bool joined = false;
+  ipc::UniqueFd publisher;  // pidfd
+  std::set<uint32_t> held;
+
+  ~Impl() { Leave(); }
+
+  bool PublisherGone() {
+    return v.header()->closed.load() != 0 || (publisher.valid() && !ipc::PidfdAlive(publisher.get()));
+  }
+
+  Status Corrupt(const std::string& what) {
+    return Status(ErrorCode::kProtocolError, "channel \"" + name + "\": " + what + " (its control block is damaged)");
+  }
+
+  Result<Chunk> Receive(int timeout_ms) {
+    if (!joined) return Status(ErrorCode::kNotConnected, "this subscriber has left channel \"" + name + "\"");
+    const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+    SlotHeader& q = v.slot(s);
+    const uint64_t bit = uint64_t{1} << s;
+    for (;;) {
+      uint64_t head = q.head.load();
+      const uint64_t tail = q.tail.load();
+      if (tail - head > v.layout.queue_depth) return Corrupt("a queue holds more than its depth");
+      if (head != tail) {
+        const uint32_t i = v.entry(q, head).load();
+        if (!q.head.compare_exchange_strong(head, head + 1)) continue;  // dropped by the publisher meanwhile
+        if (q.publisher_waiting.load()) Wake(&q.space_signal);
+        if (i >= v.layout.chunks) return Corrupt("a queued chunk index is out of range");
+        ChunkMeta& m = v.meta(i);
+        const uint64_t size = m.size;
+        if ((m.waiting.load() & bit) == 0 || size > v.layout.chunk_bytes || held.count(i))
+          return Corrupt("a queued chunk is not this subscriber's");
+        held.insert(i);
+        return Chunk{i, v.chunk(i), v.layout.chunk_bytes, static_cast<size_t>(size), m.sequence};
+      }
+      if (PublisherGone())
+        return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
+      if (Clock::now() >= deadline)
+        return Status(ErrorCode::kTimeout, "nothing published on channel \"" + name + "\" within " +
+                                               std::to_string(timeout_ms) + " ms");
+      q.subscriber_waiting.store(1);
+      const uint32_t seen = q.data_signal.load();
+      if (q.tail.load() == q.head.load()) WaitFor(options.wake, &q.data_signal, seen, deadline, kPublisherCheck);
+      q.subscriber_waiting.store(0);
+    }
+  }
+
+  Status Release(const Chunk& c) {
+    if (!joined || !held.erase(c.index))
+      return Status(ErrorCode::kParamInvalid, "chunk " + std::to_string(c.index) + " is not held by this subscriber");
+    const uint64_t bit = uint64_t{1} << s;
+    const uint64_t before = v.meta(c.index).waiting.fetch_and(~bit);
+    if ((before & ~bit) == 0 && v.header()->publisher_waiting.load()) Wake(&v.header()->free_signal);
+    return Status::Ok();
+  }
+
+  void Leave() {
+    if (!joined) return;
+    joined = false;
+    Header* h = v.header();
+    SlotHeader& q = v.slot(s);
+    q.state.store(kLeaving);
+    h->active.fetch_and(~(uint64_t{1} << s));
+    // A Publish under way may still give us a chunk: let it finish (bounded;
+    // a dead publisher publishes nothing more).
+    const uint64_t publishing = h->publishing.load();
+    const auto deadline = Clock::now() + std::chrono::milliseconds(100);
+    while ((publishing & 1) && h->publishing.load() == publishing && Clock::now() < deadline && !PublisherGone())
+      std::this_thread::yield();
+    ClearBit(v, s);
+    held.clear();
+    q.head.store(0);
+    q.tail.store(0);
+    q.pid.store(0);
+    q.generation.fetch_add(1);
+    q.state.store(kFree);
+  }
+};
+
+Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::string& name,
+                                                  const SubscribeOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->name = name;
+  impl->options = options;
+  MB_ASSIGN_OR_RETURN(impl->control_handle, client.Lookup(name, options.lookup_timeout_ms));
+  MB_ASSIGN_OR_RETURN(impl->data_handle, client.Lookup(name + "/chunks", options.lookup_timeout_ms));
+  if (impl->control_handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
+  MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
+  MB_ASSIGN_OR_RETURN(impl->control_map,
+                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle));
+  const auto* h = impl->control_map.as<Header>();
+  // The geometry, checked against what was mapped, and kept here.
+  const uint64_t magic = h->magic.load();
+  const uint32_t chunks = h->chunks, depth = h->queue_depth;
+  const uint64_t chunk_bytes = h->chunk_bytes;
+  if (magic != kMagic || !Valid(chunks, chunk_bytes, depth) || chunk_bytes % kLine != 0)
+    return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel (or not one this library reads)");
+  const Layout l = Layout::For(chunks, chunk_bytes, depth);
+  if (l.control_bytes > impl->control_handle.size() || l.data_bytes > impl->data_handle.size())
+    return Status(ErrorCode::kProtocolError, "channel \"" + name + "\" is smaller than its geometry says");
+  MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
+  MB_ASSIGN_OR_RETURN(impl->data_map,
+                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle));
+  View& v = impl->v;
+  v.layout = l;
+  v.control = impl->control_map.as<char>();
+  v.data = impl->data_map.as<char>();
+  if (auto fd = ipc::PidfdOpenIfSupported(h->publisher_pid); fd.ok()) impl->publisher = std::move(*fd);
+  else return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
+  for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) {
+    SlotHeader& q = v.slot(s);
+    uint32_t free_state = kFree;
+    if (!q.state.compare_exchange_strong(free_state, kJoining)) continue;
+    q.head.store(0);
+    q.tail.store(0);
+    q.subscriber_waiting.store(0);
+    q.publisher_waiting.store(0);
+    q.generation.fetch_add(1);
+    q.pid.store(static_cast<int32_t>(::getpid()));
+    q.state.store(kActive);
+    impl->s = s;
+    impl->joined = true;
+    v.header()->active.fetch_or(uint64_t{1} << s);
+    return ChannelSubscriber(std::move(impl));
+  }
+  return Status(ErrorCode::kResourceExhausted, "channel \"" + name + "\" has " +
+                                                   std::to_string(kMaxChannelSubscribers) + " subscribers already");
+}
+
+ChannelSubscriber::ChannelSubscriber() = default;
+ChannelSubscriber::ChannelSubscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ChannelSubscriber::~ChannelSubscriber() = default;
+ChannelSubscriber::ChannelSubscriber(ChannelSubscriber&&) noexcept = default;
+ChannelSubscriber& ChannelSubscriber::operator=(ChannelSubscriber&&) noexcept = default;
+
+Result<Chunk> ChannelSubscriber::Receive(int timeout_ms) {
+  if (!impl_) return NoChannel();
+  return impl_->Receive(timeout_ms);
+}
+Status ChannelSubscriber::Release(const Chunk& chunk) {
+  if (!impl_) return NoChannel();
+  return impl_->Release(chunk);
+}
+void ChannelSubscriber::Leave() {
+  if (impl_) impl_->Leave();
+}
+uint32_t ChannelSubscriber::slot() const { return impl_ ? impl_->s : 0; }
+
+}  // namespace membroker
