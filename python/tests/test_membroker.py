@@ -346,3 +346,61 @@ def test_a_published_tensor_survives_a_broker_sigkill(mb):
     """, mb.socket))
     assert int(out) == sum(range(4096))
     assert mb.stats()["handles_adopted"] == 1
+
+
+def test_a_channel_broadcasts_numpy_chunks_to_two_processes_and_a_killed_subscriber_gives_back(mb):
+    # Two subscriber processes read every chunk as a read-only numpy view; one
+    # more, SIGKILLed while holding chunks, gives them back to the pool.
+    c = membroker.connect(mb.socket, "publisher")
+    pub = membroker.ChannelPublisher(c, "py/chan", chunks=4, chunk_bytes=1 << 16, queue_depth=4)
+    reader = """
+        import sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "reader")
+        sub = membroker.ChannelSubscriber(c, "py/chan", lookup_timeout_ms=5000)
+        print("joined", flush=True)
+        total = 0
+        while True:
+            try:
+                chunk = sub.receive(timeout_ms=20000)
+            except membroker.NotConnected:
+                break
+            a = chunk.numpy(np.float32)
+            assert not a.flags.writeable
+            assert (a == chunk.sequence).all(), (chunk.sequence, a[:4])
+            total += int(a.sum())
+            sub.release(chunk)
+        print(total)
+    """
+    readers = [child(reader, mb.socket) for _ in range(2)]
+    for r in readers:
+        assert r.stdout.readline().strip() == "joined"
+    pub.wait_for_subscribers(2, timeout_ms=5000)
+    for n in range(1, 101):
+        chunk = pub.loan(4096 * 4)
+        chunk.numpy(np.float32)[:4096] = n
+        pub.publish(chunk, size=4096 * 4)
+    pub.close()
+    expected = sum(n * 4096 for n in range(1, 101))
+    assert [int(finish(r).split()[-1]) for r in readers] == [expected, expected]
+
+    pub = membroker.ChannelPublisher(c, "py/chan2", chunks=4, chunk_bytes=4096, queue_depth=4)
+    holder = child("""
+        import sys, time, membroker
+        sub = membroker.ChannelSubscriber(membroker.connect(sys.argv[1], "holder"), "py/chan2", lookup_timeout_ms=5000)
+        held = [sub.receive(timeout_ms=5000) for _ in range(4)]
+        print("holding", flush=True)
+        time.sleep(60)
+    """, mb.socket)
+    pub.wait_for_subscribers(1, timeout_ms=5000)
+    for _ in range(4):
+        pub.publish(pub.loan(8))
+    assert holder.stdout.readline().strip() == "holding"
+    with pytest.raises(membroker.Timeout):
+        pub.loan(8, timeout_ms=0)
+    holder.kill()
+    holder.wait()
+    chunks = [pub.loan(8, timeout_ms=1000) for _ in range(4)]  # reaped on the way
+    assert pub.stats["reaped"] == 1 and pub.stats["reclaimed"] == 4
+    for ch in chunks:
+        pub.discard(ch)
+    pub.close()
