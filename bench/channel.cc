@@ -3,9 +3,13 @@
 // holds a filled chunk and stops when the (last) subscriber has read its last
 // byte. Subscribers are separate processes that wait on the channel itself
 // (futex, or polling) and report over a control socket, off the clock.
-//   bench_channel --socket BROKER_SOCKET [--quick]
+//   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu]
 // One JSON line per (wake, subscribers, size); then 64-byte messages per
 // second, and the crash cleanup of a subscriber SIGKILLed holding every chunk.
+// --one-cpu: every process on CPU 0, one subscriber only: a wake-up is then a
+// context switch, not an idle CPU woken (which costs 15-25 us on VMs that halt
+// idle vCPUs; docs/BENCHMARKS.md).
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -26,6 +30,7 @@ using namespace membroker;
 namespace {
 
 std::string g_socket;
+const char* g_cpus = "all";
 
 uint64_t NowNs() {
   timespec ts{};
@@ -151,8 +156,9 @@ void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subsc
   std::sort(us.begin(), us.end());
   const double median = us.empty() ? 0 : us[us.size() / 2];
   std::printf("{\"bench\": \"channel\", \"method\": \"membroker-channel\", \"wake\": \"%s\", \"subscribers\": %zu, "
-              "\"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
-              WakeName(wake), subscribers, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
+              "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
+              "\"error\": \"%s\"}\n",
+              WakeName(wake), subscribers, g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
               error.c_str());
   std::fflush(stdout);
 }
@@ -235,10 +241,18 @@ void CrashCleanup(Client& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, one_cpu = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--socket") && i + 1 < argc) g_socket = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
+  }
+  if (one_cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) return 2;  // children inherit it
+    g_cpus = "one";
   }
   if (g_socket.empty()) {
     std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick]\n");
@@ -257,7 +271,9 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {{4 << 10, quick ? 200 : 2000}, {1 << 20, quick ? 40 : 400}, {64 << 20, quick ? 5 : 30}};
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
-      for (const Case& k : cases) HandOff(*c, k.size, k.iterations, wake, subscribers);
+      for (const Case& k : cases)
+        if (!one_cpu || subscribers == 1) HandOff(*c, k.size, k.iterations, wake, subscribers);
+  if (one_cpu) return 0;
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll}) MessageRate(*c, wake, quick ? 50000 : 500000);
   CrashCleanup(*c);
   return 0;

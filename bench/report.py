@@ -201,6 +201,42 @@ for c in (x for x in load if x["bench"] == "iceoryx_crash_cleanup"):
     md += ["", f"Peer: iceoryx's RouDi (default monitoring), a publisher killed holding {c['chunks']} chunks:",
            f"{c['ms']:.1f} ms until another process could loan them all again (one run). RouDi finds",
            "dead processes by missed keep-alives; membroker sees the socket close."]
+channel = [x for x in load if x["bench"] == "channel"]
+if channel:
+    md += ["", "## Channels against iceoryx publish/subscribe", "",
+           "One publisher process, 1 or 8 subscriber processes (docs/PIPELINE.md). The clock starts when",
+           "the publisher holds a filled chunk and stops when the last subscriber has read its last byte",
+           "(each reports when it finished over a control socket, off the clock); median of the",
+           "iterations. Subscribers wait on the channel itself: futex (iceoryx: a WaitSet, its",
+           "futex-backed wait) or polling. iceoryx runs through RouDi in the same run. \"one\" CPU:",
+           "every process pinned to CPU 0, so a wake-up is a context switch rather than an idle vCPU",
+           "brought back (see the note below). Ratio: membroker / iceoryx (below 1: membroker faster).", "",
+           "| wake | subscribers | CPUs | size | membroker µs | iceoryx µs | ratio |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    def key(x):
+        return (x["wake"], x["subscribers"], x.get("cpus", "all"), x["size"])
+    ice = {key(x): x for x in channel if x["method"] == "iceoryx"}
+    for m in (x for x in channel if x["method"] == "membroker-channel"):
+        i = ice.get(key(m))
+        ratio = f"{m['median_us'] / i['median_us']:.2f}" if i and i["median_us"] > 0 else "n/a"
+        md.append(f"| {m['wake']} | {m['subscribers']} | {m.get('cpus', 'all')} | {human(m['size'])} | "
+                  f"{m['median_us']:.1f} | {i['median_us']:.1f} | {ratio} |" if i else
+                  f"| {m['wake']} | {m['subscribers']} | {m.get('cpus', 'all')} | {human(m['size'])} | "
+                  f"{m['median_us']:.1f} | not measured | n/a |")
+    rates = [x for x in load if x["bench"] == "channel_rate"]
+    if rates:
+        md += ["", "64-byte messages per second, one subscriber, nothing dropped (each publisher waits while",
+               "the subscriber's queue is full):", "", "| wake | membroker | iceoryx | ratio |", "| --- | --- | --- | --- |"]
+        for wake in ("futex", "poll"):
+            m = next((x for x in rates if x["method"] == "membroker-channel" and x["wake"] == wake), None)
+            i = next((x for x in rates if x["method"] == "iceoryx" and x["wake"] == wake), None)
+            if m and i:
+                md.append(f"| {wake} | {m['per_s']:,.0f} | {i['per_s']:,.0f} | {m['per_s'] / i['per_s']:.2f} |")
+            elif m:
+                md.append(f"| {wake} | {m['per_s']:,.0f} | not measured | n/a |")
+    for c in (x for x in load if x["bench"] == "channel_crash_cleanup"):
+        md.append(f"\nA subscriber holding all {c['chunks']} chunks SIGKILLed: {c['ms']:.2f} ms from the kill until "
+                  "the publisher had loaned every one again (it finds the subscriber dead through its pidfd "
+                  "when it needs a chunk).")
 reattach = [x for x in load if x["bench"] == "reattach"]
 if reattach:
     md += ["", "## Broker restart: clients reattaching", "",

@@ -391,9 +391,11 @@ Result<ChannelPublisher> ChannelPublisher::Create(Client& client, const std::str
   MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
   MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
   MB_ASSIGN_OR_RETURN(impl->control_map,
-                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle));
+                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle,
+                                    kMapPopulate));
   MB_ASSIGN_OR_RETURN(impl->data_map,
-                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle));
+                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle,
+                                    kMapPopulate));
   View& v = impl->v;
   v.layout = l;
   v.control = impl->control_map.as<char>();
@@ -563,7 +565,8 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
   if (impl->control_handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
   MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
   MB_ASSIGN_OR_RETURN(impl->control_map,
-                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle));
+                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle,
+                                    kMapPopulate));
   const auto* h = impl->control_map.as<Header>();
   // The geometry, checked against what was mapped, and kept here.
   const uint64_t magic = h->magic.load();
@@ -576,7 +579,8 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
     return Status(ErrorCode::kProtocolError, "channel \"" + name + "\" is smaller than its geometry says");
   MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
   MB_ASSIGN_OR_RETURN(impl->data_map,
-                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle));
+                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle,
+                                    kMapPopulate));
   View& v = impl->v;
   v.layout = l;
   v.control = impl->control_map.as<char>();
