@@ -9,13 +9,17 @@
 // --one-cpu: every process on CPU 0, one subscriber only: a wake-up is then a
 // context switch, not an idle CPU woken (which costs 15-25 us on VMs that halt
 // idle vCPUs; docs/BENCHMARKS.md).
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -238,6 +242,55 @@ void CrashCleanup(Client& c) {
   std::fflush(stdout);
 }
 
+// The floor of a futex hand-off between two processes: one word in shared
+// memory, the sleeper woken `gap_us` after it went to sleep (the waker
+// busy-waits that long first). What a wake costs depends on how long the
+// sleeping CPU has been idle: on a VM that halts idle vCPUs, bringing one
+// back costs far more than a wake that comes within a microsecond or two.
+void FutexFloor(int gap_us, int iterations) {
+  struct Shared {
+    std::atomic<uint32_t> word;
+    std::atomic<uint64_t> t0;
+  };
+  void* mem = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) std::exit(15);
+  auto* s = new (mem) Shared{};
+  int sv[2];
+  ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
+  std::fflush(stdout);
+  pid_t sleeper = ::fork();
+  if (sleeper == 0) {
+    uint32_t seen = 0;
+    for (int i = 0; i < iterations; ++i) {
+      while (s->word.load() == seen) ::syscall(SYS_futex, &s->word, FUTEX_WAIT, seen, nullptr, nullptr, 0);
+      seen = s->word.load();
+      const uint64_t d = NowNs() - s->t0.load();
+      (void)!::send(sv[1], &d, sizeof(d), 0);
+    }
+    ::_exit(0);
+  }
+  std::vector<double> us;
+  for (int i = 0; i < iterations; ++i) {
+    const uint64_t until = NowNs() + static_cast<uint64_t>(gap_us) * 1000;
+    while (NowNs() < until) {
+    }
+    s->t0.store(NowNs());
+    s->word.fetch_add(1);
+    ::syscall(SYS_futex, &s->word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+    uint64_t d = 0;
+    if (::recv(sv[0], &d, sizeof(d), 0) != sizeof(d)) std::exit(16);
+    us.push_back(d / 1000.0);
+  }
+  ::waitpid(sleeper, nullptr, 0);
+  ::close(sv[0]);
+  ::close(sv[1]);
+  ::munmap(mem, 4096);
+  std::sort(us.begin(), us.end());
+  std::printf("{\"bench\": \"futex_floor\", \"cpus\": \"%s\", \"gap_us\": %d, \"iterations\": %d, "
+              "\"median_us\": %.1f}\n", g_cpus, gap_us, iterations, us[us.size() / 2]);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,6 +326,7 @@ int main(int argc, char** argv) {
     for (size_t subscribers : {size_t{1}, size_t{8}})
       for (const Case& k : cases)
         if (!one_cpu || subscribers == 1) HandOff(*c, k.size, k.iterations, wake, subscribers);
+  for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
   if (one_cpu) return 0;
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll}) MessageRate(*c, wake, quick ? 50000 : 500000);
   CrashCleanup(*c);

@@ -225,7 +225,8 @@ if channel:
     rates = [x for x in load if x["bench"] == "channel_rate"]
     if rates:
         md += ["", "64-byte messages per second, one subscriber, nothing dropped (each publisher waits while",
-               "the subscriber's queue is full):", "", "| wake | membroker | iceoryx | ratio |", "| --- | --- | --- | --- |"]
+               "the subscriber's queue is full):", "", "| wake | membroker | iceoryx | membroker / iceoryx (above 1: membroker faster) |",
+               "| --- | --- | --- | --- |"]
         for wake in ("futex", "poll"):
             m = next((x for x in rates if x["method"] == "membroker-channel" and x["wake"] == wake), None)
             i = next((x for x in rates if x["method"] == "iceoryx" and x["wake"] == wake), None)
@@ -233,10 +234,22 @@ if channel:
                 md.append(f"| {wake} | {m['per_s']:,.0f} | {i['per_s']:,.0f} | {m['per_s'] / i['per_s']:.2f} |")
             elif m:
                 md.append(f"| {wake} | {m['per_s']:,.0f} | not measured | n/a |")
+    floors = [x for x in load if x["bench"] == "futex_floor"]
+    if floors:
+        md += ["", "The floor for a futex wake between two processes (a bare ping-pong on one shared word), by",
+               "how long the sleeper had slept:", "", "| CPUs | slept µs | wake µs |", "| --- | --- | --- |"]
+        for f in floors:
+            md.append(f"| {f['cpus']} | {f['gap_us']} | {f['median_us']:.1f} |")
+        md += ["", "This VM halts idle vCPUs (`haltpoll.guest_halt_poll_ns=0` on its kernel command line), so a",
+               "wake that must bring an idle CPU back can cost far more than one that finds it running; how",
+               "often that happens varies from run to run (compare the futex rows on all CPUs and on one, and",
+               "between runs). The one-CPU rows take it out: there a wake is a context switch."]
+    roudi = next((x for x in load if x["bench"] == "iceoryx_crash_cleanup"), None)
     for c in (x for x in load if x["bench"] == "channel_crash_cleanup"):
-        md.append(f"\nA subscriber holding all {c['chunks']} chunks SIGKILLed: {c['ms']:.2f} ms from the kill until "
-                  "the publisher had loaned every one again (it finds the subscriber dead through its pidfd "
-                  "when it needs a chunk).")
+        md += ["", f"A subscriber holding all {c['chunks']} chunks SIGKILLed: {c['ms']:.2f} ms from the kill until "
+               "the publisher had loaned every one again (it finds the subscriber dead through its pidfd when it "
+               "needs a chunk)" + (f"; RouDi, for a publisher holding its {roudi['chunks']} chunks in the same run: "
+                                   f"{roudi['ms']:.1f} ms." if roudi else ".")]
 reattach = [x for x in load if x["bench"] == "reattach"]
 if reattach:
     md += ["", "## Broker restart: clients reattaching", "",

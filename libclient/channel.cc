@@ -356,6 +356,11 @@ class ChannelPublisher::Impl {
       const uint64_t tail = q.tail.load();
       v.entry(q, tail).store(c.index);
       q.tail.store(tail + 1);
+    }
+    // Queued everywhere first, then woken: a subscriber woken early cannot
+    // take the CPU from the publisher before the others have it too.
+    for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
+      SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
       if (q.subscriber_waiting.load()) Wake(&q.data_signal);
     }
     m.waiting.fetch_and(~kLoaned);  // 0 now when nobody was given it: free again
