@@ -32,6 +32,15 @@ ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
+  if (auto own = engines_.find(s.engine.name); !s.engine.name.empty() && own != engines_.end() &&
+                                               own->second.restoring && m.name == s.engine.name && !m.restoring) {
+    // A reattached engine with its ranges back: peers may connect now.
+    Engine& e = own->second;
+    e.restoring = false;
+    AnswerWaiters(Waiter::Kind::kConnect, m.name,
+                  [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, e); });
+    return Status::Ok();
+  }
   if (!s.engine.name.empty())
     return Status(ErrorCode::kAlreadyExists, "this client already runs engine \"" + s.engine.name + "\"");
   MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxEngineNameBytes, "an engine name"));
@@ -47,9 +56,11 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
   e.name = m.name;
   e.session_id = s.id;
   e.control_allocation = m.control_allocation;
+  e.restoring = m.restoring;
   s.engine.name = m.name;
-  MB_INFO("engine_up", "client=%llu engine=\"%s\"", static_cast<unsigned long long>(s.id),
-          LogText(m.name).c_str());
+  MB_INFO("engine_up", "client=%llu engine=\"%s\"%s", static_cast<unsigned long long>(s.id),
+          LogText(m.name).c_str(), m.restoring ? " restoring=1" : "");
+  if (e.restoring) return Status::Ok();  // peers connect once it is whole
   // Peers that were waiting for this name connect now.
   AnswerWaiters(Waiter::Kind::kConnect, m.name,
                 [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, e); });
@@ -153,7 +164,8 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineConnectRequest&
   if (m.remote.empty()) return Status(ErrorCode::kParamInvalid, "remote engine name is empty");
   // An engine whose process has exited (its socket's end not read yet) is
   // absent: the connect waits for the name's next owner.
-  if (auto it = engines_.find(m.remote); it != engines_.end() && !ReapIfExited(it->second.session_id))
+  if (auto it = engines_.find(m.remote);
+      it != engines_.end() && !it->second.restoring && !ReapIfExited(it->second.session_id))
     return SentOnSuccess(ConnectPeer(s, rid, it->second));
   if (m.timeout_ms == 0)
     return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");

@@ -29,6 +29,9 @@ struct Engine {
   std::map<uint64_t, uint32_t> peers;             // connected session id -> slot
   std::deque<ipc::EngineNotify> notifies;
   uint64_t notifies_dropped = 0;
+  // Reattaching: registered again range by range, so hidden from Connect
+  // until its owner says it is whole (a second EngineInitRequest).
+  bool restoring = false;
 };
 
 

@@ -10,6 +10,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/pidfd.h"
@@ -78,6 +79,15 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
     return Status(ErrorCode::kParamInvalid, "unknown export flags " + std::to_string(m.export_flags));
   if (m.export_flags != 0 && !(m.flags & ipc::kMallocExport))
     return Status(ErrorCode::kParamInvalid, "export flags without the export malloc flag");
+  if (m.device < -1) return Status(ErrorCode::kParamInvalid, "device " + std::to_string(m.device) + " is no device");
+  if (m.device >= 0) {
+    // Why this broker has no device memory to give (no driver, no such device)...
+    MB_RETURN_IF_ERROR(ipc::CudaDriver::Get().CheckDevice(m.device));
+    // ...and, where it could, that the device backend is not built yet.
+    return Status(ErrorCode::kUnsupported,
+                  "device allocations (cuMemCreate) are not implemented in this membrokerd yet; device " +
+                      std::to_string(m.device) + " is present");
+  }
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
   // Charge the largest size the policy may produce; settled in FinishMalloc.

@@ -46,7 +46,7 @@ struct Encoder {
   fb::Offset<void> operator()(const MallocRequest& m) {
     return w::CreateMallocRequest(b, m.size, static_cast<w::PagePolicy>(m.policy),
                                   static_cast<w::MallocFlags>(m.flags),
-                                  static_cast<w::ExportFlags>(m.export_flags))
+                                  static_cast<w::ExportFlags>(m.export_flags), m.device)
                 .Union();
   }
   fb::Offset<void> operator()(const MallocReply& m) {
@@ -99,7 +99,7 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const EngineInitRequest& m) {
     auto n = b.CreateString(m.name);
-    return w::CreateEngineInitRequest(b, n, m.control_allocation).Union();
+    return w::CreateEngineInitRequest(b, n, m.control_allocation, m.restoring).Union();
   }
   fb::Offset<void> operator()(const EngineFinalizeRequest&) {
     return w::CreateEngineFinalizeRequest(b).Union();
@@ -339,7 +339,7 @@ Result<Message> Read(const w::MallocRequest* m) {
   // An unknown policy is the request's mistake, not a broken frame: the
   // broker answers PARAM_INVALID and the connection stays.
   return Message(
-      MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags(), m->export_flags()});
+      MallocRequest{m->size(), static_cast<PagePolicy>(m->policy()), m->flags(), m->export_flags(), m->device()});
 }
 
 Result<Message> Read(const w::MallocReply* m) {
@@ -399,6 +399,7 @@ Result<Message> Read(const w::EngineInitRequest* m) {
   EngineInitRequest r;
   MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxEngineNameBytes, "name", &r.name));
   r.control_allocation = m->control_allocation();
+  r.restoring = m->restoring();
   return Message(std::move(r));
 }
 

@@ -1,6 +1,7 @@
 #include "membroker/client.h"
 
 #include "client_core.h"
+#include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/pidfd.h"
@@ -61,6 +62,8 @@ uint64_t Client::client_id() const { return core_ ? core_->client_id() : 0; }
 Result<size_t> Client::GetAllocationGranularity(const AllocationProp& prop,
                                                 GranularityOption option) const {
   if (!core_) return detail::NotConnectedClient();
+  if (prop.location.type == MemLocation::kDevice)
+    return ipc::CudaDriver::Get().Granularity(prop.location.id, option == GranularityOption::kRecommended);
   return core_->Granularity(prop.page_policy, option);
 }
 
@@ -76,7 +79,8 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   MB_ASSIGN_OR_RETURN(
       detail::Reply r,
       core_->conn().Call(ipc::MallocRequest{size, static_cast<ipc::PagePolicy>(prop.page_policy), flags,
-                                            prop.exported ? prop.export_flags : 0}));
+                                            prop.exported ? prop.export_flags : 0,
+                                            prop.location.type == MemLocation::kDevice ? prop.location.id : -1}));
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,

@@ -255,7 +255,9 @@ std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, cons
   if (name.empty()) return regions;
   // The engine's connections are made again by each peer's next use of them
   // (transfer_engine.cc): the peer's engine may reattach after this one.
-  Status init = taken.count(control) ? fresh.Call(ipc::EngineInitRequest{name, control}).status()
+  // Hidden from peers until its ranges are back (the second Init below), so
+  // a peer reconnecting meanwhile waits instead of finding them missing.
+  Status init = taken.count(control) ? fresh.Call(ipc::EngineInitRequest{name, control, true}).status()
                                      : Status(ErrorCode::kNotFound, "the engine's control block was not taken back");
   Note(report, init);
   if (!init.ok()) return regions;
@@ -271,6 +273,9 @@ std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, cons
                               : reply.status());
     if (m != nullptr) regions[va] = m->region;
   }
+  // (Not an item of its own in the report; counted only if it fails.)
+  if (Status whole = fresh.Call(ipc::EngineInitRequest{name, control, false}).status(); !whole.ok())
+    Note(report, whole);
   return regions;
 }
 

@@ -1,5 +1,6 @@
 #include "broker_process.h"
 
+#include <poll.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -262,6 +263,12 @@ std::string Channel::Receive() {
   std::string out;
   char c;
   for (;;) {
+    // Bounded: a peer that died leaves its end open in its siblings (forked
+    // with every channel), so EOF alone might never come.
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, 60'000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
     ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0 || c == '\n') break;

@@ -79,7 +79,7 @@ class Channel {
   void AsChild();
   void AsParent();
   void Send(const std::string& line);
-  // Empty string on EOF.
+  // Empty string on EOF, or after 60 s without a whole line.
   std::string Receive();
 
  private:

@@ -55,6 +55,14 @@ enum class GranularityOption { kMinimum, kRecommended };
 
 enum class Access { kNone, kRead, kReadWrite };
 
+// Where an allocation's memory lives (the location of CANN's and CUDA's
+// allocation properties): host memory, or the memory of CUDA device `id`.
+struct MemLocation {
+  enum Type : uint8_t { kHost = 0, kDevice = 1 };
+  Type type = kHost;
+  int id = 0;  // the device ordinal, for kDevice
+};
+
 struct AllocationProp {
   PagePolicy page_policy = PagePolicy::kNormalOnly;
   // The broker populates and locks the pages: never swapped, never faulted in
@@ -70,6 +78,10 @@ struct AllocationProp {
   // requestedHandleTypes). For producers that share every buffer they make.
   bool exported = false;
   uint32_t export_flags = 0;
+  // Last, so that existing brace initialisers keep their meaning. Device
+  // memory is not built yet: a device location answers UNSUPPORTED, saying
+  // why (no CUDA driver here, no such device, or not implemented).
+  MemLocation location{};
 };
 
 // ReserveMemAddress flags.

@@ -80,6 +80,7 @@ struct MallocRequest {
   PagePolicy policy = PagePolicy::kNormalOnly;
   uint32_t flags = 0;
   uint32_t export_flags = 0;
+  int32_t device = -1;  // -1: host memory; N: device N
   bool operator==(const MallocRequest&) const = default;
 };
 struct MallocReply {  // + the allocation's fd
@@ -138,6 +139,7 @@ struct UnregisterHostRequest {
 struct EngineInitRequest {
   std::string name;
   uint64_t control_allocation = 0;
+  bool restoring = false;  // hidden from Connect until initialised again without it
   bool operator==(const EngineInitRequest&) const = default;
 };
 struct EngineFinalizeRequest {

@@ -1,0 +1,131 @@
+#include "membroker/ipc/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#endif
+
+namespace membroker::ipc {
+
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+
+struct CudaDriver::Api {
+  CUresult (*cuInit)(unsigned int) = nullptr;
+  CUresult (*cuDriverGetVersion)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) =
+      nullptr;
+};
+
+namespace {
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+std::string ErrorText(const CudaDriver::Api& api, CUresult rc) {
+  const char* text = nullptr;
+  if (api.cuGetErrorString != nullptr && api.cuGetErrorString(rc, &text) == CUDA_SUCCESS && text != nullptr)
+    return text;
+  return "CUresult " + std::to_string(static_cast<int>(rc));
+}
+
+Status Unsupported(const std::string& why) {
+  return Status(ErrorCode::kUnsupported, "device memory is unavailable here: " + why);
+}
+
+}  // namespace
+
+CudaDriver::CudaDriver() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = ::dlerror();
+    status_ = Unsupported(std::string("no CUDA driver (") + (e ? e : "libcuda.so.1 not found") + ")");
+    return;
+  }
+  // (Kept loaded for the life of the process, as the driver expects.)
+  auto get = reinterpret_cast<GetProcAddress>(::dlsym(lib, "cuGetProcAddress_v2"));
+  if (get == nullptr) {
+    status_ = Unsupported("the CUDA driver has no cuGetProcAddress_v2 (older than CUDA 12)");
+    return;
+  }
+  static Api api;
+  bool ok = true;
+  auto load = [&](const char* name, auto** fn) {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult found{};
+    if (get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || p == nullptr) ok = false;
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
+  };
+  load("cuInit", &api.cuInit);
+  load("cuDriverGetVersion", &api.cuDriverGetVersion);
+  load("cuDeviceGetCount", &api.cuDeviceGetCount);
+  load("cuDeviceGet", &api.cuDeviceGet);
+  load("cuGetErrorString", &api.cuGetErrorString);
+  load("cuMemGetAllocationGranularity", &api.cuMemGetAllocationGranularity);
+  if (!ok) {
+    status_ = Unsupported("the CUDA driver lacks an entry point membroker needs");
+    return;
+  }
+  (void)api.cuDriverGetVersion(&version_);
+  if (CUresult rc = api.cuInit(0); rc != CUDA_SUCCESS) {
+    status_ = Unsupported("cuInit failed: " + ErrorText(api, rc));
+    return;
+  }
+  if (CUresult rc = api.cuDeviceGetCount(&devices_); rc != CUDA_SUCCESS || devices_ == 0) {
+    status_ = Unsupported(rc != CUDA_SUCCESS ? "cuDeviceGetCount failed: " + ErrorText(api, rc) : "no CUDA device");
+    devices_ = 0;
+    return;
+  }
+  api_ = &api;
+}
+
+Result<size_t> CudaDriver::Granularity(int device, bool recommended) const {
+  MB_RETURN_IF_ERROR(CheckDevice(device));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  CUresult rc = api_->cuMemGetAllocationGranularity(
+      &g, &prop, recommended ? CU_MEM_ALLOC_GRANULARITY_RECOMMENDED : CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (rc != CUDA_SUCCESS)
+    return Status(ErrorCode::kUnsupported, "cuMemGetAllocationGranularity on device " + std::to_string(device) +
+                                               ": " + ErrorText(*api_, rc));
+  return g;
+}
+
+#else  // built without the CUDA toolkit's headers
+
+struct CudaDriver::Api {};
+
+CudaDriver::CudaDriver()
+    : status_(ErrorCode::kUnsupported,
+              "device memory is unavailable here: membroker was built without the CUDA headers "
+              "(configure with MEMBROKER_CUDA=ON and the CUDA toolkit installed)") {}
+
+Result<size_t> CudaDriver::Granularity(int device, bool) const {
+  MB_RETURN_IF_ERROR(CheckDevice(device));
+  return Status(ErrorCode::kUnsupported, "unreachable");
+}
+
+#endif
+
+const CudaDriver& CudaDriver::Get() {
+  static const CudaDriver driver;
+  return driver;
+}
+
+Status CudaDriver::CheckDevice(int device) const {
+  MB_RETURN_IF_ERROR(status_);
+  if (device < 0 || device >= devices_)
+    return Status(ErrorCode::kUnsupported, "no CUDA device " + std::to_string(device) + " (this machine has " +
+                                               std::to_string(devices_) + ")");
+  return Status::Ok();
+}
+
+}  // namespace membroker::ipc
