@@ -128,6 +128,19 @@ struct View {
   char* chunk(uint32_t i) const { return data + layout.chunk_bytes * i; }
 };
 
+// One allocation of a channel, mapped here whole and populated (so no
+// hand-off pays a page fault).
+struct Mapped {
+  PhysicalHandle handle;
+  Reservation range;
+  Mapping map;
+  Status MapAll(Client& client) {
+    MB_ASSIGN_OR_RETURN(range, client.ReserveMemAddress(handle.size()));
+    MB_ASSIGN_OR_RETURN(map, client.MapMem(range.base(), handle.size(), 0, handle, kMapPopulate));
+    return Status::Ok();
+  }
+};
+
 void Wake(std::atomic<uint32_t>* word) {
   word->fetch_add(1);
   detail::FutexWakeAll(word);
@@ -180,9 +193,7 @@ class ChannelPublisher::Impl {
   Client client;  // shares the caller's connection
   std::string name;
   ChannelOptions options;
-  PhysicalHandle control_handle, data_handle;
-  Reservation control_range, data_range;
-  Mapping control_map, data_map;
+  Mapped control, data;
   View v;
   bool published = false;  // both names are ours to take back
   uint32_t cursor = 0;
@@ -391,20 +402,14 @@ Result<ChannelPublisher> ChannelPublisher::Create(Client& client, const std::str
   impl->name = name;
   impl->options = options;
   const Layout l = Layout::For(options.chunks, options.chunk_bytes, options.queue_depth);
-  MB_ASSIGN_OR_RETURN(impl->control_handle, client.MallocPhysical(l.control_bytes));
-  MB_ASSIGN_OR_RETURN(impl->data_handle, client.MallocPhysical(l.data_bytes));
-  MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
-  MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
-  MB_ASSIGN_OR_RETURN(impl->control_map,
-                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle,
-                                    kMapPopulate));
-  MB_ASSIGN_OR_RETURN(impl->data_map,
-                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle,
-                                    kMapPopulate));
+  MB_ASSIGN_OR_RETURN(impl->control.handle, client.MallocPhysical(l.control_bytes));
+  MB_ASSIGN_OR_RETURN(impl->data.handle, client.MallocPhysical(l.data_bytes));
+  MB_RETURN_IF_ERROR(impl->control.MapAll(client));
+  MB_RETURN_IF_ERROR(impl->data.MapAll(client));
   View& v = impl->v;
   v.layout = l;
-  v.control = impl->control_map.as<char>();
-  v.data = impl->data_map.as<char>();
+  v.control = impl->control.map.as<char>();
+  v.data = impl->data.map.as<char>();
   // Fresh broker memory is zero: every chunk free, every slot free.
   Header* h = v.header();
   h->chunks = l.chunks;
@@ -416,8 +421,8 @@ Result<ChannelPublisher> ChannelPublisher::Create(Client& client, const std::str
   std::atomic_thread_fence(std::memory_order_seq_cst);
   h->magic.store(kMagic);
   // The chunks first: a subscriber that finds the name finds both.
-  MB_RETURN_IF_ERROR(client.Publish(name + "/chunks", impl->data_handle, options.read_only_chunks ? kPublishReadOnly : 0));
-  Status st = client.Publish(name, impl->control_handle);
+  MB_RETURN_IF_ERROR(client.Publish(name + "/chunks", impl->data.handle, options.read_only_chunks ? kPublishReadOnly : 0));
+  Status st = client.Publish(name, impl->control.handle);
   if (!st.ok()) {
     (void)client.Unpublish(name + "/chunks");
     return st;
@@ -476,9 +481,7 @@ class ChannelSubscriber::Impl {
  public:
   std::string name;
   SubscribeOptions options;
-  PhysicalHandle control_handle, data_handle;
-  Reservation control_range, data_range;
-  Mapping control_map, data_map;
+  Mapped control, data;
   View v;
   uint32_t s = 0;
   bool joined = false;
@@ -565,14 +568,11 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   impl->options = options;
-  MB_ASSIGN_OR_RETURN(impl->control_handle, client.Lookup(name, options.lookup_timeout_ms));
-  MB_ASSIGN_OR_RETURN(impl->data_handle, client.Lookup(name + "/chunks", options.lookup_timeout_ms));
-  if (impl->control_handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
-  MB_ASSIGN_OR_RETURN(impl->control_range, client.ReserveMemAddress(impl->control_handle.size()));
-  MB_ASSIGN_OR_RETURN(impl->control_map,
-                      client.MapMem(impl->control_range.base(), impl->control_handle.size(), 0, impl->control_handle,
-                                    kMapPopulate));
-  const auto* h = impl->control_map.as<Header>();
+  MB_ASSIGN_OR_RETURN(impl->control.handle, client.Lookup(name, options.lookup_timeout_ms));
+  MB_ASSIGN_OR_RETURN(impl->data.handle, client.Lookup(name + "/chunks", options.lookup_timeout_ms));
+  if (impl->control.handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
+  MB_RETURN_IF_ERROR(impl->control.MapAll(client));
+  const auto* h = impl->control.map.as<Header>();
   // The geometry, checked against what was mapped, and kept here.
   const uint64_t magic = h->magic.load();
   const uint32_t chunks = h->chunks, depth = h->queue_depth;
@@ -580,16 +580,13 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
   if (magic != kMagic || !Valid(chunks, chunk_bytes, depth) || chunk_bytes % kLine != 0)
     return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel (or not one this library reads)");
   const Layout l = Layout::For(chunks, chunk_bytes, depth);
-  if (l.control_bytes > impl->control_handle.size() || l.data_bytes > impl->data_handle.size())
+  if (l.control_bytes > impl->control.handle.size() || l.data_bytes > impl->data.handle.size())
     return Status(ErrorCode::kProtocolError, "channel \"" + name + "\" is smaller than its geometry says");
-  MB_ASSIGN_OR_RETURN(impl->data_range, client.ReserveMemAddress(impl->data_handle.size()));
-  MB_ASSIGN_OR_RETURN(impl->data_map,
-                      client.MapMem(impl->data_range.base(), impl->data_handle.size(), 0, impl->data_handle,
-                                    kMapPopulate));
+  MB_RETURN_IF_ERROR(impl->data.MapAll(client));
   View& v = impl->v;
   v.layout = l;
-  v.control = impl->control_map.as<char>();
-  v.data = impl->data_map.as<char>();
+  v.control = impl->control.map.as<char>();
+  v.data = impl->data.map.as<char>();
   if (auto fd = ipc::PidfdOpenIfSupported(h->publisher_pid); fd.ok()) impl->publisher = std::move(*fd);
   else return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
   for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) {
