@@ -242,6 +242,7 @@ class ChannelPublisher::Impl {
       if (state == kFree || !Dead(s)) continue;
       // Gone: no more chunks for it, and back what it held or had queued.
       v.header()->active.fetch_and(~(uint64_t{1} << s));
+      if (options.mode == ChannelMode::kWorkSharing) Redeliver(s);
       counts.reclaimed += ClearBit(v, s);
       slot.head.store(0);
       slot.tail.store(0);
@@ -252,6 +253,30 @@ class ChannelPublisher::Impl {
       ++reaped;
     }
     return reaped;
+  }
+
+  // Work sharing: what a dead subscriber had queued but not taken goes to the
+  // live ones with room (the new bit is set before the dead one is cleared,
+  // so the chunk is never free in between); what finds no room is given back.
+  void Redeliver(uint32_t dead) {
+    SlotHeader& from = v.slot(dead);
+    const uint64_t tail = from.tail.load();
+    for (uint64_t head = from.head.load(); head != tail && tail - head <= v.layout.queue_depth;) {
+      const uint32_t i = v.entry(from, head).load();
+      if (!from.head.compare_exchange_strong(head, head + 1)) continue;
+      ++head;
+      if (i >= v.layout.chunks) continue;  // not a chunk: nothing to pass on
+      const uint64_t target = LeastLoaded(v.header()->active.load());
+      if (target == 0) return;
+      SlotHeader& to = v.slot(static_cast<uint32_t>(std::countr_zero(target)));
+      const uint64_t to_tail = to.tail.load();
+      if (to_tail - to.head.load() >= v.layout.queue_depth) continue;
+      v.meta(i).waiting.fetch_or(target);
+      v.entry(to, to_tail).store(i);
+      to.tail.store(to_tail + 1);
+      if (to.subscriber_waiting.load()) Wake(&to.data_signal);
+      ++counts.redelivered;
+    }
   }
 
   Result<Chunk> Loan(size_t bytes, int timeout_ms) {

@@ -181,6 +181,22 @@ TEST(Demo, KvTransferDecodeChecksEveryBlock) {
   EXPECT_EQ(b.Stat("engines"), 0u);
 }
 
+// The channels demo: every worker gets every step (a replacement, every step
+// from the one it joined at), every job is done once, the broker ends empty.
+TEST(Demo, FanOutThroughChannelsWithAndWithoutAKilledWorker) {
+  BrokerProcess b;
+  for (const char* extra : {"", " --kill-worker"}) {
+    Output o = Shell(BinaryPath("fanout") + " --socket " + b.socket() + extra);
+    EXPECT_EQ(o.code, 0) << o.text;
+    EXPECT_NE(o.text.find("broadcast 60 steps of 256 KiB to 3 workers"), std::string::npos) << o.text;
+    EXPECT_NE(o.text.find("work sharing: 300 of 300 jobs done"), std::string::npos) << o.text;
+    if (*extra) EXPECT_NE(o.text.find("worker 0 SIGKILLed holding a chunk: reaped 1 subscriber"), std::string::npos) << o.text;
+    EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+    EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+    EXPECT_EQ(b.Stat("named_objects"), 0u);
+  }
+}
+
 // The pipeline demo, plain and with each stage killed and restarted: every
 // frame is checked exactly once, none is lost, the broker ends empty.
 class PipelineDemo : public ::testing::TestWithParam<int> {};

@@ -174,6 +174,46 @@ TEST(Channel, WorkSharingGivesEachChunkToExactlyOneSubscriber) {
   EXPECT_EQ(all.size(), kCount);  // none lost
 }
 
+TEST(Channel, WorkSharingPassesADeadSubscribersQueuedChunksToTheOthers) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "publisher"});
+  ChannelOptions o;
+  o.chunks = 16;
+  o.chunk_bytes = 64 << 10;
+  o.queue_depth = 8;
+  o.mode = ChannelMode::kWorkSharing;
+  auto pub = ChannelPublisher::Create(*c, "chan/redeliver", o);
+  ASSERT_TRUE(pub.ok());
+  Children kids(1);
+  kids.Start(0, [&](Channel& ch) {
+    auto cc = Client::Connect({b.socket(), "idle"});
+    auto sub = ChannelSubscriber::Join(*cc, "chan/redeliver");
+    if (!sub.ok()) return 10;
+    ch.Send("joined");
+    ch.Receive();  // killed here, never taking its share
+    return 0;
+  });
+  ASSERT_EQ(kids.channels[0].Receive(), "joined");
+  auto other = Client::Connect({b.socket(), "worker"});
+  auto worker = ChannelSubscriber::Join(*other, "chan/redeliver");
+  ASSERT_TRUE(worker.ok());
+  ASSERT_TRUE(pub->WaitForSubscribers(2, 5000).ok());
+  PublishAll(*pub, 8);  // shared between the two: four each
+  ::kill(kids.pids[0], SIGKILL);
+  EXPECT_NE(kids.Wait(0), 0);
+  EXPECT_EQ(pub->Reap(), 1u);
+  EXPECT_EQ(pub->stats().redelivered, 4u);
+  std::set<uint64_t> got;
+  for (int i = 0; i < 8; ++i) {
+    auto chunk = worker->Receive(1000);
+    ASSERT_TRUE(chunk.ok()) << "chunk " << i << ": " << chunk.status().ToString();
+    EXPECT_TRUE(Holds(*chunk));
+    got.insert(chunk->sequence);
+    ASSERT_TRUE(worker->Release(*chunk).ok());
+  }
+  EXPECT_EQ(got.size(), 8u);  // all eight, the dead one's four included
+}
+
 // A subscriber in this process that never reads: its queue fills.
 TEST(Channel, AFullQueueMakesThePublisherWaitOrDropTheOldest) {
   BrokerProcess b;

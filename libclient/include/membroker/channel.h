@@ -15,7 +15,8 @@
 // for, set by the publisher and cleared by that subscriber's Release, so a
 // subscriber that dies (SIGKILL included) gives back exactly what it held: the
 // publisher finds it dead through its pidfd whenever it needs a chunk or
-// queue space, and at once in Reap(). A publisher that dies mid-write has
+// queue space, and at once in Reap(); under work sharing, what it had queued
+// but not taken goes to the others. A publisher that dies mid-write has
 // published nothing (Publish is one step); its subscribers see
 // NOT_CONNECTED. A subscriber that restarts joins again. Every index, size
 // and count read from the shared control block is checked first.
@@ -59,6 +60,7 @@ struct ChannelStats {
   uint64_t unreceived = 0;       // published to nobody (no subscriber)
   uint64_t reaped = 0;           // dead subscribers cleaned up
   uint64_t reclaimed = 0;        // chunk references given back by reaping
+  uint64_t redelivered = 0;      // work sharing: a dead subscriber's queued chunks passed on
   uint32_t subscribers = 0;      // joined now
 };
 
