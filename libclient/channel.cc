@@ -16,11 +16,13 @@
 #include "membroker/channel.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -228,10 +230,12 @@ class ChannelPublisher::Impl {
       k.pidfd.reset();
       if (pid <= 0) return false;  // still joining: its pid comes next
       auto fd = ipc::PidfdOpenIfSupported(pid);
-      if (!fd.ok()) return true;  // no such process
-      k.pidfd = std::move(*fd);
+      if (fd.code() == ErrorCode::kNotFound) return true;  // no such process
+      if (fd.ok()) k.pidfd = std::move(*fd);
+      // (Out of fds, or no pidfds: the pid itself is checked each time.)
     }
-    return k.pidfd.valid() && !ipc::PidfdAlive(k.pidfd.get());
+    if (k.pidfd.valid()) return !ipc::PidfdAlive(k.pidfd.get());
+    return ::kill(pid, 0) != 0 && errno == ESRCH;
   }
 
   size_t Reap() {
