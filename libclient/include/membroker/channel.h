@@ -21,6 +21,9 @@
 // NOT_CONNECTED. A subscriber that restarts joins again. Every index, size
 // and count read from the shared control block is checked first.
 //
+// Threads: a ChannelPublisher, and each ChannelSubscriber, is used by one
+// thread at a time (any number of them may run in one process).
+//
 // Memory: the control block (header, chunk bits, subscriber slots and queues)
 // is published as NAME and mapped writable by every side; the chunks are
 // published as NAME + "/chunks", read-only for subscribers by default.
