@@ -15,6 +15,8 @@ the same service manager code) in a private mount namespace, with a tmpfs on
 cannot start: not root, no unshare, no systemd binary.
 
 usage: under_systemd.py BUILD_DIR   (MEMBROKERD, MEMBROKERCTL, PYTHONPATH set by ctest)
+Everything it makes is under a fresh /var/lib/mb-systemd-test.* directory,
+removed at the end, also when it fails.
 """
 import json
 import os
@@ -115,6 +117,8 @@ def install_units(units_dir: str, rt: str, membrokerd: str, log: str) -> None:
     for name in ("membrokerd.service", "membrokerd.socket"):
         with open(os.path.join(ROOT, "packaging", name)) as f:
             text = f.read()
+        # First: the paths put in below must not be rewritten.
+        text = text.replace("/run/membroker/", rt + "/").replace("/run/membroker\n", rt + "\n")
         if name.endswith(".service"):
             # What this test is about must be in the unit we ship.
             assert "--fd-store" in text and "FileDescriptorStoreMax=" in text, "the shipped unit lost its fd store"
@@ -122,7 +126,6 @@ def install_units(units_dir: str, rt: str, membrokerd: str, log: str) -> None:
             text = text.replace("/usr/local/bin/membrokerd", membrokerd)
             text = text.replace("[Service]\n", "[Service]\nStandardOutput=append:%s\nStandardError=append:%s\n" %
                                 (log, log))
-        text = text.replace("/run/membroker", rt)
         with open(os.path.join(units_dir, name), "w") as f:
             f.write(text)
 
@@ -184,11 +187,16 @@ def inside(build_dir: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/systemd"], check=True)
     os.makedirs("/run/systemd/system")
     make_inaccessible_nodes("/run/systemd/inaccessible")
-    # Not under /tmp or /var/tmp: the unit has PrivateTmp=yes.
-    top = tempfile.mkdtemp(prefix="membroker-systemd.", dir=build_dir)
+    # Nothing the service uses may be under /tmp, /var/tmp (PrivateTmp=yes) or
+    # /root, /home (ProtectHome=yes), wherever the build is: the runtime
+    # directory is made under /var/lib, and the broker binary copied there.
+    top = tempfile.mkdtemp(prefix="mb-systemd-test.", dir="/var/lib")
+    os.chmod(top, 0o755)
+    os.makedirs(os.path.join(top, "bin"))
+    membrokerd = shutil.copy2(membrokerd, os.path.join(top, "bin", "membrokerd"))
     rt = os.path.join(top, "rt")
     sock, admin = os.path.join(rt, "membroker.sock"), os.path.join(rt, "membroker.sock.admin")
-    broker_log = os.path.join(top, "broker.log")
+    broker_log = os.path.join(rt, "broker.log")  # (writable for the service: ReadWritePaths)
     manager = Manager(top)
     clients = []
     try:
