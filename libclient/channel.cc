@@ -148,6 +148,19 @@ void Wake(std::atomic<uint32_t>* word) {
   detail::FutexWakeAll(word);
 }
 
+// Who waits on a signal word: nobody, a sleeper (futex), or a spinner, which
+// only needs the word to move (no system call).
+enum Waiting : uint32_t { kNobody = 0, kSleeper = 1, kSpinner = 2 };
+uint32_t WaiterFor(WakeMode wake) { return wake == WakeMode::kFutex ? kSleeper : kSpinner; }
+
+// Tells whoever waits on *word that something changed.
+void Signal(std::atomic<uint32_t>* word, const std::atomic<uint32_t>& waiting) {
+  const uint32_t who = waiting.load();
+  if (who == kNobody) return;
+  word->fetch_add(1);
+  if (who == kSleeper) detail::FutexWakeAll(word);
+}
+
 // Waits for *word to move from `seen` (futex) or spins a little (poll), at
 // most until deadline.
 void WaitFor(WakeMode wake, std::atomic<uint32_t>* word, uint32_t seen, Clock::time_point deadline,
@@ -182,7 +195,7 @@ size_t ClearBit(const View& v, uint32_t s) {
       freed |= (before & ~bit) == 0;
     }
   }
-  if (freed && v.header()->publisher_waiting.load()) Wake(&v.header()->free_signal);
+  if (freed) Signal(&v.header()->free_signal, v.header()->publisher_waiting);
   return cleared;
 }
 
@@ -278,7 +291,7 @@ class ChannelPublisher::Impl {
       v.meta(i).waiting.fetch_or(target);
       v.entry(to, to_tail).store(i);
       to.tail.store(to_tail + 1);
-      if (to.subscriber_waiting.load()) Wake(&to.data_signal);
+      Signal(&to.data_signal, to.subscriber_waiting);
       ++counts.redelivered;
     }
   }
@@ -304,7 +317,7 @@ class ChannelPublisher::Impl {
       if (Clock::now() >= deadline)
         return Status(ErrorCode::kTimeout, "every chunk of channel \"" + name + "\" is still in use after " +
                                                std::to_string(timeout_ms) + " ms");
-      h->publisher_waiting.store(1);
+      h->publisher_waiting.store(WaiterFor(options.wake));
       const uint32_t seen = h->free_signal.load();
       bool any_free = false;
       for (uint32_t i = 0; i < v.layout.chunks && !any_free; ++i) any_free = v.meta(i).waiting.load() == 0;
@@ -328,8 +341,8 @@ class ChannelPublisher::Impl {
           ++counts.dropped;
           if (oldest < v.layout.chunks) {
             const uint64_t before = v.meta(oldest).waiting.fetch_and(~bit);
-            if ((before & ~bit) == 0 && (before & bit) && v.header()->publisher_waiting.load())
-              Wake(&v.header()->free_signal);
+            if ((before & ~bit) == 0 && (before & bit))
+              Signal(&v.header()->free_signal, v.header()->publisher_waiting);
           }
         }
         continue;
@@ -343,7 +356,7 @@ class ChannelPublisher::Impl {
         return Status(ErrorCode::kTimeout, "subscriber " + std::to_string(s) + " of channel \"" + name +
                                                "\" has a full queue (" + std::to_string(v.layout.queue_depth) +
                                                " chunks unread)");
-      q.publisher_waiting.store(1);
+      q.publisher_waiting.store(WaiterFor(options.wake));
       const uint32_t seen = q.space_signal.load();
       if (q.tail.load() - q.head.load() >= v.layout.queue_depth)
         WaitFor(options.wake, &q.space_signal, seen, deadline, kReapSlice);
@@ -401,7 +414,7 @@ class ChannelPublisher::Impl {
     // take the CPU from the publisher before the others have it too.
     for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
       SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
-      if (q.subscriber_waiting.load()) Wake(&q.data_signal);
+      Signal(&q.data_signal, q.subscriber_waiting);
     }
     m.waiting.fetch_and(~kLoaned);  // 0 now when nobody was given it: free again
     h->publishing.fetch_add(1);
@@ -539,7 +552,7 @@ class ChannelSubscriber::Impl {
       if (head != tail) {
         const uint32_t i = v.entry(q, head).load();
         if (!q.head.compare_exchange_strong(head, head + 1)) continue;  // dropped by the publisher meanwhile
-        if (q.publisher_waiting.load()) Wake(&q.space_signal);
+        Signal(&q.space_signal, q.publisher_waiting);
         if (i >= v.layout.chunks) return Corrupt("a queued chunk index is out of range");
         ChunkMeta& m = v.meta(i);
         const uint64_t size = m.size;
@@ -553,7 +566,7 @@ class ChannelSubscriber::Impl {
       if (Clock::now() >= deadline)
         return Status(ErrorCode::kTimeout, "nothing published on channel \"" + name + "\" within " +
                                                std::to_string(timeout_ms) + " ms");
-      q.subscriber_waiting.store(1);
+      q.subscriber_waiting.store(WaiterFor(options.wake));
       const uint32_t seen = q.data_signal.load();
       if (q.tail.load() == q.head.load()) WaitFor(options.wake, &q.data_signal, seen, deadline, kPublisherCheck);
       q.subscriber_waiting.store(0);
@@ -565,7 +578,7 @@ class ChannelSubscriber::Impl {
       return Status(ErrorCode::kParamInvalid, "chunk " + std::to_string(c.index) + " is not held by this subscriber");
     const uint64_t bit = uint64_t{1} << s;
     const uint64_t before = v.meta(c.index).waiting.fetch_and(~bit);
-    if ((before & ~bit) == 0 && v.header()->publisher_waiting.load()) Wake(&v.header()->free_signal);
+    if ((before & ~bit) == 0) Signal(&v.header()->free_signal, v.header()->publisher_waiting);
     return Status::Ok();
   }
 
