@@ -28,6 +28,7 @@
 
 #include "membroker/channel.h"
 #include "membroker/client.h"
+#include "payload.h"
 
 using namespace membroker;
 
@@ -36,27 +37,12 @@ namespace {
 std::string g_socket;
 const char* g_cpus = "all";
 
-uint64_t NowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-void Fill(void* p, size_t n, uint64_t seed) {
-  auto* w = static_cast<uint64_t*>(p);
-  for (size_t i = 0; i < n / 8; ++i) w[i] = i ^ seed;
-}
-uint64_t Sum(const void* p, size_t n) {
-  const auto* w = static_cast<const uint64_t*>(p);
-  uint64_t s = 0;
-  for (size_t i = 0; i < n / 8; ++i) s += w[i];
-  return s;
-}
-void SendLine(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
-std::string RecvLine(int fd) {
-  char buf[256];
-  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
+using bench::Fill;
+using bench::NowNs;
+using bench::RecvLine;
+using bench::SendLine;
+using bench::Sum;
+
 const char* WakeName(WakeMode w) { return w == WakeMode::kFutex ? "futex" : "poll"; }
 
 // A subscriber process: reads every byte of every chunk, then reports when it

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "membroker/client.h"
+#include "payload.h"
 #include "raw_fd.h"
 
 using namespace membroker;
@@ -39,23 +40,9 @@ namespace {
 std::string g_socket;
 bool g_huge = false;
 
-uint64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-
-void Fill(void* p, size_t n, uint64_t seed) {
-  auto* w = static_cast<uint64_t*>(p);
-  for (size_t i = 0; i < n / 8; ++i) w[i] = i ^ seed;
-}
-
-uint64_t Sum(const void* p, size_t n) {
-  const auto* w = static_cast<const uint64_t*>(p);
-  uint64_t s = 0;
-  for (size_t i = 0; i < n / 8; ++i) s += w[i];
-  return s;
-}
+using bench::Fill;
+using bench::NowNs;
+using bench::Sum;
 
 // The consumer's read of every byte. The hand-off ends when it does: what a
 // method does after (unmapping, closing, freeing) is not part of it, as in

@@ -32,32 +32,15 @@
 #include "iceoryx_posh/popo/untyped_subscriber.hpp"
 #include "iceoryx_posh/popo/wait_set.hpp"
 #include "iceoryx_posh/runtime/posh_runtime.hpp"
+#include "payload.h"
 
 namespace {
 
-uint64_t NowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-
-void Fill(void* p, size_t n, int seed) {
-  auto* b = static_cast<uint64_t*>(p);
-  for (size_t i = 0; i < n / 8; ++i) b[i] = i * 0x9e3779b97f4a7c15ull + seed;
-}
-uint64_t Sum(const void* p, size_t n) {
-  const auto* b = static_cast<const uint64_t*>(p);
-  uint64_t s = 0;
-  for (size_t i = 0; i < n / 8; ++i) s += b[i];
-  return s;
-}
-
-void SendLine(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
-std::string RecvLine(int fd) {
-  char buf[256];
-  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-  return n > 0 ? std::string(buf, n) : std::string();
-}
+using membroker::bench::Fill;
+using membroker::bench::NowNs;
+using membroker::bench::RecvLine;
+using membroker::bench::SendLine;
+using membroker::bench::Sum;
 
 iox::capro::ServiceDescription Service(size_t size) {
   return {"membroker", "bench", iox::capro::IdString_t(iox::cxx::TruncateToCapacity, std::to_string(size).c_str())};

@@ -1,0 +1,42 @@
+// What the hand-off benchmarks share: one clock for producer and consumer
+// (CLOCK_MONOTONIC), a buffer filled and summed word by word (the consumer
+// reads every byte), and short lines over a control socket.
+#pragma once
+
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace membroker::bench {
+
+inline uint64_t NowNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+inline void Fill(void* p, size_t n, uint64_t seed) {
+  auto* w = static_cast<uint64_t*>(p);
+  for (size_t i = 0; i < n / 8; ++i) w[i] = i ^ seed;
+}
+
+inline uint64_t Sum(const void* p, size_t n) {
+  const auto* w = static_cast<const uint64_t*>(p);
+  uint64_t s = 0;
+  for (size_t i = 0; i < n / 8; ++i) s += w[i];
+  return s;
+}
+
+inline void SendLine(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
+
+// One line (one SEQPACKET message), or "" at EOF.
+inline std::string RecvLine(int fd) {
+  char buf[256];
+  const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+}  // namespace membroker::bench
