@@ -46,68 +46,11 @@ iox::capro::ServiceDescription Service(size_t size) {
   return {"membroker", "bench", iox::capro::IdString_t(iox::cxx::TruncateToCapacity, std::to_string(size).c_str())};
 }
 
-int Consumer(int ctl, size_t size) {
-  std::string name = "mb-consumer-" + std::to_string(size);
-  iox::runtime::PoshRuntime::initRuntime(iox::RuntimeName_t(iox::cxx::TruncateToCapacity, name.c_str()));
-  iox::popo::UntypedSubscriber sub(Service(size));
-  for (;;) {
-    if (RecvLine(ctl).empty()) return 0;
-    const void* chunk = nullptr;
-    while (chunk == nullptr) {  // published before the wake-up: present at once
-      sub.take().and_then([&](const void* c) { chunk = c; });
-      if (chunk == nullptr) std::this_thread::yield();
-    }
-    uint64_t sum = Sum(chunk, size);
-    uint64_t t1 = NowNs();
-    sub.release(chunk);
-    SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum));
-  }
-}
-
-int Producer(int ctl, size_t size, int iterations) {
-  std::string name = "mb-producer-" + std::to_string(size);
-  iox::runtime::PoshRuntime::initRuntime(iox::RuntimeName_t(iox::cxx::TruncateToCapacity, name.c_str()));
-  iox::popo::UntypedPublisher pub(Service(size));
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!pub.hasSubscribers()) {  // discovery through RouDi
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::printf("{\"bench\": \"handoff\", \"method\": \"iceoryx\", \"pages\": \"4K\", \"size\": %zu, "
-                  "\"iterations\": 0, \"median_us\": 0, \"gb_per_s\": 0, \"error\": \"no subscriber\"}\n",
-                  size);
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::vector<double> us;
-  std::string error;
-  for (int i = 0; i < iterations && error.empty(); ++i) {
-    void* chunk = nullptr;
-    pub.loan(size).and_then([&](void* c) { chunk = c; }).or_else([&](auto) { error = "loan failed"; });
-    if (chunk == nullptr) break;
-    Fill(chunk, size, i);
-    uint64_t expect = Sum(chunk, size);
-    uint64_t t0 = NowNs();
-    pub.publish(chunk);
-    SendLine(ctl, "go");
-    std::string done = RecvLine(ctl);
-    unsigned long long t1 = 0, sum = 0;
-    std::sscanf(done.c_str(), "%llu %llu", &t1, &sum);
-    if (sum != expect) error = "the consumer read wrong bytes";
-    us.push_back((t1 - t0) / 1000.0);
-  }
-  std::sort(us.begin(), us.end());
-  double median = us.empty() ? 0 : us[us.size() / 2];
-  std::printf("{\"bench\": \"handoff\", \"method\": \"iceoryx\", \"pages\": \"4K\", \"size\": %zu, "
-              "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
-              size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0, error.c_str());
-  std::fflush(stdout);
-  return error.empty() ? 0 : 1;
-}
-
 const char* g_cpus = "all";
 
 // How a subscriber waits for the next chunk: told over the control socket
-// (bench_handoff's table), spinning on take(), or in a WaitSet.
+// (bench_handoff's table, as its other methods are), spinning on take(), or
+// in a WaitSet (bench_channel's table).
 enum class Wake { kSocket, kPoll, kWaitSet };
 const char* WakeName(Wake w) { return w == Wake::kPoll ? "poll" : w == Wake::kWaitSet ? "futex" : "socket"; }
 
@@ -124,6 +67,7 @@ int WakingConsumer(int ctl, size_t size, Wake wake, int index) {
   }
   SendLine(ctl, "joined");
   for (;;) {
+    if (wake == Wake::kSocket && RecvLine(ctl).empty()) return 0;  // "go", or done
     const void* chunk = nullptr;
     for (uint32_t spins = 1; chunk == nullptr; ++spins) {
       sub.take().and_then([&](const void* c) { chunk = c; });
@@ -132,7 +76,7 @@ int WakingConsumer(int ctl, size_t size, Wake wake, int index) {
       else if (spins % 256 == 0) sched_yield();  // as a polling channel subscriber does
       pollfd p{ctl, POLLIN, 0};
       // The producer closed the control socket: done (checked now and then while spinning).
-      if ((wake == Wake::kWaitSet || spins % 1024 == 0) && ::poll(&p, 1, 0) == 1) return 0;
+      if ((wake == Wake::kWaitSet || (wake == Wake::kPoll && spins % 1024 == 0)) && ::poll(&p, 1, 0) == 1) return 0;
     }
     uint64_t sum = Sum(chunk, size);
     uint64_t t1 = NowNs();
@@ -157,6 +101,8 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
     uint64_t expect = Sum(chunk, size);
     uint64_t t0 = NowNs();
     pub.publish(chunk);
+    if (wake == Wake::kSocket)
+      for (int fd : ctls) SendLine(fd, "go");
     uint64_t last = 0;
     for (int fd : ctls) {
       unsigned long long t1 = 0, sum = 0;
@@ -168,11 +114,17 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
   }
   std::sort(us.begin(), us.end());
   double median = us.empty() ? 0 : us[us.size() / 2];
-  std::printf("{\"bench\": \"channel\", \"method\": \"iceoryx\", \"wake\": \"%s\", \"subscribers\": %zu, "
-              "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
-              "\"error\": \"%s\"}\n",
-              WakeName(wake), ctls.size(), g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
-              error.c_str());
+  if (wake == Wake::kSocket) {  // a line of bench_handoff's table
+    std::printf("{\"bench\": \"handoff\", \"method\": \"iceoryx\", \"pages\": \"4K\", \"size\": %zu, "
+                "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
+                size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0, error.c_str());
+  } else {
+    std::printf("{\"bench\": \"channel\", \"method\": \"iceoryx\", \"wake\": \"%s\", \"subscribers\": %zu, "
+                "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
+                "\"error\": \"%s\"}\n",
+                WakeName(wake), ctls.size(), g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
+                error.c_str());
+  }
   std::fflush(stdout);
   return error.empty() ? 0 : 1;
 }
@@ -349,28 +301,7 @@ int main(int argc, char** argv) {
       for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, 1);
     return rc;
   }
-  for (const Case& c : cases) {
-    int ctl[2];
-    ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl);
-    std::fflush(stdout);
-    // Both sides are fresh processes: an iceoryx runtime is one per process.
-    pid_t consumer = ::fork();
-    if (consumer == 0) {
-      ::close(ctl[0]);
-      std::exit(Consumer(ctl[1], c.size));  // exit, not _exit: the runtime unregisters
-    }
-    pid_t producer = ::fork();
-    if (producer == 0) {
-      ::close(ctl[1]);
-      std::exit(Producer(ctl[0], c.size, c.iterations));
-    }
-    ::close(ctl[0]);
-    ::close(ctl[1]);
-    int status = 0;
-    ::waitpid(producer, &status, 0);
-    rc |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    ::waitpid(consumer, nullptr, 0);  // its control socket closed: it returns
-  }
+  for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, Wake::kSocket, 1);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
       for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, subscribers);
