@@ -108,26 +108,27 @@ void PublishAll(ChannelPublisher& pub, uint64_t count, uint64_t first = 1) {
   }
 }
 
+// n Subscriber processes on `channel`, joined, and counted by the publisher.
+void StartSubscribers(Children& kids, size_t n, const std::string& socket, const std::string& channel, WakeMode wake,
+                      ChannelPublisher& pub) {
+  for (size_t i = 0; i < n; ++i) kids.Start(i, [&](Channel& ch) { return Subscriber(socket, channel, ch, wake); });
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(kids.channels[i].Receive(), "joined");
+  ASSERT_TRUE(pub.WaitForSubscribers(static_cast<uint32_t>(n), 5000).ok());
+}
+
 class ChannelWake : public ::testing::TestWithParam<WakeMode> {};
 
 TEST_P(ChannelWake, BroadcastGivesEverySubscriberEveryChunk) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
   ASSERT_TRUE(c.ok());
-  ChannelOptions o;
-  o.chunks = 8;
-  o.chunk_bytes = 64 << 10;
-  o.queue_depth = 4;
-  o.wake = GetParam();
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 64 << 10, .queue_depth = 4, .wake = GetParam()};
   auto pub = ChannelPublisher::Create(*c, "chan/bcast", o);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   constexpr size_t kSubs = 3;
   constexpr uint64_t kCount = 500;
   Children kids(kSubs);
-  for (size_t i = 0; i < kSubs; ++i)
-    kids.Start(i, [&](Channel& ch) { return Subscriber(b.socket(), "chan/bcast", ch, GetParam()); });
-  for (size_t i = 0; i < kSubs; ++i) ASSERT_EQ(kids.channels[i].Receive(), "joined");
-  ASSERT_TRUE(pub->WaitForSubscribers(kSubs, 5000).ok());
+  ASSERT_NO_FATAL_FAILURE(StartSubscribers(kids, kSubs, b.socket(), "chan/bcast", GetParam(), *pub));
   PublishAll(*pub, kCount);
   EXPECT_EQ(pub->stats().published, kCount);
   EXPECT_EQ(pub->stats().dropped, 0u);
@@ -145,20 +146,13 @@ INSTANTIATE_TEST_SUITE_P(FutexAndPoll, ChannelWake, ::testing::Values(WakeMode::
 TEST(Channel, WorkSharingGivesEachChunkToExactlyOneSubscriber) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
-  ChannelOptions o;
-  o.chunks = 8;
-  o.chunk_bytes = 64 << 10;
-  o.queue_depth = 2;
-  o.mode = ChannelMode::kWorkSharing;
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 64 << 10, .queue_depth = 2, .mode = ChannelMode::kWorkSharing};
   auto pub = ChannelPublisher::Create(*c, "chan/work", o);
   ASSERT_TRUE(pub.ok());
   constexpr size_t kSubs = 3;
   constexpr uint64_t kCount = 600;
   Children kids(kSubs);
-  for (size_t i = 0; i < kSubs; ++i)
-    kids.Start(i, [&](Channel& ch) { return Subscriber(b.socket(), "chan/work", ch, WakeMode::kFutex); });
-  for (size_t i = 0; i < kSubs; ++i) ASSERT_EQ(kids.channels[i].Receive(), "joined");
-  ASSERT_TRUE(pub->WaitForSubscribers(kSubs, 5000).ok());
+  ASSERT_NO_FATAL_FAILURE(StartSubscribers(kids, kSubs, b.socket(), "chan/work", WakeMode::kFutex, *pub));
   PublishAll(*pub, kCount);
   *pub = ChannelPublisher();
   std::set<uint64_t> all;
@@ -177,11 +171,7 @@ TEST(Channel, WorkSharingGivesEachChunkToExactlyOneSubscriber) {
 TEST(Channel, WorkSharingPassesADeadSubscribersQueuedChunksToTheOthers) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
-  ChannelOptions o;
-  o.chunks = 16;
-  o.chunk_bytes = 64 << 10;
-  o.queue_depth = 8;
-  o.mode = ChannelMode::kWorkSharing;
+  const ChannelOptions o{.chunks = 16, .chunk_bytes = 64 << 10, .queue_depth = 8, .mode = ChannelMode::kWorkSharing};
   auto pub = ChannelPublisher::Create(*c, "chan/redeliver", o);
   ASSERT_TRUE(pub.ok());
   Children kids(1);
@@ -220,11 +210,7 @@ TEST(Channel, AFullQueueMakesThePublisherWaitOrDropTheOldest) {
   auto c = Client::Connect({b.socket(), "both"});
   for (WhenFull policy : {WhenFull::kWait, WhenFull::kDropOldest}) {
     const std::string name = policy == WhenFull::kWait ? "chan/wait" : "chan/drop";
-    ChannelOptions o;
-    o.chunks = 16;
-    o.chunk_bytes = 4096;
-    o.queue_depth = 4;
-    o.when_full = policy;
+    const ChannelOptions o{.chunks = 16, .chunk_bytes = 4096, .queue_depth = 4, .when_full = policy};
     auto pub = ChannelPublisher::Create(*c, name, o);
     ASSERT_TRUE(pub.ok());
     auto other = Client::Connect({b.socket(), "slow"});
@@ -282,10 +268,7 @@ TEST(Channel, AFullQueueMakesThePublisherWaitOrDropTheOldest) {
 TEST(Channel, ASubscriberKilledHoldingChunksGivesThemBackAndANewOneJoins) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
-  ChannelOptions o;
-  o.chunks = 8;
-  o.chunk_bytes = 64 << 10;
-  o.queue_depth = 8;
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 64 << 10, .queue_depth = 8};
   auto pub = ChannelPublisher::Create(*c, "chan/crash", o);
   ASSERT_TRUE(pub.ok());
   Children kids(2);
@@ -361,12 +344,9 @@ TEST(Channel, APublisherKilledMidWritePublishesNothing) {
 TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
-  ChannelOptions bad;
-  bad.queue_depth = 3;  // not a power of two
+  const ChannelOptions bad{.queue_depth = 3};  // not a power of two
   EXPECT_EQ(ChannelPublisher::Create(*c, "chan/bad", bad).code(), ErrorCode::kParamInvalid);
-  ChannelOptions o;
-  o.chunks = 4;
-  o.chunk_bytes = 4096;
+  const ChannelOptions o{.chunks = 4, .chunk_bytes = 4096};
   auto pub = ChannelPublisher::Create(*c, "chan/ok", o);
   ASSERT_TRUE(pub.ok());
   EXPECT_EQ(ChannelPublisher::Create(*c, "chan/ok", o).code(), ErrorCode::kAlreadyExists);
@@ -412,10 +392,7 @@ TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
 TEST(Channel, ThreadsOfOneProcessShareAChannel) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "threads"});
-  ChannelOptions o;
-  o.chunks = 4;
-  o.chunk_bytes = 4096;
-  o.queue_depth = 2;
+  const ChannelOptions o{.chunks = 4, .chunk_bytes = 4096, .queue_depth = 2};
   auto pub = ChannelPublisher::Create(*c, "chan/threads", o);
   ASSERT_TRUE(pub.ok());
   constexpr int kSubs = 2;
