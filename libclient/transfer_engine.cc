@@ -21,8 +21,11 @@
 // until that call's deadline.
 #include "membroker/transfer_engine.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -41,6 +44,11 @@
 
 #include "client_core.h"
 #include "futex.h"
+#include "net_address.h"
+#ifdef MEMBROKER_HAVE_UCX
+#include "engine_wire.h"
+#include "ucx_transport.h"
+#endif
 #include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/pidfd.h"
@@ -161,6 +169,9 @@ struct Peer {
   std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
   std::atomic<bool> lost{false};
   uint64_t epoch = 0;  // the client's reattach count when this connection was made (under mu)
+  // Reached over UCX (another host): the transport's connection, and what it said.
+  uint64_t ucx_conn = 0;
+  std::string address, transports;
 };
 
 // One check: the pidfd where there is one (a pid can be reused), the pid otherwise.
@@ -200,8 +211,27 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
     std::lock_guard<std::mutex> lk(req_mu_);
     return last_error_;
   }
+  Status GetConnectionInfo(const std::string& remote, ConnectionInfo& info);
+  Status GetNetworkStats(NetworkStats& stats);
 
  private:
+  // Connect to "ip:port": over UCX, or through the broker when the engine
+  // answering there is this host's.
+  Status ConnectByAddress(const std::string& address, int32_t timeout_ms);
+  // Every descriptor's local range is registered (and writable for READ).
+  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs);
+  // The network options of Initialize, parsed; starts the transport when asked to listen.
+  Status ConfigureNetwork(const std::string& name, const uint8_t (&identity)[16],
+                          const std::map<std::string, std::string>& options);
+  // Starts the listener that ConfigureNetwork asked for (after the broker took the name).
+  Status StartListening();
+#ifdef MEMBROKER_HAVE_UCX
+  Result<detail::UcxTransport*> Transport();  // started on first use
+  std::mutex transport_mu_;
+  detail::UcxOptions net_options_;
+  std::unique_ptr<detail::UcxTransport> transport_;
+  bool listening_ = false;
+#endif
   std::shared_ptr<Peer> FindPeer(const std::string& remote);
   // Whether the broker that made this connection is gone (a reattach since).
   bool Stale(Peer& peer);
@@ -262,6 +292,7 @@ Status TransferEngine::Impl::Initialize(const std::string& name,
   MB_RETURN_IF_ERROR(ipc::CheckName(name, ipc::kMaxEngineNameBytes, "an engine name"));
   size_t copy_threads = 4, async_threads = 2, drain_timeout_ms = 10'000;
   for (const auto& [key, value] : options) {
+    if (key == "listen_address" || key == "secret_file" || key == "allow_from") continue;  // ConfigureNetwork
     size_t* target = key == "copy_threads"       ? &copy_threads
                      : key == "async_threads"    ? &async_threads
                      : key == "drain_timeout_ms" ? &drain_timeout_ms
@@ -275,13 +306,26 @@ Status TransferEngine::Impl::Initialize(const std::string& name,
     *target = v;
   }
   drain_timeout_ = std::chrono::milliseconds(drain_timeout_ms);
+  if (detail::LooksLikeHostPort(name))
+    return Status(ErrorCode::kParamInvalid, "an engine name cannot have the shape ip:port (that is how remote "
+                                            "engines are named); give the address as option listen_address");
+  uint8_t identity[16];
+  if (::getrandom(identity, sizeof(identity), 0) != sizeof(identity))
+    return Status(ErrorCode::kInternal, "getrandom failed for the engine's identity");
+  MB_RETURN_IF_ERROR(ConfigureNetwork(name, identity, options));
   // The control block: a 4 KiB allocation mapped here; peers map it too.
   MB_ASSIGN_OR_RETURN(PhysicalHandle h, client_.MallocPhysical(sizeof(ControlBlock)));
   MB_ASSIGN_OR_RETURN(Reservation range, client_.ReserveMemAddress(h.size()));
   MB_ASSIGN_OR_RETURN(Mapping map, client_.MapMem(range.base(), h.size(), 0, h));
   MB_RETURN_IF_ERROR(core_->conn().Call(ipc::EngineInitRequest{name, h.id()}).status());
   core_->RecordEngine(name, h.id());
+  if (Status st = StartListening(); !st.ok()) {
+    core_->ForgetEngine();
+    (void)core_->conn().Call(ipc::EngineFinalizeRequest{});
+    return st;
+  }
   control_ = map.as<ControlBlock>();
+  std::memcpy(control_->identity, identity, sizeof(identity));
   control_->magic.store(ipc::kEngineControlMagic);
   control_handle_ = std::move(h);
   control_range_ = std::move(range);
@@ -302,6 +346,16 @@ void TransferEngine::Impl::Finalize() {
     for (const auto& [n, p] : peers_) names.push_back(n);
   }
   for (const auto& n : names) (void)Disconnect(n, 60'000);
+#ifdef MEMBROKER_HAVE_UCX
+  {
+    // Connectors on other hosts lose us now: UCX closes their connections and
+    // unmaps our ranges before they are deregistered below.
+    std::lock_guard<std::mutex> tlk(transport_mu_);
+    transport_.reset();
+    listening_ = false;
+    net_options_ = {};
+  }
+#endif
   std::unique_lock<std::shared_mutex> lk(local_mu_);
   // Who may still be inside our memory: asked before the broker forgets them.
   auto peers = ConnectedPeers();
@@ -382,6 +436,15 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   }
   core_->SetEngineRegion(mem.addr, r->region);
   const uint64_t h = next_handle_++;
+#ifdef MEMBROKER_HAVE_UCX
+  if (listening_) {
+    if (Status st = transport_->AddRegion(h, mem.addr, mem.len, where.read_only); !st.ok()) {
+      (void)core_->conn().Call(ipc::EngineDeregisterRequest{r->region});
+      core_->ForgetEngineRange(mem.addr);
+      return st;
+    }
+  }
+#endif
   local_[mem.addr] = LocalRegion{mem.addr, mem.len, h, where.read_only};
   handle = reinterpret_cast<MemHandle>(static_cast<uintptr_t>(h));
   return Status::Ok();
@@ -402,6 +465,10 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
     core_->SetEngineRegion(it->first, 0);
     it->second.draining = true;  // gone at the broker; ours until the peers drain
   }
+#ifdef MEMBROKER_HAVE_UCX
+  // Connectors on other hosts stop using it (or are gone) before it is unmapped.
+  if (listening_) MB_RETURN_IF_ERROR(transport_->RemoveRegion(h, Clock::now() + drain_timeout_));
+#endif
   // Peers' transfers into it finish; later ones refresh and miss it.
   MB_ASSIGN_OR_RETURN(std::vector<ConnectedPeer> peers, ConnectedPeers());
   MB_RETURN_IF_ERROR(WaitForPeers(peers, Clock::now() + drain_timeout_));
@@ -508,6 +575,7 @@ Status TransferEngine::Impl::Reconnect(Peer& peer, Clock::time_point deadline) {
 
 Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (!initialized_) return NotInitialized();
+  if (detail::LooksLikeHostPort(remote)) return ConnectByAddress(remote, timeout_ms);
   MB_RETURN_IF_ERROR(ipc::CheckName(remote, ipc::kMaxEngineNameBytes, "a remote engine name"));
   if (auto old = FindPeer(remote)) {
     if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to engine \"" + remote + "\"");
@@ -543,6 +611,16 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
     peer = it->second;
     peers_.erase(it);
   }
+#ifdef MEMBROKER_HAVE_UCX
+  if (peer->ucx_conn != 0) {
+    Status st = transport_->Close(peer->ucx_conn, DeadlineAfter(timeout_ms));
+    if (st.code() == ErrorCode::kTimeout) {
+      std::lock_guard<std::mutex> plk(peers_mu_);
+      peers_.emplace(remote, peer);
+    }
+    return st;
+  }
+#endif
   // Our transfers to it finish first (new ones no longer find it).
   std::unique_lock<std::shared_timed_mutex> lk(peer->mu, std::defer_lock);
   if (!lk.try_lock_for(std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0)))) {
@@ -554,7 +632,7 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
   const bool stale = peer->epoch != core_->reattaches();
   DropPeerMappings(*peer, !stale);
   if (stale) return Status::Ok();
-  Status st = core_->conn().Call(ipc::EngineDisconnectRequest{remote}).status();
+  Status st = core_->conn().Call(ipc::EngineDisconnectRequest{peer->name}).status();
   if (peer->lost.load() && st.code() == ErrorCode::kNotConnected) return Status::Ok();
   return st;
 }
@@ -604,6 +682,14 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (op != READ && op != WRITE) return Status(ErrorCode::kParamInvalid, "op must be READ or WRITE");
   std::shared_ptr<Peer> peer = FindPeer(remote);
   if (peer == nullptr) return NotConnected(remote);
+#ifdef MEMBROKER_HAVE_UCX
+  if (peer->ucx_conn != 0) {
+    // Local ranges stay registered (and mapped) until the transfer is over.
+    std::shared_lock<std::shared_mutex> local_lk(local_mu_);
+    MB_RETURN_IF_ERROR(CheckLocal(op, descs));
+    return transport_->Transfer(peer->ucx_conn, op, descs, deadline);
+  }
+#endif
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
   {
     std::shared_lock<std::shared_timed_mutex> lk(peer->mu);  // (a reconnect replaces pid and pidfd)
@@ -613,17 +699,8 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
                                                   std::to_string(peer->pid) + ") has exited");
     }
   }
-  // Local ranges: registered, and writable when we read into them.
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
-  for (size_t i = 0; i < descs.size(); ++i) {
-    const TransferOpDesc& d = descs[i];
-    auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.len; });
-    if (d.len == 0 || it == local_.end() || it->second.draining)
-      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
-                                                  ": local range is empty or not inside memory this engine registered");
-    if (op == READ && it->second.read_only)
-      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
-  }
+  MB_RETURN_IF_ERROR(CheckLocal(op, descs));
   for (int attempt = 0;; ++attempt) {
     bool retry = false;
     Status st;
@@ -650,6 +727,19 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
                                          "transfer's timeout; nothing was copied");
     MB_RETURN_IF_ERROR(Refresh(*peer));
   }
+}
+
+Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs) {
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const TransferOpDesc& d = descs[i];
+    auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.len; });
+    if (d.len == 0 || it == local_.end() || it->second.draining)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": local range is empty or not inside memory this engine registered");
+    if (op == READ && it->second.read_only)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
+  }
+  return Status::Ok();
 }
 
 Status TransferEngine::Impl::ResolveAndCopy(Peer& peer, TransferOp op,
@@ -811,13 +901,25 @@ Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyD
   if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
     return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
   if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");
+#ifdef MEMBROKER_HAVE_UCX
+  if (peer->ucx_conn != 0)
+    return transport_->SendNotify(peer->ucx_conn, notify.name, notify.notify_msg, DeadlineAfter(timeout_ms));
+#endif
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, DeadlineAfter(timeout_ms)));
-  return core_->conn().Call(ipc::EngineNotifyRequest{remote, notify.name, notify.notify_msg}).status();
+  return core_->conn().Call(ipc::EngineNotifyRequest{peer->name, notify.name, notify.notify_msg}).status();
 }
 
 Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
   if (!initialized_) return NotInitialized();
   notifies.clear();
+#ifdef MEMBROKER_HAVE_UCX
+  {
+    std::lock_guard<std::mutex> lk(transport_mu_);
+    if (transport_)
+      for (auto& n : transport_->TakeNotifies())
+        notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
+  }
+#endif
   for (;;) {
     MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::EngineGetNotifiesRequest{}));
     auto* m = std::get_if<ipc::EngineNotifiesReply>(&r.body);
@@ -826,6 +928,151 @@ Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
       notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
     if (m->notifies.size() < ipc::kMaxNotifiesPerReply) return Status::Ok();
   }
+}
+
+Status TransferEngine::Impl::ConfigureNetwork(const std::string& name, const uint8_t (&identity)[16],
+                                              const std::map<std::string, std::string>& options) {
+  auto get = [&](const char* key) {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  const std::string listen = get("listen_address"), secret_file = get("secret_file"), allow = get("allow_from");
+  if (listen.empty() && secret_file.empty() && allow.empty()) return Status::Ok();
+#ifndef MEMBROKER_HAVE_UCX
+  (void)name, (void)identity;
+  return Status(ErrorCode::kUnsupported, "this libmembroker was built without UCX: engines on other hosts cannot "
+                                         "be reached (options listen_address, secret_file, allow_from)");
+#else
+  detail::UcxOptions o;
+  o.engine_name = name;
+  std::memcpy(o.identity.data(), identity, sizeof(identity));
+  if (!listen.empty()) {
+    MB_RETURN_IF_ERROR(detail::ParseHostPort(listen, /*allow_any_port=*/true).status());
+    if (secret_file.empty() && allow.empty())
+      return Status(ErrorCode::kParamInvalid, "listen_address needs secret_file or allow_from: an engine that "
+                                              "listens admits nobody by default");
+    o.listen = listen;
+  }
+  if (!allow.empty()) {
+    MB_ASSIGN_OR_RETURN(o.allow_from, detail::ParseAllowList(allow));
+  }
+  if (!secret_file.empty()) {
+    ipc::UniqueFd fd(::open(secret_file.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st{};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0)
+      return Status(ErrorCode::kParamInvalid, "secret_file \"" + ipc::EscapeText(secret_file) + "\": " + std::strerror(errno));
+    if ((st.st_mode & 077) != 0)
+      return Status(ErrorCode::kPermissionDenied, "secret_file \"" + ipc::EscapeText(secret_file) +
+                                                      "\" can be read by group or others (chmod 600 it)");
+    char buf[detail::wire::kMaxSecretBytes + 2];
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) return Status(ErrorCode::kParamInvalid, "secret_file: " + std::string(std::strerror(errno)));
+    std::string secret(buf, static_cast<size_t>(n));
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (secret.empty() || secret.size() > detail::wire::kMaxSecretBytes)
+      return Status(ErrorCode::kParamInvalid, "secret_file must hold 1 to 4096 bytes of secret");
+    o.secret = std::move(secret);
+  }
+  net_options_ = std::move(o);
+  return Status::Ok();
+#endif
+}
+
+Status TransferEngine::Impl::StartListening() {
+#ifdef MEMBROKER_HAVE_UCX
+  if (net_options_.listen.empty()) return Status::Ok();
+  MB_ASSIGN_OR_RETURN(detail::UcxTransport * t, Transport());
+  (void)t;
+  listening_ = true;
+#endif
+  return Status::Ok();
+}
+
+#ifdef MEMBROKER_HAVE_UCX
+Result<detail::UcxTransport*> TransferEngine::Impl::Transport() {
+  std::lock_guard<std::mutex> lk(transport_mu_);
+  if (!transport_) {
+    if (net_options_.engine_name.empty()) {
+      net_options_.engine_name = name_;
+      std::memcpy(net_options_.identity.data(), control_->identity, sizeof(control_->identity));
+    }
+    MB_ASSIGN_OR_RETURN(transport_, detail::UcxTransport::Start(net_options_));
+  }
+  return transport_.get();
+}
+#endif
+
+Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_t timeout_ms) {
+#ifndef MEMBROKER_HAVE_UCX
+  (void)timeout_ms;
+  return Status(ErrorCode::kUnsupported, "this libmembroker was built without UCX: cannot connect to " + address);
+#else
+  if (auto old = FindPeer(address)) {
+    if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to " + address);
+    (void)Disconnect(address, timeout_ms);
+  }
+  const auto deadline = DeadlineAfter(timeout_ms);
+  MB_ASSIGN_OR_RETURN(detail::UcxTransport * t, Transport());
+  detail::UcxPeerInfo info;
+  MB_ASSIGN_OR_RETURN(uint64_t conn, t->Connect(address, deadline, &info));
+  auto peer = std::make_shared<Peer>();
+  peer->name = info.engine;
+  peer->address = info.address;
+  // Is it this host's? The broker knows an engine of that name whose control
+  // block holds the identity the Welcome carried: then the bytes go through
+  // the mapped broker memory, never through the network stack.
+  auto reply = core_->conn().Call(ipc::EngineConnectRequest{info.engine, 0}, std::chrono::milliseconds(1000));
+  auto* local = reply.ok() ? std::get_if<ipc::EngineInfoReply>(&reply->body) : nullptr;
+  if (local != nullptr) {
+    peer->epoch = core_->reattaches();
+    Status st = Adopt(*peer, *local);
+    if (st.ok() && std::memcmp(peer->control->identity, info.identity.data(), info.identity.size()) == 0) {
+      (void)t->Close(conn, deadline);
+      std::lock_guard<std::mutex> lk(peers_mu_);
+      peers_[address] = std::move(peer);
+      return Status::Ok();
+    }
+    // A namesake at our broker, not the engine that answered: this one is remote.
+    DropPeerMappings(*peer);
+    (void)core_->conn().Call(ipc::EngineDisconnectRequest{info.engine});
+    peer = std::make_shared<Peer>();
+    peer->name = info.engine;
+    peer->address = info.address;
+  }
+  peer->ucx_conn = conn;
+  peer->transports = info.transports;
+  std::lock_guard<std::mutex> lk(peers_mu_);
+  peers_[address] = std::move(peer);
+  return Status::Ok();
+#endif
+}
+
+Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) {
+  if (!initialized_) return NotInitialized();
+  auto peer = FindPeer(remote);
+  if (peer == nullptr) return NotConnected(remote);
+  info.engine = peer->name;
+  info.address = peer->ucx_conn != 0 ? peer->address : "";
+  info.path = peer->ucx_conn != 0 ? "ucx" : "same-host";
+  info.transports = peer->ucx_conn != 0 ? peer->transports : "memcpy";
+  return Status::Ok();
+}
+
+Status TransferEngine::Impl::GetNetworkStats(NetworkStats& stats) {
+  if (!initialized_) return NotInitialized();
+  stats = NetworkStats{};
+#ifdef MEMBROKER_HAVE_UCX
+  std::lock_guard<std::mutex> lk(transport_mu_);
+  if (transport_) {
+    const detail::UcxStats u = transport_->stats();
+    stats.listen_address = transport_->listen_address();
+    stats.accepted = u.accepted;
+    stats.refused = u.refused;
+    stats.connections = u.connections;
+    stats.last_refusal = u.last_refusal;
+  }
+#endif
+  return Status::Ok();
 }
 
 // The public class forwards to Impl.
@@ -869,5 +1116,9 @@ Status TransferEngine::SendNotify(const std::string& remote, const NotifyDesc& n
   return impl_->SendNotify(remote, notify, timeout_ms);
 }
 Status TransferEngine::GetNotifies(std::vector<Notify>& notifies) { return impl_->GetNotifies(notifies); }
+Status TransferEngine::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) const {
+  return impl_->GetConnectionInfo(remote, info);
+}
+Status TransferEngine::GetNetworkStats(NetworkStats& stats) const { return impl_->GetNetworkStats(stats); }
 
 }  // namespace membroker

@@ -35,6 +35,22 @@ struct MemDesc {
   uintptr_t addr = 0;
   size_t len = 0;
 };
+// How a connection reaches its peer (GetConnectionInfo): never guessed, and a
+// peer on this host is never reached over the network.
+struct ConnectionInfo {
+  std::string engine;      // the peer engine's name
+  std::string path;        // "same-host" (its broker memory mapped here) or "ucx"
+  std::string transports;  // "ucx": what UCX chose ("tcp/eth0", "rc_mlx5/mlx5_0:1"); same-host: "memcpy"
+  std::string address;     // "ucx": the peer's ip:port; same-host: ""
+};
+// The engine's network side (GetNetworkStats).
+struct NetworkStats {
+  std::string listen_address;  // as bound; "" when the engine does not listen
+  uint64_t accepted = 0;       // connections from other hosts admitted
+  uint64_t refused = 0;        // refused: wrong or no secret and address not allowed, or no handshake
+  uint64_t connections = 0;    // open now, both directions
+  std::string last_refusal;    // why the last one was refused
+};
 // Addresses are in each process's own address space, as in HIXL.
 struct TransferOpDesc {
   uintptr_t local_addr = 0;
@@ -69,6 +85,13 @@ class MEMBROKER_API TransferEngine {
   // TransferAsync requests, default 2), "drain_timeout_ms" (how long
   // DeregisterMem and Finalize wait for connected peers' transfers into this
   // engine's memory, default 10000); an unknown option is PARAM_INVALID.
+  // Engines on other hosts (docs/TRANSFER.md): "listen_address" ("ip:port",
+  // port 0 lets the kernel choose; accepts connections there, never on every
+  // interface unless asked with 0.0.0.0), "secret_file" (a file of mode 0600
+  // or stricter holding the shared secret, sent when connecting and required
+  // from connectors) and "allow_from" (addresses and prefixes admitted
+  // without the secret, "10.0.0.0/24,fd00::7"). A listener needs a secret_file
+  // or allow_from: nobody is admitted by default.
   Status Initialize(const std::string& local_engine_name,
                     const std::map<std::string, std::string>& options = {});
   // Disconnects every peer, waits for transfers in flight (ours, and peers'
@@ -87,6 +110,10 @@ class MEMBROKER_API TransferEngine {
   Status DeregisterMem(MemHandle handle);
 
   // Waits up to timeout_ms for remote_engine to appear (TIMEOUT otherwise).
+  // remote_engine "ip:port" connects to an engine listening there: over UCX
+  // when it is on another host, through the broker when the engine answering
+  // is one of this host's (GetConnectionInfo says which). PERMISSION_DENIED
+  // when it refuses us, NOT_CONNECTED when nothing answers.
   Status Connect(const std::string& remote_engine, int32_t timeout_ms = 1000);
   // Waits up to timeout_ms for this engine's transfers to remote_engine.
   Status Disconnect(const std::string& remote_engine, int32_t timeout_ms = 1000);
@@ -116,6 +143,10 @@ class MEMBROKER_API TransferEngine {
                     int32_t timeout_ms = 1000);
   // Takes every notify queued for this engine, oldest first.
   Status GetNotifies(std::vector<Notify>& notifies);
+
+  // The path of a connection (remote_engine as given to Connect).
+  Status GetConnectionInfo(const std::string& remote_engine, ConnectionInfo& info) const;
+  Status GetNetworkStats(NetworkStats& stats) const;
 
  private:
   class Impl;

@@ -27,7 +27,10 @@ struct EngineControlBlock {
   std::atomic<uint32_t> magic;
   std::atomic<uint32_t> generation;  // bumped when regions go away
   std::atomic<uint32_t> draining;    // the owner is waiting for busy slots
-  uint8_t pad[52];
+  // Random, written once at Initialize: an engine reached by ip:port whose
+  // Welcome carries the identity found here is on this host (same broker).
+  uint8_t identity[16];
+  uint8_t pad[36];
   EngineControlSlot slots[kEngineSlots];
 };
 

@@ -1,0 +1,1069 @@
+#include "ucx_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "engine_wire.h"
+#include "membroker/ipc/escape.h"
+#include "membroker/ipc/unique_fd.h"
+
+namespace membroker::detail {
+
+namespace {
+
+using Clock = UcxTransport::Clock;
+constexpr unsigned kAmId = 0x4d42;                 // every engine message
+constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
+constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
+
+Status UcxError(std::string_view what, ucs_status_t st) {
+  return Status(ErrorCode::kInternal, std::string(what) + ": " + ucs_status_string(st));
+}
+
+// One caller blocked on the progress thread.
+struct Waiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  void Finish(Status st) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (done) return;
+    done = true;
+    status = std::move(st);
+    cv.notify_all();
+  }
+  // Bounded: the progress thread answers by the caller's deadline; the grace
+  // covers a thread that is slow, not one that forgot.
+  Status Wait(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lk(mu);
+    if (!cv.wait_until(lk, std::max(deadline, Clock::now()) + kCallerGrace, [&] { return done; }))
+      return Status(ErrorCode::kInternal, "the UCX progress thread did not answer");
+    return status;
+  }
+};
+
+struct RemoteRegion {
+  uint64_t handle = 0;
+  uint64_t length = 0;
+  bool read_only = false;
+  ucp_rkey_h rkey = nullptr;
+  int users = 0;      // transfers in flight that use it
+  bool gone = false;  // the owner deregistered it: acknowledged once users is 0
+};
+
+struct LocalRegion {
+  uintptr_t address = 0;
+  size_t length = 0;
+  bool read_only = false;
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+  bool removing = false;
+  std::set<uint64_t> awaiting;  // connections that have not acknowledged RegionGone
+  std::vector<std::pair<std::shared_ptr<Waiter>, Clock::time_point>> waiters;
+};
+
+struct Job;
+
+struct Conn {
+  uint64_t id = 0;
+  bool outgoing = false;
+  ucp_ep_h ep = nullptr;
+  enum class State { kHandshake, kReady, kRefusing, kBroken } state = State::kHandshake;
+  std::string address;  // the peer's, as text
+  sockaddr_storage peer_addr{};
+  std::string engine;   // the remote engine's name (from Hello or Welcome)
+  Clock::time_point deadline = Clock::time_point::max();  // of the handshake, or of a refusal
+  Status broken;        // why it is broken
+  // Connector side.
+  std::shared_ptr<Waiter> connect_waiter;
+  UcxPeerInfo* connect_info = nullptr;
+  std::map<uint64_t, RemoteRegion> regions;  // by remote address
+  std::set<Job*> jobs;
+  std::map<uint64_t, std::pair<std::shared_ptr<Waiter>, Clock::time_point>> notifies;  // by seq
+  uint64_t next_seq = 1;
+};
+
+struct Job {
+  class UcxTransport::Worker* worker = nullptr;
+  uint64_t conn = 0;
+  Clock::time_point deadline;
+  int outstanding = 0;
+  bool posted = false;
+  Status result;
+  std::vector<uint64_t> regions;  // remote addresses of the regions it uses
+  std::shared_ptr<Waiter> waiter;
+};
+
+// A buffer in flight: an active message's bytes, or a request's owner.
+struct SendContext {
+  class UcxTransport::Worker* worker;
+  std::string bytes;
+};
+
+}  // namespace
+
+class UcxTransport::Worker {
+ public:
+  ~Worker() { Stop(); }
+
+  Status Init(UcxOptions options);
+  std::string listen_address() const { return listen_address_; }
+
+  // Runs fn on the progress thread.
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      commands_.push_back(std::move(fn));
+    }
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
+  // Runs fn on the progress thread, which finishes the waiter (also later).
+  Status Ask(Clock::time_point deadline, std::function<void(std::shared_ptr<Waiter>)> fn) {
+    auto w = std::make_shared<Waiter>();
+    Post([w, fn = std::move(fn)] { fn(w); });
+    return w->Wait(deadline);
+  }
+
+  // Progress-thread side of the public calls.
+  void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, std::shared_ptr<Waiter> w);
+  void RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w);
+  void Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
+               UcxPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w);
+  void Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w);
+  void Transfer(uint64_t id, TransferOp op, const std::vector<TransferOpDesc>* descs, Clock::time_point deadline,
+                std::shared_ptr<Waiter> w);
+  void SendNotify(uint64_t id, const std::string& name, const std::string& message, Clock::time_point deadline,
+                  std::shared_ptr<Waiter> w);
+
+  std::vector<UcxNotify> TakeNotifies() {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<UcxNotify> out(notifies_.begin(), notifies_.end());
+    notifies_.clear();
+    return out;
+  }
+  UcxStats stats() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stats_;
+  }
+
+ private:
+  void Stop();
+  void Loop();
+  void RunCommands();
+  void CheckDeadlines();
+  void Reap();  // forgets the acceptor's broken connections
+  Clock::time_point NextDeadline();
+
+  // UCX callbacks (static trampolines).
+  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                           const ucp_am_recv_param_t* param);
+  static void OnRndvData(void* request, ucs_status_t status, size_t length, void* user_data);
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data);
+  static void OnOpDone(void* request, ucs_status_t status, void* user_data);
+  static void OnCloseDone(void* request, ucs_status_t status, void* user_data);
+
+  Conn* Find(uint64_t id) {
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : it->second.get();
+  }
+  Conn* FindByEp(ucp_ep_h ep) {
+    auto it = by_ep_.find(ep);
+    return it == by_ep_.end() ? nullptr : Find(it->second);
+  }
+  Status SetUpEp(Conn& c, ucp_ep_params_t& params);
+  void Send(Conn& c, const wire::Message& m);
+  void Handle(Conn& c, wire::Message&& m);
+  void HandleHello(Conn& c, wire::Hello&& h);
+  void HandleWelcome(Conn& c, wire::Welcome&& w);
+  Status AddRemoteRegion(Conn& c, const wire::Region& r);
+  void RemoteRegionGone(Conn& c, uint64_t handle);
+  void Acknowledged(uint64_t conn, uint64_t handle);
+  void Refuse(Conn& c, ErrorCode code, const std::string& reason);
+  // Marks c broken (outstanding work fails with st), closes its endpoint.
+  void Break(Conn& c, Status st);
+  void CloseEp(ucp_ep_h ep);
+  void FinishJob(Job* job);
+  void Forget(uint64_t id);
+  void TryUnmap(uint64_t handle);
+  std::string Transports(ucp_ep_h ep);
+  std::vector<wire::Region> Advertised() const;
+
+  UcxOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  std::string listen_address_;
+  ipc::UniqueFd epoll_, wake_;
+  int worker_fd_ = -1;
+  std::thread thread_;
+
+  std::mutex mu_;  // commands_, stopping_, notifies_, stats_
+  std::deque<std::function<void()>> commands_;
+  bool stopping_ = false;
+  std::deque<UcxNotify> notifies_;
+  UcxStats stats_;
+
+  // Progress thread only.
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<ucp_ep_h, uint64_t> by_ep_;
+  std::map<uint64_t, LocalRegion> regions_;  // by handle
+  std::map<Job*, std::unique_ptr<Job>> jobs_;
+  std::set<void*> closing_;  // ucp_ep_close_nbx requests not yet done
+};
+
+Status UcxTransport::Worker::Init(UcxOptions options) {
+  options_ = std::move(options);
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return UcxError("ucp_config_read", st);
+  // Notice a peer whose link died within a few seconds, unless the operator
+  // set it (UCX_KEEPALIVE_INTERVAL).
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "membroker";
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) return UcxError("ucp_init", st);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) return UcxError("ucp_worker_create", st);
+  st = ucp_worker_get_efd(worker_, &worker_fd_);
+  if (st != UCS_OK) return UcxError("ucp_worker_get_efd", st);
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                  UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = kAmId;
+  am.flags = UCP_AM_FLAG_WHOLE_MSG;
+  am.cb = &Worker::OnAm;
+  am.arg = this;
+  st = ucp_worker_set_am_recv_handler(worker_, &am);
+  if (st != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", st);
+
+  if (!options_.listen.empty()) {
+    MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(options_.listen, /*allow_any_port=*/true));
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = addr.get();
+    lp.sockaddr.addrlen = addr.length;
+    lp.conn_handler.cb = &Worker::OnConnRequest;
+    lp.conn_handler.arg = this;
+    st = ucp_listener_create(worker_, &lp, &listener_);
+    if (st != UCS_OK)
+      return Status(st == UCS_ERR_BUSY ? ErrorCode::kAddressInUse : ErrorCode::kParamInvalid,
+                    "cannot listen on " + options_.listen + ": " + ucs_status_string(st) +
+                        " (the address must be one of this host's, and the port free)");
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    if (ucp_listener_query(listener_, &la) == UCS_OK)
+      listen_address_ = FormatAddress(reinterpret_cast<const sockaddr*>(&la.sockaddr));
+    else
+      listen_address_ = options_.listen;
+  }
+
+  epoll_ = ipc::UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  wake_ = ipc::UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!epoll_.valid() || !wake_.valid()) return Status(ErrorCode::kResourceExhausted, "epoll or eventfd failed");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  for (int fd : {worker_fd_, wake_.get()}) {
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      return Status(ErrorCode::kInternal, std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void UcxTransport::Worker::Stop() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stopping_ = true;
+    }
+    Post([] {});
+    thread_.join();
+  }
+  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  listener_ = nullptr;
+  worker_ = nullptr;
+  context_ = nullptr;
+}
+
+void UcxTransport::Worker::RunCommands() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    batch.swap(commands_);
+  }
+  for (auto& fn : batch) fn();
+}
+
+void UcxTransport::Worker::Loop() {
+  for (;;) {
+    RunCommands();
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    CheckDeadlines();
+    Reap();
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stopping = stopping_ && commands_.empty();
+    }
+    if (stopping) break;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;  // more to progress first
+    const auto next = NextDeadline();
+    int timeout_ms = 1000;
+    if (next != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
+    }
+    epoll_event events[2];
+    (void)::epoll_wait(epoll_.get(), events, 2, timeout_ms);
+    uint64_t n;
+    while (::read(wake_.get(), &n, sizeof(n)) == sizeof(n)) {
+    }
+  }
+  // Shutting down: everything still open fails, every endpoint closes, every range unmaps.
+  std::vector<uint64_t> ids;
+  for (auto& [id, c] : conns_) ids.push_back(id);
+  for (uint64_t id : ids)
+    if (Conn* c = Find(id)) Break(*c, Status(ErrorCode::kNotConnected, "the engine is finalizing"));
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  while ((!closing_.empty() || !jobs_.empty()) && Clock::now() < until) ucp_worker_progress(worker_);
+  for (uint64_t id : ids) Forget(id);
+  for (auto& [h, r] : regions_) {
+    for (auto& [w, d] : r.waiters) w->Finish(Status::Ok());
+    if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
+  }
+  regions_.clear();
+}
+
+Clock::time_point UcxTransport::Worker::NextDeadline() {
+  Clock::time_point next = Clock::time_point::max();
+  for (auto& [id, c] : conns_) {
+    if (c->state == Conn::State::kHandshake || c->state == Conn::State::kRefusing) next = std::min(next, c->deadline);
+    for (auto& [seq, n] : c->notifies) next = std::min(next, n.second);
+  }
+  for (auto& [j, owned] : jobs_) next = std::min(next, j->deadline);
+  for (auto& [h, r] : regions_)
+    for (auto& [w, d] : r.waiters) next = std::min(next, d);
+  return next;
+}
+
+void UcxTransport::Worker::CheckDeadlines() {
+  const auto now = Clock::now();
+  std::vector<uint64_t> expired;
+  for (auto& [id, c] : conns_) {
+    if ((c->state == Conn::State::kHandshake || c->state == Conn::State::kRefusing) && now >= c->deadline)
+      expired.push_back(id);
+    for (auto it = c->notifies.begin(); it != c->notifies.end();) {
+      if (now >= it->second.second) {
+        it->second.first->Finish(Status(ErrorCode::kTimeout, "no answer to the notify from engine \"" +
+                                                                 ipc::EscapeText(c->engine) + "\" in time"));
+        it = c->notifies.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (uint64_t id : expired) {
+    Conn* c = Find(id);
+    if (c == nullptr) continue;
+    if (c->state == Conn::State::kHandshake && !c->outgoing) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.refused;
+      stats_.last_refusal = "no hello from " + c->address + " in time";
+    }
+    Break(*c, Status(ErrorCode::kTimeout, c->outgoing ? "no answer from " + c->address + " in time (is an engine "
+                                                                                         "listening there?)"
+                                                      : "the handshake did not finish in time"));
+  }
+  // A transfer past its deadline: the connection closes, which cancels what
+  // is outstanding; the job ends TIMEOUT when the last request is back.
+  std::vector<uint64_t> late;
+  for (auto& [j, owned] : jobs_)
+    if (now >= j->deadline && j->result.ok()) {
+      j->result = Status(ErrorCode::kTimeout, "the transfer did not complete in time; its connection was closed "
+                                              "(Disconnect, then Connect again)");
+      late.push_back(j->conn);
+    }
+  for (uint64_t id : late)
+    if (Conn* c = Find(id); c != nullptr && c->state != Conn::State::kBroken)
+      Break(*c, Status(ErrorCode::kNotConnected, "the connection was closed after a transfer timed out "
+                                                 "(Disconnect, then Connect again)"));
+  for (auto& [h, r] : regions_)
+    for (auto it = r.waiters.begin(); it != r.waiters.end();) {
+      if (now >= it->second) {
+        it->first->Finish(Status(ErrorCode::kTimeout, "a remote engine still uses the range (it has not "
+                                                      "acknowledged its deregistration); it stays registered "
+                                                      "remotely until a later DeregisterMem sees it released"));
+        it = r.waiters.erase(it);
+      } else {
+        ++it;
+      }
+    }
+}
+
+Status UcxTransport::Worker::SetUpEp(Conn& c, ucp_ep_params_t& params) {
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Worker::OnEpError;
+  params.err_handler.arg = this;
+  ucs_status_t st = ucp_ep_create(worker_, &params, &c.ep);
+  if (st != UCS_OK) {
+    c.ep = nullptr;
+    return Status(ErrorCode::kNotConnected, "cannot reach " + c.address + ": " + ucs_status_string(st));
+  }
+  by_ep_[c.ep] = c.id;
+  return Status::Ok();
+}
+
+void UcxTransport::Worker::OnConnRequest(ucp_conn_request_h request, void* arg) {
+  auto* self = static_cast<Worker*>(arg);
+  auto c = std::make_unique<Conn>();
+  c->id = self->next_id_++;
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
+    std::memcpy(&c->peer_addr, &attr.client_address, sizeof(c->peer_addr));
+    c->address = FormatAddress(reinterpret_cast<const sockaddr*>(&c->peer_addr));
+  } else {
+    c->address = "(unknown address)";
+  }
+  c->deadline = Clock::now() + self->options_.handshake_timeout;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+  params.conn_request = request;
+  if (!self->SetUpEp(*c, params).ok()) return;
+  self->conns_[c->id] = std::move(c);
+}
+
+void UcxTransport::Worker::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<Worker*>(arg);
+  Conn* c = self->FindByEp(ep);
+  if (c == nullptr) return;
+  const bool handshake = c->state == Conn::State::kHandshake && c->outgoing;
+  self->Break(*c, Status(ErrorCode::kNotConnected,
+                         (handshake ? "could not connect to " : "lost the connection to ") +
+                             (c->engine.empty() ? c->address : "engine \"" + ipc::EscapeText(c->engine) + "\" at " + c->address) +
+                             ": " + ucs_status_string(status)));
+}
+
+void UcxTransport::Worker::CloseEp(ucp_ep_h ep) {
+  by_ep_.erase(ep);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  p.cb.send = &Worker::OnCloseDone;
+  p.user_data = this;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+  if (r != nullptr && UCS_PTR_IS_PTR(r)) closing_.insert(r);
+}
+
+void UcxTransport::Worker::OnCloseDone(void* request, ucs_status_t, void* user_data) {
+  auto* self = static_cast<Worker*>(user_data);
+  self->closing_.erase(request);
+  ucp_request_free(request);
+}
+
+void UcxTransport::Worker::Break(Conn& c, Status st) {
+  if (c.state == Conn::State::kBroken) return;
+  c.state = Conn::State::kBroken;
+  c.broken = st;
+  if (c.connect_waiter) {
+    c.connect_waiter->Finish(st);
+    c.connect_waiter.reset();
+  }
+  for (auto& [seq, n] : c.notifies) n.first->Finish(st);
+  c.notifies.clear();
+  for (Job* j : c.jobs)
+    if (j->result.ok()) j->result = st;
+  // The acceptor no longer waits for this connector's acknowledgements.
+  for (auto& [h, r] : regions_)
+    if (r.awaiting.erase(c.id)) TryUnmap(h);
+  if (c.ep != nullptr) {
+    ucp_ep_h ep = c.ep;
+    c.ep = nullptr;
+    CloseEp(ep);  // outstanding requests complete (cancelled) through their callbacks
+  }
+  // An acceptor's connection is forgotten by the loop (Reap); a connector's
+  // stays, broken, until its owner calls Close, so its calls keep saying why.
+}
+
+void UcxTransport::Worker::Reap() {
+  std::vector<uint64_t> dead;
+  for (auto& [id, c] : conns_)
+    if (!c->outgoing && c->state == Conn::State::kBroken && c->jobs.empty()) dead.push_back(id);
+  for (uint64_t id : dead) Forget(id);
+}
+
+void UcxTransport::Worker::Forget(uint64_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = *it->second;
+  if (!c.jobs.empty()) return;  // the last job's completion forgets it
+  for (auto& [addr, r] : c.regions)
+    if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
+  if (c.ep != nullptr) CloseEp(c.ep);
+  conns_.erase(it);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.connections = conns_.size();
+}
+
+void UcxTransport::Worker::Send(Conn& c, const wire::Message& m) {
+  if (c.ep == nullptr) return;
+  auto* ctx = new SendContext{this, wire::Encode(m)};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = &Worker::OnSendDone;
+  p.user_data = ctx;
+  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kAmId, nullptr, 0, ctx->bytes.data(), ctx->bytes.size(), &p);
+  if (r == nullptr) {
+    delete ctx;
+  } else if (UCS_PTR_IS_ERR(r)) {
+    delete ctx;
+    Break(c, Status(ErrorCode::kNotConnected, std::string("sending to ") + c.address + " failed: " +
+                                                  ucs_status_string(UCS_PTR_STATUS(r))));
+  }
+}
+
+void UcxTransport::Worker::OnSendDone(void* request, ucs_status_t, void* user_data) {
+  delete static_cast<SendContext*>(user_data);
+  ucp_request_free(request);
+}
+
+namespace {
+struct RndvContext {
+  class UcxTransport::Worker* worker;
+  ucp_ep_h ep;
+  std::vector<uint8_t> bytes;
+};
+}  // namespace
+
+ucs_status_t UcxTransport::Worker::OnAm(void* arg, const void*, size_t, void* data, size_t length,
+                                        const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Worker*>(arg);
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;  // not from a peer we know
+  Conn* c = self->FindByEp(param->reply_ep);
+  if (c == nullptr || c->state == Conn::State::kBroken) return UCS_OK;
+  if (length > wire::kMaxMessageBytes) {
+    self->Break(*c, Status(ErrorCode::kProtocolError, "a message from " + c->address + " is too large"));
+    return UCS_OK;
+  }
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    auto* ctx = new RndvContext{self, param->reply_ep, std::vector<uint8_t>(length)};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &Worker::OnRndvData;
+    p.user_data = ctx;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, ctx->bytes.data(), length, &p);
+    if (r == nullptr) {
+      OnRndvData(nullptr, UCS_OK, length, ctx);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      delete ctx;
+    }
+    return UCS_OK;
+  }
+  auto m = wire::Decode({static_cast<const uint8_t*>(data), length});
+  if (!m.ok()) {
+    self->Break(*c, Status(ErrorCode::kProtocolError, m.status().message() + " (" + c->address + ")"));
+    return UCS_OK;
+  }
+  self->Handle(*c, std::move(*m));
+  return UCS_OK;
+}
+
+void UcxTransport::Worker::OnRndvData(void* request, ucs_status_t status, size_t, void* user_data) {
+  auto* ctx = static_cast<RndvContext*>(user_data);
+  Worker* self = ctx->worker;
+  if (request != nullptr) ucp_request_free(request);
+  Conn* c = self->FindByEp(ctx->ep);
+  if (c != nullptr && c->state != Conn::State::kBroken && status == UCS_OK) {
+    auto m = wire::Decode(ctx->bytes);
+    if (m.ok())
+      self->Handle(*c, std::move(*m));
+    else
+      self->Break(*c, Status(ErrorCode::kProtocolError, m.status().message() + " (" + c->address + ")"));
+  }
+  delete ctx;
+}
+
+void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
+  const bool ready = c.state == Conn::State::kReady;
+  auto unexpected = [&](const char* what) {
+    Break(c, Status(ErrorCode::kProtocolError, std::string("an unexpected ") + what + " from " + c.address));
+  };
+  if (auto* h = std::get_if<wire::Hello>(&m)) {
+    if (c.outgoing || c.state != Conn::State::kHandshake) return unexpected("hello");
+    return HandleHello(c, std::move(*h));
+  }
+  if (auto* w = std::get_if<wire::Welcome>(&m)) {
+    if (!c.outgoing || c.state != Conn::State::kHandshake) return unexpected("welcome");
+    return HandleWelcome(c, std::move(*w));
+  }
+  if (auto* f = std::get_if<wire::Refused>(&m)) {
+    if (!c.outgoing || c.state != Conn::State::kHandshake) return unexpected("refusal");
+    ErrorCode code = f->code == static_cast<int32_t>(ErrorCode::kVersionMismatch) ? ErrorCode::kVersionMismatch
+                                                                                   : ErrorCode::kPermissionDenied;
+    return Break(c, Status(code, c.address + " refused the connection: " + ipc::EscapeText(f->reason)));
+  }
+  if (auto* a = std::get_if<wire::RegionAdded>(&m)) {
+    if (!c.outgoing || !ready) return unexpected("region");
+    if (Status st = AddRemoteRegion(c, a->region); !st.ok()) Break(c, st);
+    return;
+  }
+  if (auto* g = std::get_if<wire::RegionGone>(&m)) {
+    if (!c.outgoing || !ready) return unexpected("deregistration");
+    return RemoteRegionGone(c, g->handle);
+  }
+  if (auto* g = std::get_if<wire::RegionGoneAck>(&m)) {
+    if (c.outgoing || !ready) return unexpected("acknowledgement");
+    return Acknowledged(c.id, g->handle);
+  }
+  if (auto* n = std::get_if<wire::Notify>(&m)) {
+    if (c.outgoing || !ready) return unexpected("notify");
+    wire::NotifyAck ack{n->seq, 0, ""};
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (notifies_.size() >= kMaxQueuedNotifies) {
+        ack.code = static_cast<int32_t>(ErrorCode::kResourceExhausted);
+        ack.message = "the engine's notify queue is full (256)";
+      } else {
+        notifies_.push_back(UcxNotify{c.engine, std::move(n->name), std::move(n->message)});
+      }
+    }
+    return Send(c, ack);
+  }
+  if (auto* a = std::get_if<wire::NotifyAck>(&m)) {
+    if (!c.outgoing || !ready) return unexpected("notify answer");
+    auto it = c.notifies.find(a->seq);
+    if (it == c.notifies.end()) return;  // answered after its caller timed out
+    const auto code = static_cast<ErrorCode>(a->code);
+    it->second.first->Finish(code == ErrorCode::kOk ? Status::Ok()
+                                                    : Status(code == ErrorCode::kResourceExhausted
+                                                                 ? ErrorCode::kResourceExhausted
+                                                                 : ErrorCode::kInternal,
+                                                             ipc::EscapeText(a->message)));
+    c.notifies.erase(it);
+  }
+}
+
+void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.refused;
+    stats_.last_refusal = reason;
+  }
+  std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s\n",
+               ipc::EscapeText(options_.engine_name).c_str(), reason.c_str());
+  Send(c, wire::Refused{static_cast<int32_t>(code), reason});
+  // The connector closes when it reads the refusal; if it does not, we do.
+  c.state = Conn::State::kRefusing;
+  c.deadline = Clock::now() + std::chrono::seconds(2);
+}
+
+void UcxTransport::Worker::HandleHello(Conn& c, wire::Hello&& h) {
+  const std::string who = "engine \"" + ipc::EscapeText(h.engine) + "\" at " + c.address;
+  if (h.version != wire::kVersion)
+    return Refuse(c, ErrorCode::kVersionMismatch,
+                  who + " speaks version " + std::to_string(h.version) + ", this engine " +
+                      std::to_string(wire::kVersion));
+  // Constant time in the secret's bytes: a wrong guess tells nothing of the right one.
+  bool secret_ok = false;
+  if (!options_.secret.empty() && h.secret.size() == options_.secret.size()) {
+    unsigned diff = 0;
+    for (size_t i = 0; i < h.secret.size(); ++i) diff |= static_cast<uint8_t>(h.secret[i] ^ options_.secret[i]);
+    secret_ok = diff == 0;
+  }
+  const bool address_ok = AddressAllowed(options_.allow_from, reinterpret_cast<const sockaddr*>(&c.peer_addr));
+  if (!secret_ok && !address_ok)
+    return Refuse(c, ErrorCode::kPermissionDenied,
+                  who + (h.secret.empty() ? " presented no secret" : " presented a wrong secret") +
+                      " and its address is not in allow_from");
+  c.engine = std::move(h.engine);
+  c.state = Conn::State::kReady;
+  c.deadline = Clock::time_point::max();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.accepted;
+    stats_.connections = conns_.size();
+  }
+  Send(c, wire::Welcome{options_.engine_name, options_.identity, Advertised()});
+}
+
+std::vector<wire::Region> UcxTransport::Worker::Advertised() const {
+  std::vector<wire::Region> out;
+  for (const auto& [h, r] : regions_)
+    if (!r.removing) out.push_back(wire::Region{h, r.address, r.length, r.read_only, r.rkey});
+  return out;
+}
+
+Status UcxTransport::Worker::AddRemoteRegion(Conn& c, const wire::Region& r) {
+  // Ranges of one engine never overlap; one that does is a confused peer.
+  auto next = c.regions.lower_bound(r.address);
+  bool overlaps = next != c.regions.end() && next->first < r.address + r.length;
+  if (next != c.regions.begin()) {
+    auto prev = std::prev(next);
+    overlaps = overlaps || prev->first + prev->second.length > r.address;
+  }
+  if (overlaps)
+    return Status(ErrorCode::kProtocolError, "engine \"" + ipc::EscapeText(c.engine) + "\" announced overlapping ranges");
+  ucp_rkey_h rkey = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(c.ep, r.rkey.data(), &rkey);
+  if (st != UCS_OK)
+    return Status(ErrorCode::kProtocolError, "engine \"" + ipc::EscapeText(c.engine) +
+                                                 "\" sent an rkey UCX cannot unpack: " + ucs_status_string(st));
+  c.regions[r.address] = RemoteRegion{r.handle, r.length, r.read_only, rkey, 0, false};
+  return Status::Ok();
+}
+
+void UcxTransport::Worker::HandleWelcome(Conn& c, wire::Welcome&& w) {
+  c.engine = w.engine;
+  for (const wire::Region& r : w.regions)
+    if (Status st = AddRemoteRegion(c, r); !st.ok()) return Break(c, st);
+  c.state = Conn::State::kReady;
+  c.deadline = Clock::time_point::max();
+  if (c.connect_info != nullptr) {
+    c.connect_info->engine = w.engine;
+    c.connect_info->identity = w.identity;
+    c.connect_info->address = c.address;
+    c.connect_info->transports = Transports(c.ep);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.connections = conns_.size();
+  }
+  if (c.connect_waiter) {
+    c.connect_waiter->Finish(Status::Ok());
+    c.connect_waiter.reset();
+  }
+}
+
+void UcxTransport::Worker::RemoteRegionGone(Conn& c, uint64_t handle) {
+  for (auto it = c.regions.begin(); it != c.regions.end(); ++it) {
+    if (it->second.handle != handle) continue;
+    it->second.gone = true;
+    if (it->second.users > 0) return;  // acknowledged when its last transfer ends
+    ucp_rkey_destroy(it->second.rkey);
+    c.regions.erase(it);
+    break;
+  }
+  Send(c, wire::RegionGoneAck{handle});  // also for a range it never knew: nothing in use
+}
+
+void UcxTransport::Worker::Acknowledged(uint64_t conn, uint64_t handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end() || !it->second.awaiting.erase(conn)) return;
+  TryUnmap(handle);
+}
+
+void UcxTransport::Worker::TryUnmap(uint64_t handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end() || !it->second.removing || !it->second.awaiting.empty()) return;
+  for (auto& [w, d] : it->second.waiters) w->Finish(Status::Ok());
+  if (it->second.memh != nullptr) ucp_mem_unmap(context_, it->second.memh);
+  regions_.erase(it);
+}
+
+std::string UcxTransport::Worker::Transports(ucp_ep_h ep) {
+  // UCX 1.13 has no query for an endpoint's transports; its printed
+  // configuration has one line per lane: "lane[0]:  0:tcp/eth0.0 md[0] -> ...".
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = ::open_memstream(&text, &size);
+  if (f == nullptr) return "ucx (transports not reported)";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  const std::string all(text, size);
+  std::free(text);
+  std::string out;
+  std::set<std::string> seen;
+  for (size_t pos = all.find("lane["); pos != std::string::npos; pos = all.find("lane[", pos + 1)) {
+    size_t colon = all.find(':', all.find(']', pos));  // after "lane[N]"
+    colon = colon == std::string::npos ? colon : all.find(':', colon + 1);  // after the lane's index
+    if (colon == std::string::npos) break;
+    size_t end = all.find_first_of(" \n", colon + 1);
+    std::string device = all.substr(colon + 1, end - colon - 1);
+    if (!device.empty() && seen.insert(device).second) out += (out.empty() ? "" : ",") + device;
+  }
+  return out.empty() ? "ucx (transports not reported)" : out;
+}
+
+// --- the public calls, on the progress thread -------------------------------
+
+void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only,
+                                     std::shared_ptr<Waiter> w) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = reinterpret_cast<void*>(address);
+  mp.length = length;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_, &mp, &memh);
+  if (st != UCS_OK) return w->Finish(UcxError("ucp_mem_map", st));
+  void* packed = nullptr;
+  size_t packed_size = 0;
+  st = ucp_rkey_pack(context_, memh, &packed, &packed_size);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return w->Finish(UcxError("ucp_rkey_pack", st));
+  }
+  LocalRegion r;
+  r.address = address;
+  r.length = length;
+  r.read_only = read_only;
+  r.memh = memh;
+  r.rkey.assign(static_cast<char*>(packed), packed_size);
+  ucp_rkey_buffer_release(packed);
+  wire::RegionAdded added{wire::Region{handle, address, length, read_only, r.rkey}};
+  regions_[handle] = std::move(r);
+  for (auto& [id, c] : conns_)
+    if (!c->outgoing && c->state == Conn::State::kReady) Send(*c, added);
+  w->Finish(Status::Ok());
+}
+
+void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return w->Finish(Status::Ok());
+  LocalRegion& r = it->second;
+  if (!r.removing) {
+    r.removing = true;
+    for (auto& [id, c] : conns_)
+      if (!c->outgoing && c->state == Conn::State::kReady) {
+        r.awaiting.insert(id);
+        Send(*c, wire::RegionGone{handle});
+      }
+  }
+  r.waiters.emplace_back(std::move(w), deadline);
+  TryUnmap(handle);
+}
+
+void UcxTransport::Worker::Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
+                                   UcxPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w) {
+  auto c = std::make_unique<Conn>();
+  c->id = next_id_++;
+  c->outgoing = true;
+  c->address = text;
+  std::memcpy(&c->peer_addr, addr.get(), addr.length);
+  c->deadline = deadline;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = addr.get();
+  params.sockaddr.addrlen = addr.length;
+  if (Status st = SetUpEp(*c, params); !st.ok()) return w->Finish(st);
+  c->connect_waiter = w;
+  c->connect_info = info;
+  *id = c->id;
+  Conn& ref = *c;
+  conns_[c->id] = std::move(c);
+  Send(ref, wire::Hello{wire::kVersion, options_.secret, options_.engine_name});
+}
+
+void UcxTransport::Worker::Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w) {
+  Conn* c = Find(id);
+  if (c == nullptr) return w->Finish(Status::Ok());
+  if (!c->jobs.empty() && Clock::now() < deadline) {
+    // Its transfers end by their own deadlines: look again soon.
+    Post([this, id, deadline, w] { Close(id, deadline, w); });
+    return;
+  }
+  if (!c->jobs.empty())
+    return w->Finish(Status(ErrorCode::kTimeout, "transfers to \"" + ipc::EscapeText(c->engine) +
+                                                     "\" still running after the timeout"));
+  Break(*c, Status(ErrorCode::kNotConnected, "disconnected"));
+  Forget(id);
+  w->Finish(Status::Ok());
+}
+
+void UcxTransport::Worker::Transfer(uint64_t id, TransferOp op, const std::vector<TransferOpDesc>* descs,
+                                    Clock::time_point deadline, std::shared_ptr<Waiter> w) {
+  Conn* c = Find(id);
+  if (c == nullptr) return w->Finish(Status(ErrorCode::kNotConnected, "not connected"));
+  if (c->state != Conn::State::kReady) return w->Finish(c->broken.ok() ? Status(ErrorCode::kNotConnected, "not connected") : c->broken);
+  // Every descriptor against the remote's ranges before a byte moves.
+  std::vector<std::pair<const TransferOpDesc*, std::map<uint64_t, RemoteRegion>::iterator>> plan;
+  plan.reserve(descs->size());
+  for (size_t i = 0; i < descs->size(); ++i) {
+    const TransferOpDesc& d = (*descs)[i];
+    auto it = c->regions.upper_bound(d.remote_addr);
+    bool inside = it != c->regions.begin();
+    if (inside) {
+      --it;
+      inside = !it->second.gone && d.remote_addr + d.len >= d.remote_addr &&
+               d.remote_addr + d.len <= it->first + it->second.length;
+    }
+    if (!inside)
+      return w->Finish(Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                            ": remote range is not inside memory engine \"" +
+                                                            ipc::EscapeText(c->engine) + "\" registered"));
+    if (op == WRITE && it->second.read_only)
+      return w->Finish(Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                            ": remote range is read-only for its owner"));
+    plan.emplace_back(&d, it);
+  }
+  auto owned = std::make_unique<Job>();
+  Job* job = owned.get();
+  job->worker = this;
+  job->conn = id;
+  job->deadline = deadline;
+  job->waiter = std::move(w);
+  jobs_.emplace(job, std::move(owned));
+  c->jobs.insert(job);
+  for (auto& [d, it] : plan) {
+    if (std::find(job->regions.begin(), job->regions.end(), it->first) == job->regions.end()) {
+      job->regions.push_back(it->first);
+      ++it->second.users;
+    }
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &Worker::OnOpDone;
+  p.user_data = job;
+  auto account = [&](ucs_status_ptr_t r) {
+    if (r == nullptr) return true;
+    if (UCS_PTR_IS_ERR(r)) {
+      job->result = Status(ErrorCode::kNotConnected, std::string("UCX refused the transfer: ") +
+                                                         ucs_status_string(UCS_PTR_STATUS(r)));
+      return false;
+    }
+    ++job->outstanding;
+    return true;
+  };
+  for (auto& [d, it] : plan) {
+    void* local = reinterpret_cast<void*>(d->local_addr);
+    ucs_status_ptr_t r = op == READ ? ucp_get_nbx(c->ep, local, d->len, d->remote_addr, it->second.rkey, &p)
+                                    : ucp_put_nbx(c->ep, local, d->len, d->remote_addr, it->second.rkey, &p);
+    if (!account(r)) break;
+  }
+  // A put completes locally; the flush completes when the bytes are remote.
+  if (job->result.ok() && op == WRITE) account(ucp_ep_flush_nbx(c->ep, &p));
+  job->posted = true;
+  if (job->outstanding == 0) FinishJob(job);
+}
+
+void UcxTransport::Worker::OnOpDone(void* request, ucs_status_t status, void* user_data) {
+  auto* job = static_cast<Job*>(user_data);
+  ucp_request_free(request);
+  if (status != UCS_OK && job->result.ok())
+    job->result = Status(ErrorCode::kNotConnected, std::string("the transfer failed: ") + ucs_status_string(status));
+  if (--job->outstanding == 0 && job->posted) job->worker->FinishJob(job);
+}
+
+void UcxTransport::Worker::FinishJob(Job* job) {
+  Conn* c = Find(job->conn);
+  if (c != nullptr) {
+    c->jobs.erase(job);
+    for (uint64_t addr : job->regions) {
+      auto it = c->regions.find(addr);
+      if (it == c->regions.end()) continue;
+      if (--it->second.users == 0 && it->second.gone) {
+        const uint64_t handle = it->second.handle;
+        ucp_rkey_destroy(it->second.rkey);
+        c->regions.erase(it);
+        Send(*c, wire::RegionGoneAck{handle});
+      }
+    }
+  }
+  job->waiter->Finish(job->result);
+  jobs_.erase(job);
+}
+
+void UcxTransport::Worker::SendNotify(uint64_t id, const std::string& name, const std::string& message,
+                                      Clock::time_point deadline, std::shared_ptr<Waiter> w) {
+  Conn* c = Find(id);
+  if (c == nullptr) return w->Finish(Status(ErrorCode::kNotConnected, "not connected"));
+  if (c->state != Conn::State::kReady) return w->Finish(c->broken.ok() ? Status(ErrorCode::kNotConnected, "not connected") : c->broken);
+  const uint64_t seq = c->next_seq++;
+  c->notifies[seq] = {w, deadline};
+  Send(*c, wire::Notify{seq, name, message});
+}
+
+// --- UcxTransport ----------------------------------------------------------
+
+Result<std::unique_ptr<UcxTransport>> UcxTransport::Start(UcxOptions options) {
+  auto worker = std::make_unique<Worker>();
+  MB_RETURN_IF_ERROR(worker->Init(std::move(options)));
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(worker)));
+}
+
+UcxTransport::UcxTransport(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
+UcxTransport::~UcxTransport() = default;
+
+std::string UcxTransport::listen_address() const { return worker_->listen_address(); }
+
+Status UcxTransport::AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only) {
+  return worker_->Ask(Clock::now(), [=, this](std::shared_ptr<Waiter> w) {
+    worker_->AddRegion(handle, address, length, read_only, std::move(w));
+  });
+}
+
+Status UcxTransport::RemoveRegion(uint64_t handle, Clock::time_point deadline) {
+  return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) { worker_->RemoveRegion(handle, deadline, std::move(w)); });
+}
+
+Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, UcxPeerInfo* info) {
+  MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(address));
+  auto id = std::make_shared<uint64_t>(0);
+  auto out = std::make_shared<UcxPeerInfo>();
+  Status st = worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
+    worker_->Connect(addr, address, deadline, out.get(), id.get(), std::move(w));
+  });
+  if (!st.ok()) {
+    if (*id != 0) (void)Close(*id, Clock::now());
+    return st;
+  }
+  *info = *out;
+  return *id;
+}
+
+Status UcxTransport::Close(uint64_t conn, Clock::time_point deadline) {
+  return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) { worker_->Close(conn, deadline, std::move(w)); });
+}
+
+Status UcxTransport::Transfer(uint64_t conn, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                              Clock::time_point deadline) {
+  // The job keeps its own copy: a caller that gave up must not leave it dangling.
+  auto copy = std::make_shared<std::vector<TransferOpDesc>>(descs);
+  return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
+    worker_->Transfer(conn, op, copy.get(), deadline, std::move(w));
+  });
+}
+
+Status UcxTransport::SendNotify(uint64_t conn, const std::string& name, const std::string& message,
+                                Clock::time_point deadline) {
+  return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
+    worker_->SendNotify(conn, name, message, deadline, std::move(w));
+  });
+}
+
+std::vector<UcxNotify> UcxTransport::TakeNotifies() { return worker_->TakeNotifies(); }
+UcxStats UcxTransport::stats() { return worker_->stats(); }
+
+}  // namespace membroker::detail

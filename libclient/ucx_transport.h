@@ -1,0 +1,106 @@
+// The transfer engine's path to engines on other hosts: one UCX context and
+// worker per engine, driven by one progress thread that owns every UCX
+// object (the worker is single-threaded; callers hand it commands and wait
+// for the answer, each until their own deadline).
+//
+// An engine with a listen address accepts connections there; any engine can
+// connect out. The connector's first message is Hello (its name and the
+// shared secret); the acceptor answers Welcome (its name, identity and every
+// registered range with its packed rkey) or Refused. Transfers are one-sided
+// from the connector: ucp_get_nbx / ucp_put_nbx straight into the acceptor's
+// memory, a put batch ended by a flush so its bytes are at the remote when it
+// completes. Ranges registered later reach connectors as RegionAdded; a range
+// deregistered is announced as RegionGone, and the owner unmaps it only once
+// every connector has answered that it no longer uses it (or has gone).
+//
+// Timeouts: a transfer still running at its deadline closes the connection
+// (UCX cancels what is outstanding, so no byte lands after the call returns);
+// the caller then sees TIMEOUT, and Disconnect + Connect start over, as the
+// HIXL seed prescribes. A peer that dies or whose link fails is noticed by UCX
+// (error handling mode PEER, keepalive) and its connection answers
+// NOT_CONNECTED.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "membroker/status.h"
+#include "membroker/transfer_engine.h"
+#include "net_address.h"
+
+namespace membroker::detail {
+
+struct UcxOptions {
+  std::string engine_name;
+  std::array<uint8_t, 16> identity{};
+  std::string listen;  // "ip:port"; empty: accepts no connections
+  std::string secret;  // empty: none (then only allow_from admits anyone)
+  std::vector<AddressPrefix> allow_from;
+  std::chrono::milliseconds handshake_timeout{5000};
+};
+
+struct UcxPeerInfo {
+  std::string engine;                 // the name the acceptor registered
+  std::array<uint8_t, 16> identity{};
+  std::string address;                // "ip:port" connected to
+  std::string transports;             // what UCX chose, e.g. "tcp/veth-b"
+};
+
+struct UcxStats {
+  uint64_t accepted = 0;    // connections that passed the handshake
+  uint64_t refused = 0;     // connections refused (wrong secret, address not allowed, no hello)
+  uint64_t connections = 0; // open now, both directions
+  std::string last_refusal;
+};
+
+struct UcxNotify {
+  std::string from;  // the sender's engine name, as it said in Hello
+  std::string name;
+  std::string message;
+};
+
+class UcxTransport {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  static Result<std::unique_ptr<UcxTransport>> Start(UcxOptions options);
+  ~UcxTransport();  // closes every connection and unmaps every range
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  // The address actually bound ("" without a listener), its port chosen
+  // by the kernel where the option said 0.
+  std::string listen_address() const;
+
+  // Makes [address, address+length) reachable by connectors (ucp_mem_map)
+  // and announces it to those connected.
+  Status AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only);
+  // Announces it gone and unmaps it once no connector uses it; TIMEOUT at
+  // deadline (still mapped: a later call waits again).
+  Status RemoveRegion(uint64_t handle, Clock::time_point deadline);
+
+  // Connects and shakes hands; the connection's id.
+  Result<uint64_t> Connect(const std::string& address, Clock::time_point deadline, UcxPeerInfo* info);
+  // Waits for the connection's transfers (until deadline), then closes it.
+  Status Close(uint64_t conn, Clock::time_point deadline);
+  // Checks every descriptor against the remote's ranges first
+  // (PARAM_INVALID naming the index), then moves the bytes.
+  Status Transfer(uint64_t conn, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                  Clock::time_point deadline);
+  Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
+                    Clock::time_point deadline);
+  std::vector<UcxNotify> TakeNotifies();
+  UcxStats stats();
+
+  class Worker;  // the progress thread and everything it owns (ucx_transport.cc)
+
+ private:
+  explicit UcxTransport(std::unique_ptr<Worker> worker);
+  std::unique_ptr<Worker> worker_;
+};
+
+}  // namespace membroker::detail

@@ -1,0 +1,241 @@
+// One transfer engine driven by lines on stdin, for the two-host tests and
+// benchmarks (tests/net/two_hosts.py, bench/net_transfer.py): the driver runs
+// one agent per "host" (network, IPC, PID and mount namespaces of its own,
+// each with its own membrokerd) and tells each what to do. Every command is
+// answered by one line: "ok ..." or "err CODE message".
+//
+//   init NAME [key=value ...]        TransferEngine::Initialize; ok LISTEN_ADDRESS
+//   alloc broker|host BYTES          memory, registered; ok INDEX ADDRESS
+//   fill INDEX SEED                  pattern(SEED) over the whole buffer
+//   check INDEX SEED OFFSET LENGTH   ok, or err naming the first wrong byte
+//   dereg INDEX                      DeregisterMem
+//   connect ADDRESS TIMEOUT_MS       ok PATH TRANSPORTS
+//   disconnect ADDRESS TIMEOUT_MS
+//   transfer ADDRESS read|write INDEX REMOTE_ADDRESS COUNT SIZE STRIDE TIMEOUT_MS [REPEAT]
+//                                    COUNT descriptors of SIZE bytes, the i-th at
+//                                    offset i*STRIDE on both sides; ok MICROSECONDS
+//                                    (the fastest of REPEAT runs)
+//   async ADDRESS read|write INDEX REMOTE_ADDRESS COUNT SIZE STRIDE TIMEOUT_MS
+//                                    TransferAsync; ok (the request runs on)
+//   status                           ok WAITING|COMPLETED|TIMEOUT|FAILED of the last async
+//   notify ADDRESS NAME MESSAGE      SendNotify
+//   notifies                         ok COUNT [FROM NAME MESSAGE]...
+//   stats                            ok accepted=N refused=N connections=N
+//   pid                              ok PID (as this host's PID namespace sees it)
+//   quit
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "membroker/client.h"
+#include "membroker/transfer_engine.h"
+
+using namespace membroker;
+
+namespace {
+
+unsigned char Pattern(uint64_t seed, size_t offset) {
+  return static_cast<unsigned char>(offset * 131 + (offset >> 12) * 17 + seed * 29 + 1);
+}
+
+struct Buffer {
+  char* data = nullptr;
+  size_t size = 0;
+  MemHandle handle = nullptr;
+  bool registered = false;
+  // broker memory
+  PhysicalHandle physical;
+  Reservation range;
+  Mapping map;
+  bool host = false;
+};
+
+void Reply(const Status& st, const std::string& ok = "") {
+  if (st.ok())
+    std::cout << "ok" << (ok.empty() ? "" : " ") << ok << std::endl;
+  else
+    std::cout << "err " << ErrorCodeName(st.code()) << " " << st.message() << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: engine_agent SOCKET (then commands on stdin)\n");
+    return 2;
+  }
+  auto client = Client::Connect({argv[1], "engine_agent"});
+  if (!client.ok()) {
+    std::fprintf(stderr, "engine_agent: connect: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  TransferEngine engine(*client);
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  TransferReq last_async = 0;
+  auto buffer = [&](size_t i) -> Buffer* { return i < buffers.size() ? buffers[i].get() : nullptr; };
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "init") {
+      std::string name, kv;
+      in >> name;
+      std::map<std::string, std::string> options;
+      while (in >> kv) {
+        auto eq = kv.find('=');
+        options[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+      }
+      Status st = engine.Initialize(name, options);
+      NetworkStats ns;
+      if (st.ok()) st = engine.GetNetworkStats(ns);
+      Reply(st, ns.listen_address.empty() ? "-" : ns.listen_address);
+    } else if (cmd == "alloc") {
+      std::string kind;
+      size_t bytes = 0;
+      in >> kind >> bytes;
+      auto b = std::make_unique<Buffer>();
+      b->size = bytes;
+      Status st;
+      if (kind == "broker") {
+        auto h = client->MallocPhysical(bytes);
+        auto r = h.ok() ? client->ReserveMemAddress(h->size()) : Result<Reservation>(h.status());
+        auto m = r.ok() ? client->MapMem(r->base(), h->size(), 0, *h, kMapPopulate) : Result<Mapping>(r.status());
+        st = m.status();
+        if (st.ok()) {
+          b->data = static_cast<char*>(m->data());
+          b->physical = std::move(*h);
+          b->range = std::move(*r);
+          b->map = std::move(*m);
+        }
+      } else if (kind == "host") {
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        st = p == MAP_FAILED ? Status(ErrorCode::kResourceExhausted, "mmap") : client->HostRegister(p, bytes);
+        if (st.ok()) b->data = static_cast<char*>(p), b->host = true;
+      } else {
+        st = Status(ErrorCode::kParamInvalid, "alloc broker|host BYTES");
+      }
+      if (st.ok()) st = engine.RegisterMem({reinterpret_cast<uintptr_t>(b->data), bytes}, MEM_HOST, b->handle);
+      b->registered = st.ok();
+      const size_t index = buffers.size();
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(b->data);
+      if (st.ok()) buffers.push_back(std::move(b));
+      Reply(st, std::to_string(index) + " " + std::to_string(addr));
+    } else if (cmd == "fill" || cmd == "check") {
+      size_t index = 0, off = 0, len = 0;
+      uint64_t seed = 0;
+      in >> index >> seed;
+      Buffer* b = buffer(index);
+      if (b == nullptr) {
+        Reply(Status(ErrorCode::kParamInvalid, "no such buffer"));
+        continue;
+      }
+      if (cmd == "fill") {
+        for (size_t i = 0; i < b->size; ++i) b->data[i] = static_cast<char>(Pattern(seed, i));
+        Reply(Status::Ok());
+        continue;
+      }
+      in >> off >> len;
+      Status st;
+      for (size_t i = off; i < off + len && i < b->size; ++i)
+        if (static_cast<unsigned char>(b->data[i]) != Pattern(seed, i)) {
+          st = Status(ErrorCode::kInternal, "byte " + std::to_string(i) + " is " +
+                                                std::to_string(static_cast<unsigned char>(b->data[i])) + ", expected " +
+                                                std::to_string(Pattern(seed, i)));
+          break;
+        }
+      Reply(st);
+    } else if (cmd == "dereg") {
+      size_t index = 0;
+      in >> index;
+      Buffer* b = buffer(index);
+      Status st = b == nullptr ? Status(ErrorCode::kParamInvalid, "no such buffer") : engine.DeregisterMem(b->handle);
+      Reply(st);
+    } else if (cmd == "connect" || cmd == "disconnect") {
+      std::string addr;
+      int timeout = 1000;
+      in >> addr >> timeout;
+      if (cmd == "disconnect") {
+        Reply(engine.Disconnect(addr, timeout));
+        continue;
+      }
+      Status st = engine.Connect(addr, timeout);
+      ConnectionInfo info;
+      if (st.ok()) st = engine.GetConnectionInfo(addr, info);
+      Reply(st, info.path + " " + (info.transports.empty() ? "-" : info.transports));
+    } else if (cmd == "transfer" || cmd == "async") {
+      std::string addr, op;
+      size_t index = 0, count = 0, size = 0, stride = 0;
+      uintptr_t remote = 0;
+      int timeout = 1000, repeat = 1;
+      in >> addr >> op >> index >> remote >> count >> size >> stride >> timeout;
+      if (!(in >> repeat)) repeat = 1;
+      Buffer* b = buffer(index);
+      if (b == nullptr) {
+        Reply(Status(ErrorCode::kParamInvalid, "no such buffer"));
+        continue;
+      }
+      std::vector<TransferOpDesc> descs;
+      for (size_t i = 0; i < count; ++i)
+        descs.push_back({reinterpret_cast<uintptr_t>(b->data) + i * stride, remote + i * stride, size});
+      const TransferOp top = op == "write" ? WRITE : READ;
+      if (cmd == "async") {
+        Reply(engine.TransferAsync(addr, top, descs, last_async, timeout));
+        continue;
+      }
+      Status st;
+      int64_t best = -1;
+      for (int r = 0; r < repeat && st.ok(); ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        st = engine.TransferSync(addr, top, descs, timeout);
+        auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (best < 0 || us < best) best = us;
+      }
+      Reply(st, std::to_string(best));
+    } else if (cmd == "status") {
+      TransferStatus ts;
+      Status st = engine.GetTransferStatus(last_async, ts);
+      const char* names[] = {"WAITING", "COMPLETED", "TIMEOUT", "FAILED"};
+      Reply(st, names[static_cast<int>(ts)] + std::string(ts == TransferStatus::FAILED || ts == TransferStatus::TIMEOUT
+                                                             ? " " + engine.last_error().ToString()
+                                                             : ""));
+    } else if (cmd == "notify") {
+      std::string addr, name, msg;
+      in >> addr >> name >> msg;
+      Reply(engine.SendNotify(addr, {name, msg}, 2000));
+    } else if (cmd == "notifies") {
+      std::vector<Notify> got;
+      Status st = engine.GetNotifies(got);
+      std::string out = std::to_string(got.size());
+      for (auto& n : got) out += " " + n.remote_engine + " " + n.name + " " + n.notify_msg;
+      Reply(st, out);
+    } else if (cmd == "stats") {
+      NetworkStats ns;
+      Status st = engine.GetNetworkStats(ns);
+      Reply(st, "accepted=" + std::to_string(ns.accepted) + " refused=" + std::to_string(ns.refused) +
+                    " connections=" + std::to_string(ns.connections));
+    } else if (cmd == "pid") {
+      Reply(Status::Ok(), std::to_string(::getpid()));
+    } else if (cmd == "quit") {
+      break;
+    } else if (!cmd.empty()) {
+      Reply(Status(ErrorCode::kParamInvalid, "unknown command " + cmd));
+    }
+  }
+  engine.Finalize();
+  for (auto& b : buffers)
+    if (b->host) {
+      (void)client->HostUnregister(b->data);
+      ::munmap(b->data, b->size);
+    }
+  return 0;
+}
