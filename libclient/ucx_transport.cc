@@ -232,12 +232,19 @@ class UcxTransport::Worker {
 
 Status UcxTransport::Worker::Init(UcxOptions options) {
   options_ = std::move(options);
+  // An engine that restarts listens on its port again at once, though the
+  // last one's connections are still in TIME_WAIT. UCX reads this transport
+  // option from the environment only, when the worker is made; an operator's
+  // own setting wins (setenv does not overwrite).
+  static std::once_flag reuse_once;
+  std::call_once(reuse_once, [] { ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxError("ucp_config_read", st);
   // Notice a peer whose link died within a few seconds, unless the operator
   // set it (UCX_KEEPALIVE_INTERVAL).
   if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

@@ -1,0 +1,210 @@
+"""Two "hosts" on one machine, for the cross-host transfer tests and benches.
+
+Each host is its own network, IPC, PID, UTS and mount namespace, with a
+private /dev/shm (and /tmp where the build is not under /tmp), joined to the
+other by a veth pair with addresses of our own (10.213.N.1 and .2), and runs
+its own membrokerd. UCX therefore cannot reach the other host through shared
+memory or cross-memory attach: its bytes go through the veth.
+
+Everything is removed at the end (Hosts.close, also called on failure and at
+exit); namespaces left behind by a run that was killed are removed by the next.
+Needs root: HostsUnavailable says why otherwise.
+"""
+import atexit
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+PREFIX = "mbnet"
+
+
+class HostsUnavailable(Exception):
+    pass
+
+
+def run(*args, check=True):
+    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(" ".join(args) + ": " + r.stdout.strip())
+    return r.stdout
+
+
+def remove_stale():
+    """Namespaces of runs whose driver no longer exists."""
+    out = run("ip", "netns", "list", check=False)
+    for m in re.finditer(r"^(%s-(\d+)-[ab])\b" % PREFIX, out, re.M):
+        if not os.path.exists("/proc/" + m.group(2)):
+            run("ip", "netns", "del", m.group(1), check=False)
+
+
+def children(pid):
+    kids = []
+    for path in glob.glob("/proc/%d/task/*/children" % pid):
+        try:
+            kids += [int(x) for x in open(path).read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+class Agent:
+    """tests/engine_agent in a host: one command line in, one answer line out."""
+
+    def __init__(self, host, name="agent"):
+        self.host = host
+        self.proc = host.spawn([host.build + "/tests/engine_agent", host.socket],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.name = name
+
+    def __call__(self, cmd, expect_ok=True):
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        while line.startswith("["):  # UCX writes its own log lines to stdout
+            sys.stderr.write(line)
+            line = self.proc.stdout.readline()
+        line = line.strip()
+        if not line:
+            raise AssertionError("%s on %s: no answer to %r (exited %s)" % (self.name, self.host.tag, cmd, self.proc.poll()))
+        if expect_ok and not line.startswith("ok"):
+            raise AssertionError("%s on %s: %r answered %r" % (self.name, self.host.tag, cmd, line))
+        return line.split()[1:] if expect_ok else line
+
+    def inner_pid(self):
+        """The agent's pid as the machine sees it (nsenter forked it)."""
+        kids = children(self.proc.pid)
+        return kids[0] if kids else self.proc.pid
+
+    def kill(self):
+        os.kill(self.inner_pid(), signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def quit(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Host:
+    def __init__(self, hosts, tag, addr, peer_dev):
+        self.tag, self.addr, self.dev, self.build = tag, addr, peer_dev, hosts.build
+        self.netns = "%s-%d-%s" % (PREFIX, os.getpid(), tag)
+        self.dir = tempfile.mkdtemp(prefix="mbnet-%s-" % tag, dir="/run" if os.path.isdir("/run") else None)
+        self.socket = os.path.join(self.dir, "mb.sock")
+        private_tmp = not os.path.realpath(self.build).startswith("/tmp/")
+        setup = "mount -t tmpfs tmpfs /dev/shm && hostname mbnet-%s" % tag
+        if private_tmp:
+            setup += " && mount -t tmpfs tmpfs /tmp"
+        # The holder is the PID namespace's init: when its stdin closes (this
+        # driver ends, however), it exits and the kernel kills the whole host.
+        self.holder = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, "unshare", "--ipc", "--pid", "--mount", "--uts", "--fork",
+             "--mount-proc", "--kill-child", "sh", "-c", setup + " && echo ready && exec cat"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.holder.stdout.readline().strip() != "ready":
+            raise RuntimeError("host %s did not start" % tag)
+        init = children(self.holder.pid)  # ip netns exec execs unshare in place; its child is init
+        self.init_pid = init[0] if init else None
+        if self.init_pid is None:
+            raise RuntimeError("host %s: no init process found" % tag)
+        self.broker = None
+        self.agents = []
+
+    def spawn(self, argv, **kw):
+        return subprocess.Popen(["nsenter", "-t", str(self.init_pid), "-n", "-i", "-p", "-m", "-u", "--"] + argv, **kw)
+
+    def start_broker(self):
+        r, w = os.pipe()
+        self.broker = self.spawn([self.build + "/broker/membrokerd", "--socket", self.socket, "--ready-fd", str(w),
+                                  "--log-level", "warn"], pass_fds=(w,))
+        os.close(w)
+        with os.fdopen(r) as f:
+            line = f.readline()
+        if not line.startswith("READY"):
+            raise RuntimeError("broker on %s did not start" % self.tag)
+
+    def agent(self, name="agent"):
+        a = Agent(self, name)
+        self.agents.append(a)
+        return a
+
+    def close(self):
+        for a in self.agents:
+            a.quit()
+        if self.broker is not None and self.broker.poll() is None:
+            self.broker.terminate()
+            try:
+                self.broker.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.broker.kill()
+        if self.holder.poll() is None:
+            self.holder.stdin.close()
+            try:
+                self.holder.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.holder.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Hosts:
+    """Hosts a (10.213.N.1) and b (10.213.N.2), each with a broker."""
+
+    def __init__(self, build):
+        if os.geteuid() != 0:
+            raise HostsUnavailable("needs root to make network namespaces")
+        for tool in ("ip", "unshare", "nsenter"):
+            if shutil.which(tool) is None:
+                raise HostsUnavailable("needs %s" % tool)
+        self.build = build
+        self.hosts = []
+        self.netns = []
+        remove_stale()
+        atexit.register(self.close)
+        n = os.getpid() % 250 + 1
+        tag = os.getpid() % 100000
+        self.dev = {"a": "mbv%da" % tag, "b": "mbv%db" % tag}
+        self.ip = {"a": "10.213.%d.1" % n, "b": "10.213.%d.2" % n}
+        try:
+            for t in "ab":
+                ns = "%s-%d-%s" % (PREFIX, os.getpid(), t)
+                run("ip", "netns", "add", ns)
+                self.netns.append(ns)
+        except RuntimeError as e:
+            self.close()
+            raise HostsUnavailable("cannot make network namespaces: %s" % e)
+        run("ip", "link", "add", self.dev["a"], "type", "veth", "peer", "name", self.dev["b"])
+        for t in "ab":
+            ns = self.netns["ab".index(t)]
+            run("ip", "link", "set", self.dev[t], "netns", ns)
+            run("ip", "-n", ns, "addr", "add", self.ip[t] + "/24", "dev", self.dev[t])
+            run("ip", "-n", ns, "link", "set", self.dev[t], "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+        self.a = Host(self, "a", self.ip["a"], self.dev["a"])
+        self.hosts.append(self.a)
+        self.b = Host(self, "b", self.ip["b"], self.dev["b"])
+        self.hosts.append(self.b)
+        for h in self.hosts:
+            h.start_broker()
+
+    def link(self, up):
+        """Brings host a's end of the veth up or down."""
+        run("ip", "-n", self.netns[0], "link", "set", self.dev["a"], "up" if up else "down")
+
+    def close(self):
+        for h in self.hosts:
+            h.close()
+        self.hosts = []
+        for ns in self.netns:
+            run("ip", "netns", "del", ns, check=False)
+        self.netns = []

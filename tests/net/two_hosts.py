@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Transfer engines on two hosts (tests/net/hosts.py: namespaces joined by a
+veth pair, a membrokerd in each): READ and WRITE in both memory kinds, every
+byte checked; validation; refusal without the secret; the remote engine
+SIGKILLed mid-batch; the link down; deregistration during transfers; notifies;
+an ip:port that is this host's own engine takes the same-host path.
+
+usage: two_hosts.py BUILD_DIR [TEST ...]   exit 77 (skipped) where namespaces cannot be made
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hosts import Hosts, HostsUnavailable  # noqa: E402
+
+MiB = 1 << 20
+SKIP = 77
+PORT = 47311
+
+
+def secret_file(hosts, text="two-hosts-secret"):
+    """The same secret on both hosts (each host's copy in its own directory)."""
+    paths = {}
+    for h in hosts.hosts:
+        p = os.path.join(h.dir, "secret")
+        with open(p, "w") as f:
+            f.write(text + "\n")
+        os.chmod(p, 0o600)
+        paths[h.tag] = p
+    return paths
+
+
+class Pair:
+    """decode (b, listening) and prefill (a, connected to it), each with 64 MiB of each memory kind."""
+
+    def __init__(self, hosts, secrets, port=PORT):
+        self.hosts = hosts
+        self.b = hosts.b.agent("decode")
+        self.addr = self.b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], port, secrets["b"]))[0]
+        assert self.addr == "%s:%d" % (hosts.ip["b"], port), self.addr
+        self.b_mem = {}
+        for kind in ("broker", "host"):
+            index, base = self.b("alloc %s %d" % (kind, 64 * MiB))
+            self.b_mem[kind] = (int(index), int(base))
+            self.b("fill %s 2" % index)
+        self.a = hosts.a.agent("prefill")
+        self.a("init prefill secret_file=%s" % secrets["a"])
+        self.a_mem = {}
+        for kind in ("broker", "host"):
+            index, base = self.a("alloc %s %d" % (kind, 64 * MiB))
+            self.a_mem[kind] = (int(index), int(base))
+        path = self.a("connect %s 5000" % self.addr)
+        assert path[0] == "ucx", path
+        # The veth carries it: UCX names the device it chose.
+        assert hosts.dev["a"] in path[1], path
+
+    def close(self):
+        self.a.quit()
+        self.b.quit()
+
+
+def test_read_write_every_byte(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        for a_kind in ("broker", "host"):
+            for b_kind in ("broker", "host"):
+                ai, _ = p.a_mem[a_kind]
+                bi, bbase = p.b_mem[b_kind]
+                # 1000 scattered 4 KiB descriptors, every other page.
+                p.a("fill %d 7" % ai)
+                p.a("transfer %s write %d %d 1000 4096 8192 10000" % (p.addr, ai, bbase))
+                for i in (0, 1, 499, 999):
+                    p.b("check %d 7 %d 4096" % (bi, i * 8192))
+                    p.b("check %d 2 %d 4096" % (bi, i * 8192 + 4096))  # the gaps are untouched
+                p.b("check %d 7 %d %d" % (bi, 0, 4096))
+                p.b("fill %d 11" % bi)
+                p.a("transfer %s read %d %d 1000 4096 8192 10000" % (p.addr, ai, bbase))
+                for i in range(0, 1000, 37):
+                    p.a("check %d 11 %d 4096" % (ai, i * 8192))
+                    p.a("check %d 7 %d 4096" % (ai, i * 8192 + 4096))
+                # One 64 MiB descriptor each way.
+                p.a("fill %d 13" % ai)
+                p.a("transfer %s write %d %d 1 %d 0 20000" % (p.addr, ai, bbase, 64 * MiB))
+                p.b("check %d 13 0 %d" % (bi, 64 * MiB))
+                p.b("fill %d 17" % bi)
+                p.a("transfer %s read %d %d 1 %d 0 20000" % (p.addr, ai, bbase, 64 * MiB))
+                p.a("check %d 17 0 %d" % (ai, 64 * MiB))
+                p.b("fill %d 2" % bi)
+    finally:
+        p.close()
+
+
+def test_descriptors_checked_before_any_byte_moves(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        ai, _ = p.a_mem["broker"]
+        bi, bbase = p.b_mem["broker"]
+        p.a("fill %d 5" % ai)
+        # Descriptor 3 runs past the end of decode's 64 MiB: nothing is written.
+        line = p.a("transfer %s write %d %d 4 %d %d 5000" % (p.addr, ai, bbase + 61 * MiB, MiB, MiB), expect_ok=False)
+        assert line.startswith("err PARAM_INVALID descriptor 3:"), line
+        p.b("check %d 2 %d %d" % (bi, 61 * MiB, 3 * MiB))
+        line = p.a("transfer %s read %d 4096 1 4096 0 5000" % (p.addr, ai), expect_ok=False)
+        assert line.startswith("err PARAM_INVALID descriptor 0:"), line
+        line = p.a("transfer 10.213.0.99:1 read %d %d 1 4096 0 5000" % (ai, bbase), expect_ok=False)
+        assert line.startswith("err NOT_CONNECTED"), line
+    finally:
+        p.close()
+
+
+def test_refused_without_the_secret(hosts, secrets):
+    b = hosts.b.agent("decode")
+    addr = b("init decode listen_address=%s:%d secret_file=%s allow_from=10.99.0.0/16" %
+             (hosts.ip["b"], PORT, secrets["b"]))[0]
+    b("alloc broker %d" % MiB)
+    intruder = hosts.a.agent("intruder")
+    intruder("init intruder")
+    line = intruder("connect %s 5000" % addr, expect_ok=False)
+    assert line.startswith("err PERMISSION_DENIED") and "presented no secret" in line, line
+    wrong = os.path.join(hosts.a.dir, "wrong")
+    with open(wrong, "w") as f:
+        f.write("not-the-secret\n")
+    os.chmod(wrong, 0o600)
+    guesser = hosts.a.agent("guesser")
+    guesser("init guesser secret_file=%s" % wrong)
+    line = guesser("connect %s 5000" % addr, expect_ok=False)
+    assert line.startswith("err PERMISSION_DENIED") and "wrong secret" in line, line
+    stats = b("stats")
+    assert "refused=2" in stats and "accepted=0" in stats, stats
+    # A secret file others can read is refused at Initialize.
+    os.chmod(wrong, 0o644)
+    careless = hosts.a.agent("careless")
+    line = careless("init careless secret_file=%s" % wrong, expect_ok=False)
+    assert line.startswith("err PERMISSION_DENIED") and "chmod 600" in line, line
+    # A listener with neither a secret nor allow_from admits nobody: refused at Initialize.
+    open_door = hosts.b.agent("open")
+    line = open_door("init open listen_address=%s:0" % hosts.ip["b"], expect_ok=False)
+    assert line.startswith("err PARAM_INVALID") and "admits nobody" in line, line
+    for x in (b, intruder, guesser, careless, open_door):
+        x.quit()
+    # allow_from admits host a's address without a secret.
+    b = hosts.b.agent("decode")
+    addr = b("init decode listen_address=%s:%d allow_from=%s/32" % (hosts.ip["b"], PORT, hosts.ip["a"]))[0]
+    guest = hosts.a.agent("guest")
+    guest("init guest")
+    assert guest("connect %s 5000" % addr)[0] == "ucx"
+    guest.quit()
+    b.quit()
+
+
+def test_remote_killed_mid_batch(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        ai, _ = p.a_mem["host"]
+        _, bbase = p.b_mem["broker"]
+        # 400 x 64 MiB (the same remote range again and again): seconds of traffic.
+        p.a("async %s write %d %d 400 %d 0 60000" % (p.addr, ai, bbase, 64 * MiB))
+        assert p.a("status")[0] == "WAITING"
+        killed = time.monotonic()
+        p.b.kill()
+        deadline = killed + 10
+        while True:
+            st = p.a("status")
+            if st[0] != "WAITING":
+                break
+            assert time.monotonic() < deadline, "still WAITING 10 s after the remote engine was killed"
+            time.sleep(0.01)
+        noticed = time.monotonic() - killed
+        assert st[0] == "FAILED" and "NOT_CONNECTED" in " ".join(st), st
+        print("    the dead remote was noticed after %.0f ms" % (noticed * 1000))
+        line = p.a("transfer %s read %d %d 1 4096 0 5000" % (p.addr, ai, bbase), expect_ok=False)
+        assert line.startswith("err NOT_CONNECTED"), line
+        # Its replacement, on the same address: Disconnect, Connect, transfer.
+        b2 = hosts.b.agent("decode2")
+        b2("init decode listen_address=%s secret_file=%s" % (p.addr, secrets["b"]))
+        index, base = b2("alloc broker %d" % (4 * MiB))
+        p.a("disconnect %s 5000" % p.addr)
+        assert p.a("connect %s 5000" % p.addr)[0] == "ucx"
+        p.a("fill %d 23" % ai)
+        p.a("transfer %s write %d %s 1 %d 0 10000" % (p.addr, ai, base, 4 * MiB))
+        b2("check %s 23 0 %d" % (index, 4 * MiB))
+        b2.quit()
+    finally:
+        p.close()
+
+
+def test_link_down_times_out_then_recovers(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        ai, _ = p.a_mem["broker"]
+        bi, bbase = p.b_mem["broker"]
+        p.a("transfer %s read %d %d 1 %d 0 10000" % (p.addr, ai, bbase, MiB))
+        hosts.link(False)
+        try:
+            t0 = time.monotonic()
+            line = p.a("transfer %s write %d %d 64 %d 0 1500" % (p.addr, ai, bbase, MiB), expect_ok=False)
+            took = time.monotonic() - t0
+            assert line.startswith("err TIMEOUT"), line
+            print("    TIMEOUT after %.0f ms (timeout 1500 ms)" % (took * 1000))
+        finally:
+            hosts.link(True)
+        line = p.a("transfer %s read %d %d 1 4096 0 1000" % (p.addr, ai, bbase), expect_ok=False)
+        assert line.startswith("err NOT_CONNECTED"), line
+        # The seed's recovery: Disconnect, Connect again, retry.
+        p.a("disconnect %s 5000" % p.addr)
+        assert p.a("connect %s 10000" % p.addr)[0] == "ucx"
+        p.a("fill %d 29" % ai)
+        p.a("transfer %s write %d %d 16 %d %d 10000" % (p.addr, ai, bbase, MiB, MiB))
+        p.b("check %d 29 0 %d" % (bi, 16 * MiB))
+    finally:
+        p.close()
+
+
+def test_deregistration_during_transfers(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        ai, _ = p.a_mem["broker"]
+        bi, bbase = p.b_mem["host"]
+        p.a("async %s read %d %d 100 %d 0 60000" % (p.addr, ai, bbase, 16 * MiB))
+        assert p.a("status")[0] == "WAITING"
+        # decode's DeregisterMem waits until prefill no longer uses the range...
+        p.b("dereg %d" % bi)
+        # ...so prefill's batch is over (it ran to the end on memory still there).
+        st = p.a("status")
+        assert st[0] == "COMPLETED", st
+        line = p.a("transfer %s read %d %d 1 4096 0 5000" % (p.addr, ai, bbase), expect_ok=False)
+        assert line.startswith("err PARAM_INVALID descriptor 0:"), line
+        # The other range is still there.
+        _, other = p.b_mem["broker"]
+        p.a("transfer %s read %d %d 1 4096 0 5000" % (p.addr, ai, other))
+        # A range registered after Connect reaches the connector too.
+        index, base = p.b("alloc broker %d" % MiB)
+        p.b("fill %s 31" % index)
+        p.a("transfer %s read %d %s 1 %d 0 5000" % (p.addr, ai, base, MiB))
+        p.a("check %d 31 0 %d" % (ai, MiB))
+    finally:
+        p.close()
+
+
+def test_notifies(hosts, secrets):
+    p = Pair(hosts, secrets)
+    try:
+        p.a("notify %s kv-ready layer=3" % p.addr)
+        p.a("notify %s kv-ready layer=4" % p.addr)
+        got = p.b("notifies")
+        assert got == ["2", "prefill", "kv-ready", "layer=3", "prefill", "kv-ready", "layer=4"], got
+    finally:
+        p.close()
+
+
+def test_same_host_address_takes_the_broker_path(hosts, secrets):
+    b = hosts.b.agent("decode")
+    addr = b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], PORT, secrets["b"]))[0]
+    index, base = b("alloc broker %d" % MiB)
+    b("fill %s 37" % index)
+    local = hosts.b.agent("neighbour")
+    local("init neighbour secret_file=%s" % secrets["b"])
+    li, _ = local("alloc broker %d" % MiB)
+    path = local("connect %s 5000" % addr)
+    assert path == ["same-host", "memcpy"], path
+    local("transfer %s read %s %s 1 %d 0 5000" % (addr, li, base, MiB))
+    local("check %s 37 0 %d" % (li, MiB))
+    local.quit()
+    b.quit()
+
+
+TESTS = [test_read_write_every_byte, test_descriptors_checked_before_any_byte_moves, test_refused_without_the_secret,
+         test_remote_killed_mid_batch, test_link_down_times_out_then_recovers, test_deregistration_during_transfers,
+         test_notifies, test_same_host_address_takes_the_broker_path]
+
+
+def main():
+    build = os.path.abspath(sys.argv[1])
+    only = sys.argv[2:]
+    try:
+        hosts = Hosts(build)
+    except HostsUnavailable as e:
+        print("SKIPPED: " + str(e))
+        return SKIP
+    failed = 0
+    try:
+        secrets = secret_file(hosts)
+        for t in TESTS:
+            if only and t.__name__ not in only:
+                continue
+            t0 = time.monotonic()
+            try:
+                t(hosts, secrets)
+                print("PASS %s (%.1f s)" % (t.__name__, time.monotonic() - t0))
+            except Exception as e:  # report and go on: each test makes its own agents
+                failed += 1
+                print("FAIL %s: %s" % (t.__name__, e))
+    finally:
+        hosts.close()
+    print("%d failed" % failed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
