@@ -1,10 +1,12 @@
 // Writes the seed corpus for the fuzz targets: one file per valid message, and
 // dispatch inputs that walk through a session (see fuzz_dispatch.cc for the
-// record format). Run: make_seeds DIR_DECODE DIR_DISPATCH
+// record format), and one file per engine-to-engine message.
+// Run: make_seeds DIR_DECODE DIR_DISPATCH [DIR_ENGINE_WIRE]
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "engine_wire.h"
 #include "membroker/ipc/protocol.h"
 
 using namespace membroker::ipc;
@@ -24,7 +26,21 @@ static void AddRecord(std::vector<uint8_t>* out, const std::vector<uint8_t>& fra
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
+  if (argc != 3 && argc != 4) return 2;
+  if (argc == 4) {
+    namespace w = membroker::detail::wire;
+    w::Region r{7, 0x7f0000000000, 1 << 20, false, std::string("\x01\x02packed-rkey", 13)};
+    std::vector<w::Message> wire = {
+        w::Hello{w::kVersion, "secret", "prefill"}, w::Welcome{"decode", {1, 2, 3}, {r, r}},
+        w::Refused{4, "presented no secret"},       w::RegionAdded{r},
+        w::RegionGone{7},                           w::RegionGoneAck{7},
+        w::Notify{1, "kv-ready", "layer=3"},        w::NotifyAck{1, 0, ""}};
+    int n = 0;
+    for (const auto& m : wire) {
+      const std::string bytes = w::Encode(m);
+      Write(std::string(argv[3]) + "/message-" + std::to_string(n++), {bytes.begin(), bytes.end()});
+    }
+  }
   std::vector<Message> msgs = {
       HelloRequest{"seed", kProtocolVersion, 0}, MallocRequest{4096, PagePolicy::kNormalOnly, 0},
       MallocRequest{3 << 20, PagePolicy::kHugeFirst, 0}, FreeRequest{1}, ExportRequest{1, 1},

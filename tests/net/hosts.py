@@ -58,7 +58,7 @@ class Agent:
 
     def __init__(self, host, name="agent"):
         self.host = host
-        self.proc = host.spawn([host.build + "/tests/engine_agent", host.socket],
+        self.proc = host.spawn([host.agent_path, host.socket],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.name = name
 
@@ -86,6 +86,7 @@ class Agent:
         self.proc.wait(timeout=30)
 
     def quit(self):
+        """Ends the agent; AssertionError if it did not exit 0 (a sanitizer's report, say)."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write("quit\n")
@@ -94,11 +95,14 @@ class Agent:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.returncode != 0:
+                raise AssertionError("%s on %s exited %d" % (self.name, self.host.tag, self.proc.returncode))
 
 
 class Host:
     def __init__(self, hosts, tag, addr, peer_dev):
         self.tag, self.addr, self.dev, self.build = tag, addr, peer_dev, hosts.build
+        self.agent_path = hosts.agent_path
         self.netns = "%s-%d-%s" % (PREFIX, os.getpid(), tag)
         self.dir = tempfile.mkdtemp(prefix="mbnet-%s-" % tag, dir="/run" if os.path.isdir("/run") else None)
         self.socket = os.path.join(self.dir, "mb.sock")
@@ -141,13 +145,20 @@ class Host:
 
     def close(self):
         for a in self.agents:
-            a.quit()
-        if self.broker is not None and self.broker.poll() is None:
-            self.broker.terminate()
             try:
-                self.broker.wait(timeout=10)
+                a.quit()
+            except AssertionError as e:  # reported by the test that owned it
+                sys.stderr.write("%s\n" % e)
+        problem = None
+        if self.broker is not None and self.broker.poll() is None:
+            inner = children(self.broker.pid)  # nsenter forked the broker, and exits as it does
+            os.kill(inner[0] if inner else self.broker.pid, signal.SIGTERM)
+            try:
+                if self.broker.wait(timeout=10) != 0:
+                    problem = "the broker on %s exited %d" % (self.tag, self.broker.returncode)
             except subprocess.TimeoutExpired:
                 self.broker.kill()
+                problem = "the broker on %s did not stop on SIGTERM" % self.tag
         if self.holder.poll() is None:
             self.holder.stdin.close()
             try:
@@ -155,12 +166,14 @@ class Host:
             except subprocess.TimeoutExpired:
                 self.holder.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+        return problem
 
 
 class Hosts:
     """Hosts a (10.213.N.1) and b (10.213.N.2), each with a broker."""
 
-    def __init__(self, build):
+    def __init__(self, build, agent_path=None):
+        self.agent_path = agent_path or os.path.join(build, "tests", "engine_agent")
         if os.geteuid() != 0:
             raise HostsUnavailable("needs root to make network namespaces")
         for tool in ("ip", "unshare", "nsenter"):
@@ -202,9 +215,10 @@ class Hosts:
         run("ip", "-n", self.netns[0], "link", "set", self.dev["a"], "up" if up else "down")
 
     def close(self):
-        for h in self.hosts:
-            h.close()
+        """Removes everything; returns what went wrong on the way (a broker that failed)."""
+        problems = [p for p in (h.close() for h in self.hosts) if p]
         self.hosts = []
         for ns in self.netns:
             run("ip", "netns", "del", ns, check=False)
         self.netns = []
+        return problems

@@ -292,7 +292,9 @@ def main():
                 failed += 1
                 print("FAIL %s: %s" % (t.__name__, e))
     finally:
-        hosts.close()
+        for problem in hosts.close():
+            failed += 1
+            print("FAIL " + problem)
     print("%d failed" % failed)
     return 1 if failed else 0
 

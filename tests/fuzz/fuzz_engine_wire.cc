@@ -1,0 +1,18 @@
+// libFuzzer: arbitrary bytes into the decoder of what engines on two hosts
+// say to each other (libclient/engine_wire.h) - the bytes a remote, possibly
+// hostile, host controls. The format is canonical: whatever decodes must
+// encode back to exactly the same bytes.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine_wire.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace membroker::detail::wire;
+  auto m = Decode({data, size});
+  if (!m.ok()) return 0;
+  const std::string again = Encode(*m);
+  if (again.size() != size || std::memcmp(again.data(), data, size) != 0) std::abort();
+  return 0;
+}
