@@ -13,8 +13,8 @@
 //   disconnect ADDRESS TIMEOUT_MS
 //   transfer ADDRESS read|write INDEX REMOTE_ADDRESS COUNT SIZE STRIDE TIMEOUT_MS [REPEAT]
 //                                    COUNT descriptors of SIZE bytes, the i-th at
-//                                    offset i*STRIDE on both sides; ok MICROSECONDS
-//                                    (the fastest of REPEAT runs)
+//                                    offset i*STRIDE on both sides; ok MIN_US MEDIAN_US
+//                                    (of REPEAT runs)
 //   async ADDRESS read|write INDEX REMOTE_ADDRESS COUNT SIZE STRIDE TIMEOUT_MS
 //                                    TransferAsync; ok (the request runs on)
 //   status                           ok WAITING|COMPLETED|TIMEOUT|FAILED of the last async
@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -193,14 +194,16 @@ int main(int argc, char** argv) {
         continue;
       }
       Status st;
-      int64_t best = -1;
+      std::vector<double> us;
       for (int r = 0; r < repeat && st.ok(); ++r) {
         auto t0 = std::chrono::steady_clock::now();
         st = engine.TransferSync(addr, top, descs, timeout);
-        auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-        if (best < 0 || us < best) best = us;
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       }
-      Reply(st, std::to_string(best));
+      std::sort(us.begin(), us.end());
+      char times[64];
+      std::snprintf(times, sizeof(times), "%.1f %.1f", us.front(), us[us.size() / 2]);
+      Reply(st, times);
     } else if (cmd == "status") {
       TransferStatus ts;
       Status st = engine.GetTransferStatus(last_async, ts);

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""TransferSync between two hosts (tests/net/hosts.py: namespaces joined by a
+veth pair, a membrokerd in each) against ucx_perftest (ucp_get, ucp_put_bw) and
+a plain TCP stream over the same link, in the same run. JSON lines on stdout.
+
+  net_transfer.py BUILD_DIR [--quick]
+Exits 0 with one {"bench": "net_skipped", "why": ...} line where the two hosts
+cannot be made (not root, no ip/unshare, no ucx_perftest).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "net"))
+from hosts import Hosts, HostsUnavailable, run  # noqa: E402
+
+MiB = 1 << 20
+ENGINE_PORT = 47411
+PERF_PORT = 47412
+TCP_PORT = 47413
+
+TCP_SERVER = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); buf = bytearray(4 << 20); view = memoryview(buf); total = 0
+while True:
+    n = c.recv_into(view)
+    if n == 0: break
+    total += n
+c.close(); print(total, flush=True)
+"""
+TCP_CLIENT = r"""
+import socket, sys, time
+total = int(sys.argv[3]); chunk = memoryview(bytearray(4 << 20))
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+t0 = time.perf_counter(); sent = 0
+while sent < total:
+    c.sendall(chunk); sent += len(chunk)
+c.shutdown(socket.SHUT_WR); c.recv(1); print(time.perf_counter() - t0, flush=True)
+"""
+
+
+def listening(host, port):
+    out = run("nsenter", "-t", str(host.init_pid), "-n", "--", "ss", "-ltnH", check=False)
+    return (":%d " % port) in out
+
+
+def wait_listening(host, port, proc, what):
+    deadline = time.monotonic() + 20
+    while not listening(host, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(what + " did not start listening")
+        time.sleep(0.01)
+
+
+def tcp_stream(hosts, total):
+    server = hosts.b.spawn(["python3", "-c", TCP_SERVER, hosts.ip["b"], str(TCP_PORT)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    client = hosts.a.spawn(["python3", "-c", TCP_CLIENT, hosts.ip["b"], str(TCP_PORT), str(total)],
+                           stdout=subprocess.PIPE, text=True)
+    seconds = float(client.stdout.readline())
+    client.wait(timeout=60)
+    received = int(server.stdout.readline())
+    server.wait(timeout=60)
+    return {"bench": "net_tcp", "bytes": received, "seconds": seconds, "bw_Bps": received / seconds}
+
+
+def perftest(hosts, test, size, iters, warmup):
+    server = hosts.b.spawn(["ucx_perftest", "-p", str(PERF_PORT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_listening(hosts.b, PERF_PORT, server, "ucx_perftest's server")
+        client = hosts.a.spawn(["ucx_perftest", hosts.ip["b"], "-p", str(PERF_PORT), "-t", test, "-s", str(size),
+                                "-n", str(iters), "-w", str(warmup), "-f"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, _ = client.communicate(timeout=300)
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    if client.returncode != 0 or not rows:
+        raise RuntimeError("ucx_perftest %s -s %d failed: %s" % (test, size, out[-400:]))
+    f = rows[-1]  # iterations, latency 50%/avg/overall, MB/s avg/overall, msg/s avg/overall
+    return {"bench": "net_perftest", "test": test, "size": size, "iterations": int(f[0]),
+            "bw_Bps": float(f[5]) * MiB, "msg_rate": float(f[7]), "latency_us": float(f[2])}
+
+
+def engine(hosts, quick):
+    secret = {}
+    for h in hosts.hosts:
+        secret[h.tag] = os.path.join(h.dir, "bench-secret")
+        with open(secret[h.tag], "w") as f:
+            f.write("bench\n")
+        os.chmod(secret[h.tag], 0o600)
+    b = hosts.b.agent("decode")
+    addr = b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], ENGINE_PORT, secret["b"]))[0]
+    a = hosts.a.agent("prefill")
+    a("init prefill secret_file=%s" % secret["a"])
+    out = []
+    try:
+        remote = {}
+        local = {}
+        for kind in ("broker", "host"):
+            remote[kind] = b("alloc %s %d" % (kind, 64 * MiB))
+            local[kind] = a("alloc %s %d" % (kind, 64 * MiB))
+        path = a("connect %s 5000" % addr)
+        cases = [("1000x4KiB", 1000, 4096, 8192, 5 if quick else 20), ("64x1MiB", 64, MiB, MiB, 5 if quick else 20),
+                 ("1x64MiB", 1, 64 * MiB, 0, 5 if quick else 20)]
+        for kind in ("broker", "host"):
+            for op in ("read", "write"):
+                for name, count, size, stride, repeat in cases:
+                    li = local[kind][0]
+                    rbase = remote[kind][1]
+                    a("transfer %s %s %s %s %d %d %d 30000" % (addr, op, li, rbase, count, size, stride))  # warm-up
+                    lo, med = (float(x) for x in a("transfer %s %s %s %s %d %d %d 30000 %d" %
+                                                   (addr, op, li, rbase, count, size, stride, repeat)))
+                    out.append({"bench": "net_transfer", "memory": kind, "op": op, "case": name, "count": count,
+                                "size": size, "repeat": repeat, "min_us": lo, "median_us": med,
+                                "bw_Bps": count * size / (med / 1e6), "msg_rate": count / (med / 1e6),
+                                "path": path[0], "transports": path[1]})
+    finally:
+        a.quit()
+        b.quit()
+    return out
+
+
+def main():
+    build = os.path.abspath(sys.argv[1])
+    quick = "--quick" in sys.argv
+    if shutil.which("ucx_perftest") is None:
+        print(json.dumps({"bench": "net_skipped", "why": "ucx_perftest is not installed (ucx-utils)"}))
+        return 0
+    try:
+        hosts = Hosts(build, agent_path=os.path.join(build, "bench", "bench_engine_agent"))
+    except HostsUnavailable as e:
+        print(json.dumps({"bench": "net_skipped", "why": str(e)}))
+        return 0
+    try:
+        rows = [tcp_stream(hosts, (1 << 30) if quick else (4 << 30))]
+        n = (lambda q, f: q if quick else f)
+        for test in ("ucp_get", "ucp_put_bw"):
+            rows.append(perftest(hosts, test, 4096, n(20000, 100000), n(2000, 10000)))
+            rows.append(perftest(hosts, test, MiB, n(300, 2000), n(30, 200)))
+            rows.append(perftest(hosts, test, 64 * MiB, n(10, 40), n(2, 4)))
+        rows += engine(hosts, quick)
+    finally:
+        hosts.close()
+    for r in rows:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
