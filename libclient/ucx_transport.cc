@@ -29,6 +29,7 @@ using Clock = UcxTransport::Clock;
 constexpr unsigned kAmId = 0x4d42;                 // every engine message
 constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
 constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
+constexpr auto kSpinAfterActivity = std::chrono::milliseconds(1);
 
 Status UcxError(std::string_view what, ucs_status_t st) {
   return Status(ErrorCode::kInternal, std::string(what) + ": " + ucs_status_string(st));
@@ -331,10 +332,16 @@ void UcxTransport::Worker::RunCommands() {
 }
 
 void UcxTransport::Worker::Loop() {
+  Clock::time_point spin_until{};
   for (;;) {
     RunCommands();
-    while (ucp_worker_progress(worker_) != 0) {
-    }
+    unsigned progressed = 0;
+    while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
+    // While transfers run, and for a moment after the last event, poll instead
+    // of sleeping: a wake-up through the event fd per TCP segment or emulated
+    // get costs more than the message (an idle engine still sleeps).
+    const auto now = Clock::now();
+    if (progressed != 0 || !jobs_.empty()) spin_until = now + kSpinAfterActivity;
     CheckDeadlines();
     Reap();
     bool stopping;
@@ -343,6 +350,7 @@ void UcxTransport::Worker::Loop() {
       stopping = stopping_ && commands_.empty();
     }
     if (stopping) break;
+    if (now < spin_until) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;  // more to progress first
     const auto next = NextDeadline();
     int timeout_ms = 1000;
