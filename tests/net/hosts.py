@@ -138,6 +138,12 @@ class Host:
         if not line.startswith("READY"):
             raise RuntimeError("broker on %s did not start" % self.tag)
 
+    def kill_broker(self):
+        inner = children(self.broker.pid)
+        os.kill(inner[0] if inner else self.broker.pid, signal.SIGKILL)
+        self.broker.wait(timeout=30)
+        self.broker = None
+
     def agent(self, name="agent"):
         a = Agent(self, name)
         self.agents.append(a)

@@ -265,9 +265,32 @@ def test_same_host_address_takes_the_broker_path(hosts, secrets):
     b.quit()
 
 
+def test_transfers_do_not_need_the_brokers(hosts, secrets):
+    """Bytes between hosts never pass through a broker: with both brokers SIGKILLed,
+    a connection keeps moving every byte; brokers started again, clients reattach."""
+    p = Pair(hosts, secrets)
+    try:
+        ai, _ = p.a_mem["broker"]
+        bi, bbase = p.b_mem["host"]
+        for h in hosts.hosts:
+            h.kill_broker()
+        p.a("fill %d 41" % ai)
+        p.a("transfer %s write %d %d 1000 4096 8192 10000" % (p.addr, ai, bbase))
+        p.b("check %d 41 %d 4096" % (bi, 999 * 8192))
+        p.b("fill %d 43" % bi)
+        p.a("transfer %s read %d %d 1 %d 0 10000" % (p.addr, ai, bbase, 64 * MiB))
+        p.a("check %d 43 0 %d" % (ai, 64 * MiB))
+        for h in hosts.hosts:
+            h.start_broker()
+        p.a("notify %s after-restart ok" % p.addr)
+        assert p.b("notifies")[:3] == ["1", "prefill", "after-restart"]
+    finally:
+        p.close()
+
+
 TESTS = [test_read_write_every_byte, test_descriptors_checked_before_any_byte_moves, test_refused_without_the_secret,
          test_remote_killed_mid_batch, test_link_down_times_out_then_recovers, test_deregistration_during_transfers,
-         test_notifies, test_same_host_address_takes_the_broker_path]
+         test_notifies, test_same_host_address_takes_the_broker_path, test_transfers_do_not_need_the_brokers]
 
 
 def main():
