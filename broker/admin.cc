@@ -47,6 +47,12 @@ const char* const kPolicyNames[] = {"normal", "huge-first", "huge", "huge1g"};
 }  // namespace
 
 Record Broker::StatsRecord() const {
+  // Engines' connections to other hosts by the path taken, as their clients reported them.
+  uint64_t net_ucx = 0, net_same_host = 0, net_refused = 0;
+  for (const auto& [name, e] : engines_) {
+    net_refused += e.network.refused;
+    for (const auto& c : e.network.connections) (c.path == "ucx" ? net_ucx : net_same_host) += 1;
+  }
   Record r;
   const TableCounters& t = table_.counters();
   uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
@@ -82,6 +88,9 @@ Record Broker::StatsRecord() const {
       .Num("host_registered_bytes", host_registered)
       .Num("same_address_bytes", window_.used())
       .Num("engines", engines_.size())
+      .Num("engine_connections_ucx", net_ucx)
+      .Num("engine_connections_same_host_by_address", net_same_host)
+      .Num("engine_network_refused", net_refused)
       .Num("waiters", waiters_.size())
       .Num("named_objects", names_.size())
       .Num("allocations_created", t.allocations_created)
@@ -306,6 +315,14 @@ std::vector<Record> Broker::EngineRecords() const {
         .Num("peers", e.peers.size())
         .Num("notifies_queued", e.notifies.size())
         .Num("notifies_refused", e.notifies_dropped);
+    // Its network side: what it listens on, and each connection it made by ip:port with the path taken.
+    std::string paths;
+    for (const auto& c : e.network.connections)
+      paths += (paths.empty() ? "" : " ") + c.remote + "=" + c.path + "(" + c.transports + ")";
+    r.Str("listen", e.network.listen_address.empty() ? "-" : e.network.listen_address)
+        .Num("net_in", e.network.inbound)
+        .Num("net_refused", e.network.refused)
+        .Str("net_connections", paths.empty() ? "-" : paths);
     rows.push_back(std::move(r));
   }
   return rows;

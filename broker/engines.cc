@@ -229,6 +229,14 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
   return Status::Ok();
 }
 
+Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNetworkRequest& m) {
+  auto it = engines_.find(s.engine.name);
+  if (s.engine.name.empty() || it == engines_.end() || it->second.session_id != s.id)
+    return Status(ErrorCode::kParamInvalid, "this client runs no transfer engine");
+  it->second.network = m;
+  return Status::Ok();
+}
+
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&) {
   auto it = engines_.find(s.engine.name);
   if (s.engine.name.empty() || it == engines_.end()) return NoEngine();

@@ -32,6 +32,8 @@ struct Engine {
   // Reattaching: registered again range by range, so hidden from Connect
   // until its owner says it is whole (a second EngineInitRequest).
   bool restoring = false;
+  // What its client last said of its network side (engines on other hosts).
+  ipc::EngineNetworkRequest network;
 };
 
 

@@ -267,6 +267,19 @@ struct Encoder {
     return w::CreateTakeOverEnd(b, m.allocations, m.exports, m.names).Union();
   }
   fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
+  fb::Offset<void> operator()(const EngineNetworkRequest& m) {
+    std::vector<fb::Offset<w::EngineNetConnection>> cs;
+    for (const auto& c : m.connections) {
+      auto r = b.CreateString(c.remote);
+      auto e = b.CreateString(c.engine);
+      auto p = b.CreateString(c.path);
+      auto t = b.CreateString(c.transports);
+      cs.push_back(w::CreateEngineNetConnection(b, r, e, p, t));
+    }
+    auto listen = b.CreateString(m.listen_address);
+    auto vec = b.CreateVector(cs);
+    return w::CreateEngineNetworkRequest(b, listen, m.accepted, m.refused, m.inbound, vec).Union();
+  }
   fb::Offset<void> operator()(const ErrorReply& m) {
     std::string msg = m.message.substr(0, kMaxErrorMessageBytes);
     auto s = b.CreateString(msg);
@@ -674,6 +687,26 @@ Result<Message> Read(const w::TakeOverEnd* m) {
   return Message(TakeOverEnd{m->allocations(), m->exports(), m->names()});
 }
 Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
+
+Result<Message> Read(const w::EngineNetworkRequest* m) {
+  EngineNetworkRequest r;
+  MB_RETURN_IF_ERROR(ReadName(m->listen_address(), kMaxNetAddressBytes, "listen_address", &r.listen_address));
+  r.accepted = m->accepted();
+  r.refused = m->refused();
+  r.inbound = m->inbound();
+  if (auto cs = m->connections()) {
+    if (cs->size() > kMaxNetConnections) return Malformed("too many network connections");
+    for (const auto* c : *cs) {
+      EngineNetConnection e;
+      MB_RETURN_IF_ERROR(ReadName(c->remote(), kMaxNetAddressBytes, "remote", &e.remote));
+      MB_RETURN_IF_ERROR(ReadName(c->engine(), kMaxEngineNameBytes, "engine", &e.engine));
+      MB_RETURN_IF_ERROR(ReadName(c->path(), 16, "path", &e.path));
+      MB_RETURN_IF_ERROR(ReadName(c->transports(), kMaxNetTransportsBytes, "transports", &e.transports));
+      r.connections.push_back(std::move(e));
+    }
+  }
+  return Message(std::move(r));
+}
 
 // The wire union's tags are Message's indices + 1 (the list's order).
 #define MEMBROKER_WIRE_TAG(T, direction, fds)                                        \

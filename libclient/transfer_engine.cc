@@ -231,7 +231,12 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   detail::UcxOptions net_options_;
   std::unique_ptr<detail::UcxTransport> transport_;
   bool listening_ = false;
+  // What the broker was last told of the network side (admin list engines).
+  uint64_t reported_changes_ = ~0ull;
+  std::atomic<bool> network_dirty_{false};
 #endif
+  // Tells the broker the network side if it changed since the last report (one-way).
+  void MaybeReportNetwork();
   std::shared_ptr<Peer> FindPeer(const std::string& remote);
   // Whether the broker that made this connection is gone (a reattach since).
   bool Stale(Peer& peer);
@@ -618,8 +623,11 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
       std::lock_guard<std::mutex> plk(peers_mu_);
       peers_.emplace(remote, peer);
     }
+    network_dirty_.store(true);
+    MaybeReportNetwork();
     return st;
   }
+  if (detail::LooksLikeHostPort(remote)) network_dirty_.store(true);
 #endif
   // Our transfers to it finish first (new ones no longer find it).
   std::unique_lock<std::shared_timed_mutex> lk(peer->mu, std::defer_lock);
@@ -687,7 +695,10 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
     // Local ranges stay registered (and mapped) until the transfer is over.
     std::shared_lock<std::shared_mutex> local_lk(local_mu_);
     MB_RETURN_IF_ERROR(CheckLocal(op, descs));
-    return transport_->Transfer(peer->ucx_conn, op, descs, deadline);
+    Status st = transport_->Transfer(peer->ucx_conn, op, descs, deadline);
+    local_lk.unlock();
+    MaybeReportNetwork();
+    return st;
   }
 #endif
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
@@ -919,6 +930,7 @@ Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
       for (auto& n : transport_->TakeNotifies())
         notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
   }
+  MaybeReportNetwork();
 #endif
   for (;;) {
     MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::EngineGetNotifiesRequest{}));
@@ -984,6 +996,7 @@ Status TransferEngine::Impl::StartListening() {
   MB_ASSIGN_OR_RETURN(detail::UcxTransport * t, Transport());
   (void)t;
   listening_ = true;
+  MaybeReportNetwork();
 #endif
   return Status::Ok();
 }
@@ -1028,8 +1041,12 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
     Status st = Adopt(*peer, *local);
     if (st.ok() && std::memcmp(peer->control->identity, info.identity.data(), info.identity.size()) == 0) {
       (void)t->Close(conn, deadline);
-      std::lock_guard<std::mutex> lk(peers_mu_);
-      peers_[address] = std::move(peer);
+      {
+        std::lock_guard<std::mutex> lk(peers_mu_);
+        peers_[address] = std::move(peer);
+      }
+      network_dirty_.store(true);
+      MaybeReportNetwork();
       return Status::Ok();
     }
     // A namesake at our broker, not the engine that answered: this one is remote.
@@ -1041,9 +1058,40 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
   }
   peer->ucx_conn = conn;
   peer->transports = info.transports;
-  std::lock_guard<std::mutex> lk(peers_mu_);
-  peers_[address] = std::move(peer);
+  {
+    std::lock_guard<std::mutex> lk(peers_mu_);
+    peers_[address] = std::move(peer);
+  }
+  network_dirty_.store(true);
+  MaybeReportNetwork();
   return Status::Ok();
+#endif
+}
+
+void TransferEngine::Impl::MaybeReportNetwork() {
+#ifdef MEMBROKER_HAVE_UCX
+  std::lock_guard<std::mutex> lk(transport_mu_);
+  if (!transport_) return;
+  const uint64_t changes = transport_->changes();
+  if (changes == reported_changes_ && !network_dirty_.exchange(false)) return;
+  reported_changes_ = changes;
+  const detail::UcxStats u = transport_->stats();
+  ipc::EngineNetworkRequest r;
+  r.listen_address = transport_->listen_address();
+  r.accepted = u.accepted;
+  r.refused = u.refused;
+  uint64_t outbound = 0;
+  {
+    std::lock_guard<std::mutex> plk(peers_mu_);
+    for (const auto& [key, p] : peers_) {
+      if (!detail::LooksLikeHostPort(key) || r.connections.size() >= ipc::kMaxNetConnections) continue;
+      outbound += p->ucx_conn != 0;
+      r.connections.push_back({key, p->name, p->ucx_conn != 0 ? "ucx" : "same-host",
+                               (p->ucx_conn != 0 ? p->transports : "memcpy").substr(0, ipc::kMaxNetTransportsBytes)});
+    }
+  }
+  r.inbound = u.connections > outbound ? u.connections - outbound : 0;
+  (void)core_->conn().Notify(std::move(r));  // the broker only records it; a failure loses nothing
 #endif
 }
 
@@ -1062,6 +1110,7 @@ Status TransferEngine::Impl::GetNetworkStats(NetworkStats& stats) {
   if (!initialized_) return NotInitialized();
   stats = NetworkStats{};
 #ifdef MEMBROKER_HAVE_UCX
+  MaybeReportNetwork();
   std::lock_guard<std::mutex> lk(transport_mu_);
   if (transport_) {
     const detail::UcxStats u = transport_->stats();

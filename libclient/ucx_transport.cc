@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -162,6 +163,7 @@ class UcxTransport::Worker {
     std::lock_guard<std::mutex> lk(mu_);
     return stats_;
   }
+  uint64_t changes() const { return changes_.load(std::memory_order_relaxed); }
 
  private:
   void Stop();
@@ -221,6 +223,7 @@ class UcxTransport::Worker {
   bool stopping_ = false;
   std::deque<UcxNotify> notifies_;
   UcxStats stats_;
+  std::atomic<uint64_t> changes_{0};
 
   // Progress thread only.
   uint64_t next_id_ = 1;
@@ -549,6 +552,7 @@ void UcxTransport::Worker::Forget(uint64_t id) {
   conns_.erase(it);
   std::lock_guard<std::mutex> lk(mu_);
   stats_.connections = conns_.size();
+  changes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void UcxTransport::Worker::Send(Conn& c, const wire::Message& m) {
@@ -696,6 +700,7 @@ void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& re
     ++stats_.refused;
     stats_.last_refusal = reason;
   }
+  changes_.fetch_add(1, std::memory_order_relaxed);
   std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s\n",
                ipc::EscapeText(options_.engine_name).c_str(), reason.c_str());
   Send(c, wire::Refused{static_cast<int32_t>(code), reason});
@@ -730,6 +735,7 @@ void UcxTransport::Worker::HandleHello(Conn& c, wire::Hello&& h) {
     ++stats_.accepted;
     stats_.connections = conns_.size();
   }
+  changes_.fetch_add(1, std::memory_order_relaxed);
   Send(c, wire::Welcome{options_.engine_name, options_.identity, Advertised()});
 }
 
@@ -1080,5 +1086,6 @@ Status UcxTransport::SendNotify(uint64_t conn, const std::string& name, const st
 
 std::vector<UcxNotify> UcxTransport::TakeNotifies() { return worker_->TakeNotifies(); }
 UcxStats UcxTransport::stats() { return worker_->stats(); }
+uint64_t UcxTransport::changes() const { return worker_->changes(); }
 
 }  // namespace membroker::detail

@@ -95,6 +95,8 @@ class UcxTransport {
                     Clock::time_point deadline);
   std::vector<UcxNotify> TakeNotifies();
   UcxStats stats();
+  // Bumped whenever a connection opens, closes or is refused (cheap to poll).
+  uint64_t changes() const;
 
   class Worker;  // the progress thread and everything it owns (ucx_transport.cc)
 

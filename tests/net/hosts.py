@@ -138,6 +138,16 @@ class Host:
         if not line.startswith("READY"):
             raise RuntimeError("broker on %s did not start" % self.tag)
 
+    def ctl(self, *args):
+        """membrokerctl against this host's broker, run inside the host; its JSON output."""
+        import json
+        p = self.spawn([self.build + "/tools/membrokerctl", "--admin-socket", self.socket + ".admin", "--json"] +
+                       list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, _ = p.communicate(timeout=30)
+        if p.returncode != 0:
+            raise AssertionError("membrokerctl %s on %s: %s" % (" ".join(args), self.tag, out))
+        return json.loads(out)
+
     def kill_broker(self):
         inner = children(self.broker.pid)
         os.kill(inner[0] if inner else self.broker.pid, signal.SIGKILL)

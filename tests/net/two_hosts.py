@@ -54,6 +54,12 @@ class Pair:
         assert path[0] == "ucx", path
         # The veth carries it: UCX names the device it chose.
         assert hosts.dev["a"] in path[1], path
+        # And the operator sees the same path (membrokerctl list engines on host a).
+        engines = {e["engine"]: e for e in hosts.a.ctl("list", "engines")}
+        conns = engines["prefill"]["net_connections"]
+        assert conns == "%s=ucx(%s)" % (self.addr, path[1]), engines
+        stats = hosts.a.ctl("stats")
+        assert stats["engine_connections_ucx"] == 1, stats
 
     def close(self):
         self.a.quit()
@@ -128,6 +134,8 @@ def test_refused_without_the_secret(hosts, secrets):
     assert line.startswith("err PERMISSION_DENIED") and "wrong secret" in line, line
     stats = b("stats")
     assert "refused=2" in stats and "accepted=0" in stats, stats
+    engines = {e["engine"]: e for e in hosts.b.ctl("list", "engines")}
+    assert engines["decode"]["net_refused"] == 2 and engines["decode"]["listen"] == addr, engines
     # A secret file others can read is refused at Initialize.
     os.chmod(wrong, 0o644)
     careless = hosts.a.agent("careless")
@@ -259,6 +267,8 @@ def test_same_host_address_takes_the_broker_path(hosts, secrets):
     li, _ = local("alloc broker %d" % MiB)
     path = local("connect %s 5000" % addr)
     assert path == ["same-host", "memcpy"], path
+    engines = {e["engine"]: e for e in hosts.b.ctl("list", "engines")}
+    assert engines["neighbour"]["net_connections"] == "%s=same-host(memcpy)" % addr, engines
     local("transfer %s read %s %s 1 %d 0 5000" % (addr, li, base, MiB))
     local("check %s 37 0 %d" % (li, MiB))
     local.quit()

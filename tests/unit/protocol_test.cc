@@ -68,6 +68,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
       TakeOverName{"pipeline/ring0", 7, kPublishPersist, 1000, 4242, "f32[8]"},
       TakeOverEnd{1, 2, 3},
       TakeOverAck{},
+      EngineNetworkRequest{"10.0.0.2:5000", 3, 1, 2, {{"10.0.0.3:5000", "decode", "ucx", "tcp/eth0.0"}}},
       ListNamesRequest{"pipeline/"},
       ListNamesReply{{{"pipeline/ring0", 7, 1 << 20, true, true, 4242}}, true},
       SubscribeRequest{"pipeline/"},

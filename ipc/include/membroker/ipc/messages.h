@@ -64,7 +64,8 @@
   X(TakeOverExport, Reply, 0)           \
   X(TakeOverName, Reply, 0)             \
   X(TakeOverEnd, Reply, 0)              \
-  X(TakeOverAck, Reply, 0)
+  X(TakeOverAck, Reply, 0)              \
+  X(EngineNetworkRequest, Request, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

@@ -365,6 +365,24 @@ struct TakeOverEnd {
 struct TakeOverAck {
   bool operator==(const TakeOverAck&) const = default;
 };
+inline constexpr size_t kMaxNetAddressBytes = 64;
+inline constexpr size_t kMaxNetTransportsBytes = 256;
+inline constexpr size_t kMaxNetConnections = 128;
+struct EngineNetConnection {
+  std::string remote;
+  std::string engine;
+  std::string path;
+  std::string transports;
+  bool operator==(const EngineNetConnection&) const = default;
+};
+struct EngineNetworkRequest {
+  std::string listen_address;
+  uint64_t accepted = 0;
+  uint64_t refused = 0;
+  uint64_t inbound = 0;
+  std::vector<EngineNetConnection> connections;
+  bool operator==(const EngineNetworkRequest&) const = default;
+};
 struct RestoreExportRequest {
   uint64_t handle = 0;
   std::string token;
