@@ -225,13 +225,24 @@ def test_deregistration_during_transfers(hosts, secrets):
     try:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["host"]
-        p.a("async %s read %d %d 100 %d 0 60000" % (p.addr, ai, bbase, 16 * MiB))
+        p.a("fill %d 3" % ai)
+        p.a("async %s write %d %d 100 %d 0 60000" % (p.addr, ai, bbase, 16 * MiB))
         assert p.a("status")[0] == "WAITING"
-        # decode's DeregisterMem waits until prefill no longer uses the range...
+        # decode's DeregisterMem waits until prefill no longer uses the range;
+        # then decode writes its own pattern there, which nothing may overwrite.
         p.b("dereg %d" % bi)
-        # ...so prefill's batch is over (it ran to the end on memory still there).
-        st = p.a("status")
-        assert st[0] == "COMPLETED", st
+        p.b("fill %d 47" % bi)
+        deadline = time.monotonic() + 60
+        while True:
+            st = p.a("status")
+            if st[0] != "WAITING":
+                break
+            assert time.monotonic() < deadline, "the batch did not end"
+            time.sleep(0.01)
+        # The batch either ran to its end before the range went (COMPLETED), or
+        # had not started and was refused whole (PARAM_INVALID); never in between.
+        assert st[0] == "COMPLETED" or (st[0] == "FAILED" and "PARAM_INVALID" in " ".join(st)), st
+        p.b("check %d 47 0 %d" % (bi, 64 * MiB))
         line = p.a("transfer %s read %d %d 1 4096 0 5000" % (p.addr, ai, bbase), expect_ok=False)
         assert line.startswith("err PARAM_INVALID descriptor 0:"), line
         # The other range is still there.
