@@ -10,7 +10,10 @@ class TransferEngine:
     transfer_async(...) -> request, transfer_status(request) -> "waiting" | "completed" | "timeout" | "failed",
     send_notify(remote, name, message), get_notifies() -> [(from, name, message)], finalize().
     A registered mapping stays alive until it is deregistered. Options: copy_threads,
-    async_threads, drain_timeout_ms (strings, as HIXL's)."""
+    async_threads, drain_timeout_ms (strings, as HIXL's); for engines on other hosts
+    (docs/TRANSFER.md) listen_address ("ip:port"), secret_file and allow_from, then
+    connect("ip:port"), connection_info(remote) -> {"path": "ucx" | "same-host", ...} and
+    network_stats() -> {"listen_address", "accepted", "refused", ...}."""
 
     def __init__(self, client, name: str, options: dict | None = None):
         native = client.native if hasattr(client, "native") else client

@@ -790,6 +790,29 @@ PYBIND11_MODULE(_membroker, mod) {
              for (auto& x : n) out.append(py::make_tuple(x.remote_engine, x.name, x.notify_msg));
              return out;
            })
+      .def("connection_info",
+           [](PyEngine& e, const std::string& remote) {
+             ConnectionInfo info;
+             Check(e.engine->GetConnectionInfo(remote, info));
+             py::dict d;
+             d["engine"] = info.engine;
+             d["path"] = info.path;
+             d["transports"] = info.transports;
+             d["address"] = info.address;
+             return d;
+           })
+      .def("network_stats",
+           [](PyEngine& e) {
+             NetworkStats ns;
+             Check(Unlocked([&] { return e.engine->GetNetworkStats(ns); }));
+             py::dict d;
+             d["listen_address"] = ns.listen_address;
+             d["accepted"] = ns.accepted;
+             d["refused"] = ns.refused;
+             d["connections"] = ns.connections;
+             d["last_refusal"] = ns.last_refusal;
+             return d;
+           })
       .def("finalize", [](PyEngine& e) {
         {
           py::gil_scoped_release nogil;

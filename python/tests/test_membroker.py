@@ -404,3 +404,62 @@ def test_a_channel_broadcasts_numpy_chunks_to_two_processes_and_a_killed_subscri
     for ch in chunks:
         pub.discard(ch)
     pub.close()
+
+
+def test_transfer_engine_by_address_between_two_brokers(tmp_path):
+    """Two brokers (two "hosts" as far as the engines know), an engine in a child
+    process listening on 127.0.0.1 with a secret; this one connects by ip:port
+    over UCX, writes and reads, notifies; a connector without the secret is refused."""
+    from membroker.testing import broker
+    secret = tmp_path / "secret"
+    secret.write_text("py-secret\n")
+    os.chmod(secret, 0o600)
+    with broker() as listener_broker, broker() as connector_broker:
+        p = child("""
+            import sys, numpy as np, membroker
+            c = membroker.connect(sys.argv[1], "listener")
+            dst = c.new_tensor((1 << 16,), "uint8")
+            dst.numpy()[:] = 1
+            try:
+                eng = membroker.TransferEngine(c, "py-decode", {"listen_address": "127.0.0.1:0", "secret_file": sys.argv[2]})
+            except membroker.Unsupported as e:
+                print("unsupported", flush=True)
+                sys.exit(0)
+            eng.register_mem(dst.mapping)
+            print(eng.network_stats()["listen_address"], dst.mapping.address, flush=True)
+            sys.stdin.readline()
+            assert eng.get_notifies() == [("py-prefill", "kv_ready", "64 KiB")]
+            assert (dst.numpy() == 9).all()
+            stats = eng.network_stats()
+            assert stats["accepted"] == 1 and stats["refused"] == 1, stats
+            eng.finalize()
+        """, listener_broker.socket, str(secret), stdin=subprocess.PIPE)
+        first = p.stdout.readline().split()
+        if first == ["unsupported"]:
+            finish(p)
+            pytest.skip("libmembroker built without UCX")
+        addr, remote = first[0], int(first[1])
+        c = membroker.connect(connector_broker.socket, "connector")
+        src = c.tensor_from(np.full(1 << 16, 9, dtype=np.uint8))
+        back = c.new_tensor((1 << 16,), "uint8")
+        eng = membroker.TransferEngine(c, "py-prefill", {"secret_file": str(secret)})
+        eng.register_mem(src.mapping)
+        eng.register_mem(back.mapping)
+        eng.connect(addr, 5000)
+        info = eng.connection_info(addr)
+        assert info["path"] == "ucx" and info["engine"] == "py-decode" and info["address"] == addr, info
+        eng.transfer_sync(addr, "read", [(back.mapping.address, remote, 1 << 16)], 5000)
+        assert (back.numpy() == 1).all()
+        eng.transfer_sync(addr, "write", [(src.mapping.address, remote, 1 << 16)], 5000)
+        with pytest.raises(membroker.ParamInvalid):
+            eng.transfer_sync(addr, "write", [(src.mapping.address, remote + (1 << 20), 4096)], 5000)
+        eng.send_notify(addr, "kv_ready", "64 KiB")
+        intruder_client = membroker.connect(connector_broker.socket, "intruder")
+        intruder = membroker.TransferEngine(intruder_client, "py-intruder")
+        with pytest.raises(membroker.PermissionDenied):
+            intruder.connect(addr, 5000)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        finish(p)
+        intruder.finalize()
+        eng.finalize()
