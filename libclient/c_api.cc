@@ -2,7 +2,9 @@
 // owns its C++ object; errors become codes plus a thread-local message.
 #include "membroker/membroker.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -221,6 +223,55 @@ int mb_engine_create(mb_client* client, const char* local_name, mb_engine** out)
     e->engine = std::make_unique<TransferEngine>(client->client);
     if (Status st = e->engine->Initialize(local_name); !st.ok()) return Fail(st);
     *out = e.release();
+    return MB_OK;
+  });
+}
+
+int mb_engine_create_with_options(mb_client* client, const char* local_name, const char* const* keys,
+                                  const char* const* values, size_t count, mb_engine** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && local_name && out && (count == 0 || (keys && values)),
+            "client, local_name, out, keys and values must not be NULL");
+    std::map<std::string, std::string> options;
+    for (size_t i = 0; i < count; ++i) {
+      MB_NEED(keys[i] && values[i], "an option key or value is NULL");
+      options[keys[i]] = values[i];
+    }
+    auto e = std::make_unique<mb_engine>();
+    e->engine = std::make_unique<TransferEngine>(client->client);
+    if (Status st = e->engine->Initialize(local_name, options); !st.ok()) return Fail(st);
+    *out = e.release();
+    return MB_OK;
+  });
+}
+
+namespace {
+void CopyOut(const std::string& s, char* out, size_t len) {
+  if (out == nullptr || len == 0) return;
+  const size_t n = std::min(s.size(), len - 1);
+  std::memcpy(out, s.data(), n);
+  out[n] = '\0';
+}
+}  // namespace
+
+int mb_engine_connection_path(mb_engine* engine, const char* remote, char* path, size_t path_len,
+                              char* transports, size_t transports_len) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote, "engine and remote must not be NULL");
+    ConnectionInfo info;
+    if (Status st = engine->engine->GetConnectionInfo(remote, info); !st.ok()) return Fail(st);
+    CopyOut(info.path, path, path_len);
+    CopyOut(info.transports, transports, transports_len);
+    return MB_OK;
+  });
+}
+
+int mb_engine_listen_address(mb_engine* engine, char* address, size_t len) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && address && len > 0, "engine and address must not be NULL, len > 0");
+    NetworkStats ns;
+    if (Status st = engine->engine->GetNetworkStats(ns); !st.ok()) return Fail(st);
+    CopyOut(ns.listen_address, address, len);
     return MB_OK;
   });
 }

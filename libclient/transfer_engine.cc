@@ -1035,6 +1035,17 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
   // block holds the identity the Welcome carried: then the bytes go through
   // the mapped broker memory, never through the network stack.
   auto reply = core_->conn().Call(ipc::EngineConnectRequest{info.engine, 0}, std::chrono::milliseconds(1000));
+  if (reply.code() == ErrorCode::kAlreadyConnected) {
+    // Connected by name already: the same engine if its control block says so.
+    std::shared_ptr<Peer> by_name = FindPeer(info.engine);
+    std::shared_lock<std::shared_timed_mutex> plk(by_name ? by_name->mu : peer->mu);
+    if (by_name && by_name->control != nullptr &&
+        std::memcmp(by_name->control->identity, info.identity.data(), info.identity.size()) == 0) {
+      (void)t->Close(conn, deadline);
+      return Status(ErrorCode::kAlreadyConnected, "already connected to the engine at " + address + " by its name \"" +
+                                                      ipc::EscapeText(info.engine) + "\" (it is on this host)");
+    }
+  }
   auto* local = reply.ok() ? std::get_if<ipc::EngineInfoReply>(&reply->body) : nullptr;
   if (local != nullptr) {
     peer->epoch = core_->reattaches();

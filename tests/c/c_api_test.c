@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,6 +51,8 @@ static void recv_line(int fd, char* buf, size_t cap) {
 
 /* The child: imports by token, checks the named object, and offers its own
  * memory to the parent's engine. */
+static char g_secret[300]; /* the engines' secret_file, written by main */
+
 static int child(const char* sock, int in, int out) {
   mb_client* c = NULL;
   MUST(mb_connect(sock, "c-child", 0, &c) == MB_OK);
@@ -72,8 +75,20 @@ static int child(const char* sock, int in, int out) {
   CHECK(mb_handle_size(named) == 8192);
   CHECK(mb_handle_read_only(named));
 
+  /* It listens on loopback with the shared secret; the parent connects by address. */
   mb_engine* e = NULL;
-  MUST(mb_engine_create(c, "c-child", &e) == MB_OK);
+  const char* keys[] = {"listen_address", "secret_file"};
+  const char* values[] = {"127.0.0.1:0", g_secret};
+  int rc = mb_engine_create_with_options(c, "c-child", keys, values, 2, &e);
+  if (rc == MB_UNSUPPORTED) MUST(mb_engine_create(c, "c-child", &e) == MB_OK); /* built without UCX */
+  else MUST(rc == MB_OK);
+  char listen[80] = "";
+  MUST(mb_engine_listen_address(e, listen, sizeof(listen)) == MB_OK);
+  const char* bad_keys[] = {"listen_address"};
+  const char* bad_values[] = {"127.0.0.1:0"};
+  mb_engine* open_door = NULL;
+  rc = mb_engine_create_with_options(c, "c-open", bad_keys, bad_values, 1, &open_door);
+  CHECK((rc == MB_PARAM_INVALID || rc == MB_UNSUPPORTED) && open_door == NULL); /* admits nobody: refused */
   mb_handle* own = NULL;
   MUST(mb_malloc_physical(c, 65536, MB_NORMAL_ONLY, 0, &own) == MB_OK);
   mb_reservation* orr = NULL;
@@ -84,6 +99,7 @@ static int child(const char* sock, int in, int out) {
   char addr[64];
   snprintf(addr, sizeof(addr), "%lu", (unsigned long)(uintptr_t)mb_mapping_data(om));
   send_line(out, addr);
+  send_line(out, listen[0] ? listen : "c-child");
   char done[16];
   recv_line(in, done, sizeof(done)); /* the parent wrote into our memory */
   CHECK(strcmp(done, "written") == 0);
@@ -109,6 +125,10 @@ int main(int argc, char** argv) {
   }
   char dir[] = "/tmp/membroker-c.XXXXXX";
   MUST(mkdtemp(dir) != NULL);
+  snprintf(g_secret, sizeof(g_secret), "%s/engine.secret", dir);
+  FILE* sf = fopen(g_secret, "w");
+  MUST(sf != NULL && fputs("c-api-secret\n", sf) >= 0 && fclose(sf) == 0);
+  MUST(chmod(g_secret, 0600) == 0);
   char sock[256], admin[256];
   snprintf(sock, sizeof(sock), "%s/broker.sock", dir);
   snprintf(admin, sizeof(admin), "%s/admin.sock", dir);
@@ -173,24 +193,32 @@ int main(int argc, char** argv) {
   send_line(to_child[1], token);
 
   mb_engine* e = NULL;
-  MUST(mb_engine_create(c, "c-parent", &e) == MB_OK);
+  const char* keys[] = {"secret_file"};
+  const char* values[] = {g_secret};
+  int erc = mb_engine_create_with_options(c, "c-parent", keys, values, 1, &e);
+  if (erc == MB_UNSUPPORTED) MUST(mb_engine_create(c, "c-parent", &e) == MB_OK);
+  else MUST(erc == MB_OK);
   uint64_t reg = 0;
   MUST(mb_engine_register(e, (uintptr_t)p, kSize, &reg) == MB_OK);
-  char addr[64];
+  char addr[64], remote[80];
   recv_line(to_parent[0], addr, sizeof(addr));
-  MUST(mb_engine_connect(e, "c-child", 5000) == MB_OK);
+  recv_line(to_parent[0], remote, sizeof(remote)); /* "127.0.0.1:PORT", or its name without UCX */
+  MUST(mb_engine_connect(e, remote, 5000) == MB_OK);
+  char path[32], transports[128];
+  MUST(mb_engine_connection_path(e, remote, path, sizeof(path), transports, sizeof(transports)) == MB_OK);
+  CHECK(strcmp(path, "same-host") == 0); /* one broker: the address's engine is this host's */
   memcpy(p + 4096, "hello from C", 12);
   mb_transfer_desc d = {(uintptr_t)(p + 4096), (uintptr_t)strtoul(addr, NULL, 10), 4096};
-  CHECK(mb_engine_transfer_sync(e, "c-child", MB_WRITE, &d, 1, 5000) == MB_OK);
+  CHECK(mb_engine_transfer_sync(e, remote, MB_WRITE, &d, 1, 5000) == MB_OK);
   mb_transfer_desc outside = {(uintptr_t)p, 4096, 4096};
-  CHECK(mb_engine_transfer_sync(e, "c-child", MB_WRITE, &outside, 1, 5000) == MB_PARAM_INVALID);
+  CHECK(mb_engine_transfer_sync(e, remote, MB_WRITE, &outside, 1, 5000) == MB_PARAM_INVALID);
   send_line(to_child[1], "written");
   int status = 0;
   MUST(waitpid(kid, &status, 0) == kid);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   CHECK(p[1] == 0xab);
 
-  CHECK(mb_engine_disconnect(e, "c-child", 1000) == MB_OK || 1); /* it may have gone already */
+  CHECK(mb_engine_disconnect(e, remote, 1000) == MB_OK || 1); /* it may have gone already */
   MUST(mb_engine_deregister(e, reg) == MB_OK);
   mb_engine_destroy(e);
   CHECK(mb_unpublish(c, "c-api/named") == MB_OK);
@@ -204,6 +232,7 @@ int main(int argc, char** argv) {
   MUST(waitpid(broker, &status, 0) == broker);
   g_broker = 0;
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  unlink(g_secret);
   rmdir(dir);
   printf("c_api_test: %s\n", failures == 0 ? "ok" : "FAILED");
   return failures == 0 ? 0 : 1;

@@ -120,6 +120,17 @@ typedef struct mb_transfer_desc {
   size_t len;
 } mb_transfer_desc;
 MB_C_API int mb_engine_create(mb_client* client, const char* local_name, mb_engine** out);
+/* With Initialize's options as count key/value pairs (docs/TRANSFER.md): "copy_threads",
+ * "listen_address" ("ip:port"), "secret_file", "allow_from", ... Engines on other hosts are
+ * then reached with mb_engine_connect(engine, "ip:port", timeout_ms). */
+MB_C_API int mb_engine_create_with_options(mb_client* client, const char* local_name, const char* const* keys,
+                                           const char* const* values, size_t count, mb_engine** out);
+/* How a connection reaches its peer: path "ucx" or "same-host", and the transports
+ * ("tcp/eth0.0", "memcpy"); each NUL-terminated, truncated to its buffer. */
+MB_C_API int mb_engine_connection_path(mb_engine* engine, const char* remote, char* path, size_t path_len,
+                                       char* transports, size_t transports_len);
+/* The address this engine listens on ("" when it does not); NUL-terminated, truncated. */
+MB_C_API int mb_engine_listen_address(mb_engine* engine, char* address, size_t len);
 MB_C_API void mb_engine_destroy(mb_engine* engine); /* Finalize, then free */
 MB_C_API int mb_engine_register(mb_engine* engine, uintptr_t addr, size_t len, uint64_t* mem_handle);
 MB_C_API int mb_engine_deregister(mb_engine* engine, uint64_t mem_handle);
