@@ -123,9 +123,10 @@ int Prefill(const std::string& socket, size_t blocks, size_t block_size, uintptr
     return Fail("prefill", "TransferSync", st);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("prefill: wrote %zu blocks (%zu MiB) into decode's memory in %.2f ms (%.1f GB/s,\n"
-              "         first transfer: includes %s)\n",
+              "         first transfer%s)\n",
               blocks, size >> 20, secs * 1e3, size / secs / 1e9,
-              info.path == "ucx" ? "UCX registering both sides' pages" : "mapping decode's memory and faulting its pages");
+              info.path == "ucx" ? " over the connection"
+                                 : ": includes mapping decode's memory and faulting its pages");
   if (Status st = engine.SendNotify(decode, {"kv_ready", std::to_string(blocks) + " blocks"}); !st.ok())
     return Fail("prefill", "SendNotify", st);
   (void)engine.Disconnect(decode, 1000);
