@@ -31,6 +31,7 @@ constexpr unsigned kAmId = 0x4d42;                 // every engine message
 constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
 constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
 constexpr auto kSpinAfterActivity = std::chrono::milliseconds(1);
+constexpr size_t kMaxPendingHandshakes = 64;
 
 Status UcxError(std::string_view what, ucs_status_t st) {
   return Status(ErrorCode::kInternal, std::string(what) + ": " + ucs_status_string(st));
@@ -464,6 +465,21 @@ Status UcxTransport::Worker::SetUpEp(Conn& c, ucp_ep_params_t& params) {
 
 void UcxTransport::Worker::OnConnRequest(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<Worker*>(arg);
+  // Connections that have not said hello yet hold an endpoint each: a flood of
+  // them is turned away at the door, not allowed to exhaust our fds.
+  size_t pending = 0;
+  for (const auto& [id, c] : self->conns_) pending += !c->outgoing && c->state == Conn::State::kHandshake;
+  if (pending >= kMaxPendingHandshakes) {
+    (void)ucp_listener_reject(self->listener_, request);
+    {
+      std::lock_guard<std::mutex> lk(self->mu_);
+      ++self->stats_.refused;
+      self->stats_.last_refusal = "too many connections waiting for their handshake (" +
+                                  std::to_string(kMaxPendingHandshakes) + ")";
+    }
+    self->changes_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   auto c = std::make_unique<Conn>();
   c->id = self->next_id_++;
   ucp_conn_request_attr_t attr{};
