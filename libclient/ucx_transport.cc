@@ -538,9 +538,12 @@ void UcxTransport::Worker::Break(Conn& c, Status st) {
   c.notifies.clear();
   for (Job* j : c.jobs)
     if (j->result.ok()) j->result = st;
-  // The acceptor no longer waits for this connector's acknowledgements.
+  // The acceptor no longer waits for this connector's acknowledgements
+  // (unmapped after the walk: TryUnmap erases from regions_).
+  std::vector<uint64_t> released;
   for (auto& [h, r] : regions_)
-    if (r.awaiting.erase(c.id)) TryUnmap(h);
+    if (r.awaiting.erase(c.id)) released.push_back(h);
+  for (uint64_t h : released) TryUnmap(h);
   if (c.ep != nullptr) {
     ucp_ep_h ep = c.ep;
     c.ep = nullptr;
@@ -720,6 +723,7 @@ void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& re
   std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s\n",
                ipc::EscapeText(options_.engine_name).c_str(), reason.c_str());
   Send(c, wire::Refused{static_cast<int32_t>(code), reason});
+  if (c.state == Conn::State::kBroken) return;  // the send failed
   // The connector closes when it reads the refusal; if it does not, we do.
   c.state = Conn::State::kRefusing;
   c.deadline = Clock::now() + std::chrono::seconds(2);
@@ -888,16 +892,20 @@ void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t 
 void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w) {
   auto it = regions_.find(handle);
   if (it == regions_.end()) return w->Finish(Status::Ok());
-  LocalRegion& r = it->second;
-  if (!r.removing) {
-    r.removing = true;
+  if (!it->second.removing) {
+    it->second.removing = true;
+    std::vector<uint64_t> told;
     for (auto& [id, c] : conns_)
-      if (!c->outgoing && c->state == Conn::State::kReady) {
-        r.awaiting.insert(id);
-        Send(*c, wire::RegionGone{handle});
-      }
+      if (!c->outgoing && c->state == Conn::State::kReady) told.push_back(id);
+    it->second.awaiting.insert(told.begin(), told.end());
+    // A send that fails breaks its connection, which stops awaiting it (and may
+    // unmap the range): look the range up again afterwards.
+    for (uint64_t id : told)
+      if (Conn* c = Find(id)) Send(*c, wire::RegionGone{handle});
+    it = regions_.find(handle);
+    if (it == regions_.end()) return w->Finish(Status::Ok());
   }
-  r.waiters.emplace_back(std::move(w), deadline);
+  it->second.waiters.emplace_back(std::move(w), deadline);
   TryUnmap(handle);
 }
 
