@@ -108,7 +108,8 @@ std::string Encode(const Message& m) {
           w.Bytes(v.reason);
         } else if constexpr (std::is_same_v<T, RegionAdded>) {
           w.Put(v.region);
-        } else if constexpr (std::is_same_v<T, RegionGone> || std::is_same_v<T, RegionGoneAck>) {
+        } else if constexpr (std::is_same_v<T, RegionGone> || std::is_same_v<T, RegionGoneAck> ||
+                             std::is_same_v<T, RegionAddedAck>) {
           w.U64(v.handle);
         } else if constexpr (std::is_same_v<T, Notify>) {
           w.U64(v.seq);
@@ -193,6 +194,12 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
       ok = r.U64(&a.seq) && r.U32(&code) && r.Bytes(&a.message, kMaxReasonBytes);
       a.code = static_cast<int32_t>(code);
       out = std::move(a);
+      break;
+    }
+    case 9: {
+      RegionAddedAck a;
+      ok = r.U64(&a.handle);
+      out = a;
       break;
     }
     default:

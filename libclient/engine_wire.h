@@ -1,8 +1,9 @@
 // What two transfer engines on different hosts say to each other, inside UCX
 // active messages: the handshake (Hello, then Welcome or Refused), the
 // acceptor's registered ranges with their packed rkeys (in Welcome, then one
-// RegionAdded or RegionGone per change, each RegionGone answered once the
-// connector no longer uses the range), and notifies with their answers.
+// RegionAdded or RegionGone per change: each RegionAdded answered once the
+// connector knows the range, each RegionGone once it no longer uses it), and
+// notifies with their answers.
 //
 // Little-endian, length-prefixed, one message per active message. Decode
 // trusts nothing: every length is checked against what is left and against
@@ -67,7 +68,12 @@ struct NotifyAck {
   std::string message;
 };
 
-using Message = std::variant<Hello, Welcome, Refused, RegionAdded, RegionGone, RegionGoneAck, Notify, NotifyAck>;
+struct RegionAddedAck {
+  uint64_t handle = 0;
+};
+
+using Message = std::variant<Hello, Welcome, Refused, RegionAdded, RegionGone, RegionGoneAck, Notify, NotifyAck,
+                             RegionAddedAck>;
 
 std::string Encode(const Message& m);
 Result<Message> Decode(std::span<const uint8_t> bytes);

@@ -32,6 +32,9 @@ constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
 constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
 constexpr auto kSpinAfterActivity = std::chrono::milliseconds(1);
 constexpr size_t kMaxPendingHandshakes = 64;
+// How long RegisterMem waits for connected engines to acknowledge a new range:
+// after it they see it when the message arrives (a link that is down delays them).
+constexpr auto kAnnounceWait = std::chrono::seconds(1);
 
 Status UcxError(std::string_view what, ucs_status_t st) {
   return Status(ErrorCode::kInternal, std::string(what) + ": " + ucs_status_string(st));
@@ -78,6 +81,10 @@ struct LocalRegion {
   bool removing = false;
   std::set<uint64_t> awaiting;  // connections that have not acknowledged RegionGone
   std::vector<std::pair<std::shared_ptr<Waiter>, Clock::time_point>> waiters;
+  // RegisterMem waits (briefly) until every connected engine knows the range.
+  std::set<uint64_t> announcing;  // connections that have not acknowledged RegionAdded
+  std::shared_ptr<Waiter> add_waiter;
+  Clock::time_point add_deadline{};
 };
 
 struct Job;
@@ -207,6 +214,7 @@ class UcxTransport::Worker {
   void FinishJob(Job* job);
   void Forget(uint64_t id);
   void TryUnmap(uint64_t handle);
+  void Announced(uint64_t conn, uint64_t handle);  // conn knows the range (or is gone)
   std::string Transports(ucp_ep_h ep);
   std::vector<wire::Region> Advertised() const;
 
@@ -378,6 +386,7 @@ void UcxTransport::Worker::Loop() {
   for (uint64_t id : ids) Forget(id);
   for (auto& [h, r] : regions_) {
     for (auto& [w, d] : r.waiters) w->Finish(Status::Ok());
+    if (r.add_waiter) r.add_waiter->Finish(Status::Ok());
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   }
   regions_.clear();
@@ -390,8 +399,10 @@ Clock::time_point UcxTransport::Worker::NextDeadline() {
     for (auto& [seq, n] : c->notifies) next = std::min(next, n.second);
   }
   for (auto& [j, owned] : jobs_) next = std::min(next, j->deadline);
-  for (auto& [h, r] : regions_)
+  for (auto& [h, r] : regions_) {
     for (auto& [w, d] : r.waiters) next = std::min(next, d);
+    if (r.add_waiter) next = std::min(next, r.add_deadline);
+  }
   return next;
 }
 
@@ -436,6 +447,11 @@ void UcxTransport::Worker::CheckDeadlines() {
     if (Conn* c = Find(id); c != nullptr && c->state != Conn::State::kBroken)
       Break(*c, Status(ErrorCode::kNotConnected, "the connection was closed after a transfer timed out "
                                                  "(Disconnect, then Connect again)"));
+  for (auto& [h, r] : regions_)
+    if (r.add_waiter && now >= r.add_deadline) {
+      r.add_waiter->Finish(Status::Ok());  // slow connectors learn of it when the message arrives
+      r.add_waiter.reset();
+    }
   for (auto& [h, r] : regions_)
     for (auto it = r.waiters.begin(); it != r.waiters.end();) {
       if (now >= it->second) {
@@ -540,9 +556,12 @@ void UcxTransport::Worker::Break(Conn& c, Status st) {
     if (j->result.ok()) j->result = st;
   // The acceptor no longer waits for this connector's acknowledgements
   // (unmapped after the walk: TryUnmap erases from regions_).
-  std::vector<uint64_t> released;
-  for (auto& [h, r] : regions_)
+  std::vector<uint64_t> released, announced;
+  for (auto& [h, r] : regions_) {
     if (r.awaiting.erase(c.id)) released.push_back(h);
+    if (r.announcing.count(c.id)) announced.push_back(h);
+  }
+  for (uint64_t h : announced) Announced(c.id, h);
   for (uint64_t h : released) TryUnmap(h);
   if (c.ep != nullptr) {
     ucp_ep_h ep = c.ep;
@@ -674,12 +693,16 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
   }
   if (auto* a = std::get_if<wire::RegionAdded>(&m)) {
     if (!c.outgoing || !ready) return unexpected("region");
-    if (Status st = AddRemoteRegion(c, a->region); !st.ok()) Break(c, st);
-    return;
+    if (Status st = AddRemoteRegion(c, a->region); !st.ok()) return Break(c, st);
+    return Send(c, wire::RegionAddedAck{a->region.handle});
   }
   if (auto* g = std::get_if<wire::RegionGone>(&m)) {
     if (!c.outgoing || !ready) return unexpected("deregistration");
     return RemoteRegionGone(c, g->handle);
+  }
+  if (auto* g = std::get_if<wire::RegionAddedAck>(&m)) {
+    if (c.outgoing || !ready) return unexpected("acknowledgement");
+    return Announced(c.id, g->handle);
   }
   if (auto* g = std::get_if<wire::RegionGoneAck>(&m)) {
     if (c.outgoing || !ready) return unexpected("acknowledgement");
@@ -829,6 +852,7 @@ void UcxTransport::Worker::TryUnmap(uint64_t handle) {
   auto it = regions_.find(handle);
   if (it == regions_.end() || !it->second.removing || !it->second.awaiting.empty()) return;
   for (auto& [w, d] : it->second.waiters) w->Finish(Status::Ok());
+  if (it->second.add_waiter) it->second.add_waiter->Finish(Status::Ok());
   if (it->second.memh != nullptr) ucp_mem_unmap(context_, it->second.memh);
   regions_.erase(it);
 }
@@ -883,10 +907,26 @@ void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t 
   r.rkey.assign(static_cast<char*>(packed), packed_size);
   ucp_rkey_buffer_release(packed);
   wire::RegionAdded added{wire::Region{handle, address, length, read_only, r.rkey}};
-  regions_[handle] = std::move(r);
+  std::vector<uint64_t> told;
   for (auto& [id, c] : conns_)
-    if (!c->outgoing && c->state == Conn::State::kReady) Send(*c, added);
-  w->Finish(Status::Ok());
+    if (!c->outgoing && c->state == Conn::State::kReady) told.push_back(id);
+  r.announcing.insert(told.begin(), told.end());
+  r.add_waiter = std::move(w);
+  r.add_deadline = Clock::now() + kAnnounceWait;
+  regions_[handle] = std::move(r);
+  for (uint64_t id : told)
+    if (Conn* c = Find(id)) Send(*c, added);  // a failed send breaks c, which stops awaiting it
+  Announced(0, handle);  // finishes at once when nobody is connected
+}
+
+void UcxTransport::Worker::Announced(uint64_t conn, uint64_t handle) {
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return;
+  it->second.announcing.erase(conn);
+  if (it->second.announcing.empty() && it->second.add_waiter) {
+    it->second.add_waiter->Finish(Status::Ok());
+    it->second.add_waiter.reset();
+  }
 }
 
 void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w) {

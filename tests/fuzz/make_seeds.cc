@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
         w::Hello{w::kVersion, "secret", "prefill"}, w::Welcome{"decode", {1, 2, 3}, {r, r}},
         w::Refused{4, "presented no secret"},       w::RegionAdded{r},
         w::RegionGone{7},                           w::RegionGoneAck{7},
-        w::Notify{1, "kv-ready", "layer=3"},        w::NotifyAck{1, 0, ""}};
+        w::Notify{1, "kv-ready", "layer=3"},        w::NotifyAck{1, 0, ""},
+        w::RegionAddedAck{7}};
     int n = 0;
     for (const auto& m : wire) {
       const std::string bytes = w::Encode(m);

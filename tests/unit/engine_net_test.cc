@@ -59,7 +59,8 @@ TEST(EngineWire, EveryMessageRoundTrips) {
       wire::Hello{wire::kVersion, "s3cret", "prefill"}, wire::Welcome{"decode", {9, 8, 7}, {r}},
       wire::Refused{4, "no"},                          wire::RegionAdded{r},
       wire::RegionGone{7},                              wire::RegionGoneAck{7},
-      wire::Notify{3, "kv", "layer=1"},                 wire::NotifyAck{3, 5, "full"}};
+      wire::Notify{3, "kv", "layer=1"},                 wire::NotifyAck{3, 5, "full"},
+      wire::RegionAddedAck{7}};
   for (const auto& m : all) {
     const std::string bytes = wire::Encode(m);
     auto back = wire::Decode({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
@@ -86,7 +87,7 @@ TEST(EngineWire, RefusesWhatNoEngineSends) {
     return wire::Decode({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
   };
   EXPECT_EQ(decode("").status().code(), ErrorCode::kProtocolError);
-  EXPECT_EQ(decode(std::string("\x09", 1)).status().code(), ErrorCode::kProtocolError);  // unknown kind
+  EXPECT_EQ(decode(std::string("\x0a", 1)).status().code(), ErrorCode::kProtocolError);  // unknown kind
   // A range that wraps around the address space.
   std::string wraps = wire::Encode(wire::RegionAdded{wire::Region{1, ~0ull - 10, 4096, false, "k"}});
   EXPECT_FALSE(decode(wraps).ok());
