@@ -65,10 +65,26 @@ class Pair:
         self.a.quit()
         self.b.quit()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def final_status(agent, bound_s, what):
+    """Polls the agent's last TransferAsync until it is no longer WAITING (at most bound_s)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        st = agent("status")
+        if st[0] != "WAITING":
+            return st
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
 
 def test_read_write_every_byte(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         for a_kind in ("broker", "host"):
             for b_kind in ("broker", "host"):
                 ai, _ = p.a_mem[a_kind]
@@ -93,13 +109,10 @@ def test_read_write_every_byte(hosts, secrets):
                 p.a("transfer %s read %d %d 1 %d 0 20000" % (p.addr, ai, bbase, 64 * MiB))
                 p.a("check %d 17 0 %d" % (ai, 64 * MiB))
                 p.b("fill %d 2" % bi)
-    finally:
-        p.close()
 
 
 def test_descriptors_checked_before_any_byte_moves(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["broker"]
         p.a("fill %d 5" % ai)
@@ -111,8 +124,6 @@ def test_descriptors_checked_before_any_byte_moves(hosts, secrets):
         assert line.startswith("err PARAM_INVALID descriptor 0:"), line
         line = p.a("transfer 10.213.0.99:1 read %d %d 1 4096 0 5000" % (ai, bbase), expect_ok=False)
         assert line.startswith("err NOT_CONNECTED"), line
-    finally:
-        p.close()
 
 
 def test_refused_without_the_secret(hosts, secrets):
@@ -158,8 +169,7 @@ def test_refused_without_the_secret(hosts, secrets):
 
 
 def test_remote_killed_mid_batch(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["host"]
         _, bbase = p.b_mem["broker"]
         # 400 x 64 MiB (the same remote range again and again): seconds of traffic.
@@ -167,13 +177,7 @@ def test_remote_killed_mid_batch(hosts, secrets):
         assert p.a("status")[0] == "WAITING"
         killed = time.monotonic()
         p.b.kill()
-        deadline = killed + 10
-        while True:
-            st = p.a("status")
-            if st[0] != "WAITING":
-                break
-            assert time.monotonic() < deadline, "still WAITING 10 s after the remote engine was killed"
-            time.sleep(0.01)
+        st = final_status(p.a, 10, "still WAITING 10 s after the remote engine was killed")
         noticed = time.monotonic() - killed
         assert st[0] == "FAILED" and "NOT_CONNECTED" in " ".join(st), st
         print("    the dead remote was noticed after %.0f ms" % (noticed * 1000))
@@ -189,13 +193,10 @@ def test_remote_killed_mid_batch(hosts, secrets):
         p.a("transfer %s write %d %s 1 %d 0 10000" % (p.addr, ai, base, 4 * MiB))
         b2("check %s 23 0 %d" % (index, 4 * MiB))
         b2.quit()
-    finally:
-        p.close()
 
 
 def test_link_down_times_out_then_recovers(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["broker"]
         p.a("transfer %s read %d %d 1 %d 0 10000" % (p.addr, ai, bbase, MiB))
@@ -216,13 +217,10 @@ def test_link_down_times_out_then_recovers(hosts, secrets):
         p.a("fill %d 29" % ai)
         p.a("transfer %s write %d %d 16 %d %d 10000" % (p.addr, ai, bbase, MiB, MiB))
         p.b("check %d 29 0 %d" % (bi, 16 * MiB))
-    finally:
-        p.close()
 
 
 def test_deregistration_during_transfers(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["host"]
         p.a("fill %d 3" % ai)
@@ -232,13 +230,7 @@ def test_deregistration_during_transfers(hosts, secrets):
         # then decode writes its own pattern there, which nothing may overwrite.
         p.b("dereg %d" % bi)
         p.b("fill %d 47" % bi)
-        deadline = time.monotonic() + 60
-        while True:
-            st = p.a("status")
-            if st[0] != "WAITING":
-                break
-            assert time.monotonic() < deadline, "the batch did not end"
-            time.sleep(0.01)
+        st = final_status(p.a, 60, "the batch did not end")
         # The batch either ran to its end before the range went (COMPLETED), or
         # had not started and was refused whole (PARAM_INVALID); never in between.
         assert st[0] == "COMPLETED" or (st[0] == "FAILED" and "PARAM_INVALID" in " ".join(st)), st
@@ -253,19 +245,14 @@ def test_deregistration_during_transfers(hosts, secrets):
         p.b("fill %s 31" % index)
         p.a("transfer %s read %d %s 1 %d 0 5000" % (p.addr, ai, base, MiB))
         p.a("check %d 31 0 %d" % (ai, MiB))
-    finally:
-        p.close()
 
 
 def test_notifies(hosts, secrets):
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         p.a("notify %s kv-ready layer=3" % p.addr)
         p.a("notify %s kv-ready layer=4" % p.addr)
         got = p.b("notifies")
         assert got == ["2", "prefill", "kv-ready", "layer=3", "prefill", "kv-ready", "layer=4"], got
-    finally:
-        p.close()
 
 
 def test_same_host_address_takes_the_broker_path(hosts, secrets):
@@ -289,8 +276,7 @@ def test_same_host_address_takes_the_broker_path(hosts, secrets):
 def test_transfers_do_not_need_the_brokers(hosts, secrets):
     """Bytes between hosts never pass through a broker: with both brokers SIGKILLed,
     a connection keeps moving every byte; brokers started again, clients reattach."""
-    p = Pair(hosts, secrets)
-    try:
+    with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["host"]
         for h in hosts.hosts:
@@ -305,8 +291,6 @@ def test_transfers_do_not_need_the_brokers(hosts, secrets):
             h.start_broker()
         p.a("notify %s after-restart ok" % p.addr)
         assert p.b("notifies")[:3] == ["1", "prefill", "after-restart"]
-    finally:
-        p.close()
 
 
 TESTS = [test_read_write_every_byte, test_descriptors_checked_before_any_byte_moves, test_refused_without_the_secret,
