@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """TransferSync between two hosts (tests/net/hosts.py: namespaces joined by a
-veth pair, a membrokerd in each) against ucx_perftest (ucp_get, ucp_put_bw) and
-a plain TCP stream over the same link, in the same run. JSON lines on stdout.
+veth pair, a membrokerd in each) against ucx_perftest (ucp_get, ucp_put_bw, with
+the engine's UCX settings) and a plain TCP stream (bench_tcp_stream: one
+connection) over the same link, in the same run. JSON lines on stdout.
 
   net_transfer.py BUILD_DIR [--quick]
 Exits 0 with one {"bench": "net_skipped", "why": ...} line where the two hosts
@@ -22,28 +23,6 @@ ENGINE_PORT = 47411
 PERF_PORT = 47412
 TCP_PORT = 47413
 
-TCP_SERVER = r"""
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
-c, _ = s.accept(); buf = bytearray(4 << 20); view = memoryview(buf); total = 0
-while True:
-    n = c.recv_into(view)
-    if n == 0: break
-    total += n
-c.close(); print(total, flush=True)
-"""
-TCP_CLIENT = r"""
-import socket, sys, time
-total = int(sys.argv[3]); chunk = memoryview(bytearray(4 << 20))
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-t0 = time.perf_counter(); sent = 0
-while sent < total:
-    c.sendall(chunk); sent += len(chunk)
-c.shutdown(socket.SHUT_WR); c.recv(1); print(time.perf_counter() - t0, flush=True)
-"""
-
-
 def listening(host, port):
     out = run("nsenter", "-t", str(host.init_pid), "-n", "--", "ss", "-ltnH", check=False)
     return (":%d " % port) in out
@@ -58,10 +37,10 @@ def wait_listening(host, port, proc, what):
 
 
 def tcp_stream(hosts, total):
-    server = hosts.b.spawn(["python3", "-c", TCP_SERVER, hosts.ip["b"], str(TCP_PORT)], stdout=subprocess.PIPE, text=True)
+    tool = os.path.join(hosts.build, "bench", "bench_tcp_stream")
+    server = hosts.b.spawn([tool, "serve", hosts.ip["b"], str(TCP_PORT)], stdout=subprocess.PIPE, text=True)
     assert server.stdout.readline().strip() == "ready"
-    client = hosts.a.spawn(["python3", "-c", TCP_CLIENT, hosts.ip["b"], str(TCP_PORT), str(total)],
-                           stdout=subprocess.PIPE, text=True)
+    client = hosts.a.spawn([tool, "send", hosts.ip["b"], str(TCP_PORT), str(total)], stdout=subprocess.PIPE, text=True)
     seconds = float(client.stdout.readline())
     client.wait(timeout=60)
     received = int(server.stdout.readline())
@@ -69,13 +48,20 @@ def tcp_stream(hosts, total):
     return {"bench": "net_tcp", "bytes": received, "seconds": seconds, "bw_Bps": received / seconds}
 
 
+# ucx_perftest runs with the TCP settings the engine gives UCX (libclient/ucx_transport.cc):
+# the same transport configuration on both sides of the comparison.
+ENGINE_UCX_ENV = {"UCX_TCP_TX_SEG_SIZE": "128k", "UCX_TCP_RX_SEG_SIZE": "512k"}
+
+
 def perftest(hosts, test, size, iters, warmup, extra=()):
-    server = hosts.b.spawn(["ucx_perftest", "-p", str(PERF_PORT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ, **ENGINE_UCX_ENV)
+    server = hosts.b.spawn(["ucx_perftest", "-p", str(PERF_PORT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env=env)
     try:
         wait_listening(hosts.b, PERF_PORT, server, "ucx_perftest's server")
         client = hosts.a.spawn(["ucx_perftest", hosts.ip["b"], "-p", str(PERF_PORT), "-t", test, "-s", str(size),
                                 "-n", str(iters), "-w", str(warmup), "-f"] + list(extra),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         out, _ = client.communicate(timeout=300)
         server.wait(timeout=60)
     finally:

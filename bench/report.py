@@ -332,7 +332,8 @@ if net:
            "`bench/net_transfer.py`: two hosts on one machine (network, IPC, PID and mount namespaces joined",
            "by a veth pair, a membrokerd in each; tests/net/hosts.py). TransferSync from host a into host b's",
            "registered memory over UCX, against `ucx_perftest` (`ucp_get` for READ, `ucp_put_bw` for WRITE,",
-           "same message size) and a plain TCP stream (Python, 4 MiB sends) over the same veth, in the same run.",
+           "same message size, run with the TCP segment sizes the engine gives UCX) and a plain TCP stream",
+           "(`bench_tcp_stream`: one connection, 1 MiB sends) over the same veth, in the same run.",
            "Medians of the repeats; UCX chose `" + net[0]["transports"] + "`.", "",
            "| memory | op | batch | median | GB/s | messages/s | ucx_perftest GB/s | ucx_perftest msg/s | vs ucx_perftest | vs TCP stream |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -345,7 +346,9 @@ if net:
                   f"{'-' if peer is None else '{:,.0f}'.format(peer['msg_rate'])} | {ratio} | "
                   f"{'-' if net_tcp is None else '%.2fx' % (t['bw_Bps'] / net_tcp['bw_Bps'])} |")
     if net_tcp:
-        md += ["", f"The TCP stream moved {net_tcp['bw_Bps'] / 1e9:.2f} GB/s. ucx_perftest ran with `-O 64` at 4 KiB,",
+        md += ["", f"The TCP stream moved {net_tcp['bw_Bps'] / 1e9:.2f} GB/s over its one connection; UCX can pass it from",
+               "1 MiB up (it is not a ceiling for UCX, which may spread a transfer over more than one lane; not",
+               "examined further). ucx_perftest ran with `-O 64` at 4 KiB,",
                "`-O 16` at 1 MiB and `-O 1` at 64 MiB (outstanding operations): the best settings we found. Its default,",
                "unlimited, stalls `ucp_put_bw` over TCP from 1 MiB up (0.03 GB/s at 64 MiB), and without `-O` its",
                "`ucp_get` waits for each get before the next (about 1,000 gets/s at 4 KiB)."]
