@@ -76,7 +76,25 @@ def perftest(hosts, test, size, iters, warmup, extra=()):
             "bw_Bps": float(f[5]) * MiB, "msg_rate": float(f[7]), "latency_us": float(f[2])}
 
 
-def engine(hosts, quick):
+# (name, descriptors, size, stride) of each TransferSync case, with the ucx_perftest
+# run it is compared with: outstanding operations (-O) and iterations (quick, full).
+# -O: the best we found for each size; unlimited (its default) stalls put_bw over TCP
+# from 1 MiB up (0.03 GB/s at 64 MiB), and more than one 64 MiB operation in flight does too.
+CASES = [("1000x4KiB", 1000, 4096, 8192, "64", (20000, 100000)),
+         ("64x1MiB", 64, MiB, MiB, "16", (300, 2000)),
+         ("1x64MiB", 1, 64 * MiB, 0, "1", (10, 40))]
+PERFTEST_OF = {"read": "ucp_get", "write": "ucp_put_bw"}
+
+
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+def interleaved(hosts, quick):
+    """Each case's TransferSync and its ucx_perftest run alternate, round after round,
+    so a machine that drifts (this VM flips between two speeds) moves both; the rows are
+    medians over the rounds."""
     secret = {}
     for h in hosts.hosts:
         secret[h.tag] = os.path.join(h.dir, "bench-secret")
@@ -87,32 +105,47 @@ def engine(hosts, quick):
     addr = b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], ENGINE_PORT, secret["b"]))[0]
     a = hosts.a.agent("prefill")
     a("init prefill secret_file=%s" % secret["a"])
-    out = []
+    rounds = 5 if quick else 9
+    repeat = 3 if quick else 10
+    ours, peer = {}, {}
     try:
-        remote = {}
-        local = {}
+        remote, local = {}, {}
         for kind in ("broker", "host"):
             remote[kind] = b("alloc %s %d" % (kind, 64 * MiB))
             local[kind] = a("alloc %s %d" % (kind, 64 * MiB))
         path = a("connect %s 5000" % addr)
-        cases = [("1000x4KiB", 1000, 4096, 8192, 5 if quick else 20), ("64x1MiB", 64, MiB, MiB, 5 if quick else 20),
-                 ("1x64MiB", 1, 64 * MiB, 0, 5 if quick else 20)]
-        for kind in ("broker", "host"):
+        for op in ("read", "write"):
+            for name, count, size, stride, _, _ in CASES:
+                for kind in ("broker", "host"):  # warm-up
+                    a("transfer %s %s %s %s %d %d %d 30000" % (addr, op, local[kind][0], remote[kind][1], count, size, stride))
+        for _ in range(rounds):
             for op in ("read", "write"):
-                for name, count, size, stride, repeat in cases:
-                    li = local[kind][0]
-                    rbase = remote[kind][1]
-                    a("transfer %s %s %s %s %d %d %d 30000" % (addr, op, li, rbase, count, size, stride))  # warm-up
-                    lo, med = (float(x) for x in a("transfer %s %s %s %s %d %d %d 30000 %d" %
-                                                   (addr, op, li, rbase, count, size, stride, repeat)))
-                    out.append({"bench": "net_transfer", "memory": kind, "op": op, "case": name, "count": count,
-                                "size": size, "repeat": repeat, "min_us": lo, "median_us": med,
-                                "bw_Bps": count * size / (med / 1e6), "msg_rate": count / (med / 1e6),
-                                "path": path[0], "transports": path[1]})
+                for name, count, size, stride, outstanding, iters in CASES:
+                    n = iters[0] if quick else iters[1]
+                    peer.setdefault((op, name), []).append(
+                        perftest(hosts, PERFTEST_OF[op], size, n, max(n // 10, 2), ("-O", outstanding)))
+                    for kind in ("broker", "host"):
+                        _, med = (float(x) for x in a("transfer %s %s %s %s %d %d %d 30000 %d" % (
+                            addr, op, local[kind][0], remote[kind][1], count, size, stride, repeat)))
+                        ours.setdefault((kind, op, name), []).append(med)
     finally:
         a.quit()
         b.quit()
-    return out
+    rows = []
+    for (op, name), runs in peer.items():
+        row = dict(runs[0])
+        row.update({"rounds": len(runs), "bw_Bps": median([r["bw_Bps"] for r in runs]),
+                    "msg_rate": median([r["msg_rate"] for r in runs]),
+                    "bw_Bps_each": [r["bw_Bps"] for r in runs]})
+        rows.append(row)
+    for (kind, op, name), meds in ours.items():
+        count, size = next((c[1], c[2]) for c in CASES if c[0] == name)
+        med = median(meds)
+        rows.append({"bench": "net_transfer", "memory": kind, "op": op, "case": name, "count": count, "size": size,
+                     "rounds": len(meds), "repeat": repeat, "median_us": med, "median_us_each": meds,
+                     "bw_Bps": count * size / (med / 1e6), "msg_rate": count / (med / 1e6),
+                     "path": path[0], "transports": path[1]})
+    return rows
 
 
 def main():
@@ -128,15 +161,7 @@ def main():
         return 0
     try:
         rows = [tcp_stream(hosts, (1 << 30) if quick else (4 << 30))]
-        n = (lambda q, f: q if quick else f)
-        # Outstanding operations (-O) per size: the best we found for each. Unlimited (its
-        # default) stalls put_bw over TCP from 1 MiB up (0.03 GB/s at 64 MiB); more than one
-        # 64 MiB operation in flight does too.
-        for test in ("ucp_get", "ucp_put_bw"):
-            rows.append(perftest(hosts, test, 4096, n(20000, 100000), n(2000, 10000), ("-O", "64")))
-            rows.append(perftest(hosts, test, MiB, n(300, 2000), n(30, 200), ("-O", "16")))
-            rows.append(perftest(hosts, test, 64 * MiB, n(10, 40), n(2, 4), ("-O", "1")))
-        rows += engine(hosts, quick)
+        rows += interleaved(hosts, quick)
     finally:
         hosts.close()
     for r in rows:

@@ -334,7 +334,9 @@ if net:
            "registered memory over UCX, against `ucx_perftest` (`ucp_get` for READ, `ucp_put_bw` for WRITE,",
            "same message size, run with the TCP segment sizes the engine gives UCX) and a plain TCP stream",
            "(`bench_tcp_stream`: one connection, 1 MiB sends) over the same veth, in the same run.",
-           "Medians of the repeats; UCX chose `" + net[0]["transports"] + "`.", "",
+           "Each case and its ucx_perftest run alternate for " + str(net[0].get("rounds", 1)) + " rounds (this VM drifts",
+           "between two speeds, so both see the same machine); each figure is the median over the rounds.",
+           "UCX chose `" + net[0]["transports"] + "`.", "",
            "| memory | op | batch | median | GB/s | messages/s | ucx_perftest GB/s | ucx_perftest msg/s | vs ucx_perftest | vs TCP stream |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in net:
