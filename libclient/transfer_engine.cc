@@ -227,6 +227,10 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   Status StartListening();
 #ifdef MEMBROKER_HAVE_UCX
   Result<detail::UcxTransport*> Transport();  // started on first use
+  detail::UcxTransport* CurrentTransport() {    // nullptr before the first use
+    std::lock_guard<std::mutex> lk(transport_mu_);
+    return transport_.get();
+  }
   std::mutex transport_mu_;
   detail::UcxOptions net_options_;
   std::unique_ptr<detail::UcxTransport> transport_;
@@ -442,8 +446,10 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   core_->SetEngineRegion(mem.addr, r->region);
   const uint64_t h = next_handle_++;
 #ifdef MEMBROKER_HAVE_UCX
-  if (listening_) {
-    if (Status st = transport_->AddRegion(h, mem.addr, mem.len, where.read_only); !st.ok()) {
+  // Mapped for UCX too where the engine has a transport: its own transfers
+  // then name the local memory (zero-copy), and a listener's connectors get it.
+  if (detail::UcxTransport* t = CurrentTransport()) {
+    if (Status st = t->AddRegion(h, mem.addr, mem.len, where.read_only); !st.ok()) {
       (void)core_->conn().Call(ipc::EngineDeregisterRequest{r->region});
       core_->ForgetEngineRange(mem.addr);
       return st;
@@ -472,7 +478,7 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
   }
 #ifdef MEMBROKER_HAVE_UCX
   // Connectors on other hosts stop using it (or are gone) before it is unmapped.
-  if (listening_) MB_RETURN_IF_ERROR(transport_->RemoveRegion(h, Clock::now() + drain_timeout_));
+  if (detail::UcxTransport* t = CurrentTransport()) MB_RETURN_IF_ERROR(t->RemoveRegion(h, Clock::now() + drain_timeout_));
 #endif
   // Peers' transfers into it finish; later ones refresh and miss it.
   MB_ASSIGN_OR_RETURN(std::vector<ConnectedPeer> peers, ConnectedPeers());
@@ -1008,13 +1014,19 @@ Status TransferEngine::Impl::StartListening() {
 
 #ifdef MEMBROKER_HAVE_UCX
 Result<detail::UcxTransport*> TransferEngine::Impl::Transport() {
+  // Ranges registered before the transport existed are mapped for it now
+  // (RegisterMem, exclusive on local_mu_, maps the later ones).
+  std::shared_lock<std::shared_mutex> local_lk(local_mu_);
   std::lock_guard<std::mutex> lk(transport_mu_);
   if (!transport_) {
     if (net_options_.engine_name.empty()) {
       net_options_.engine_name = name_;
       std::memcpy(net_options_.identity.data(), control_->identity, sizeof(control_->identity));
     }
-    MB_ASSIGN_OR_RETURN(transport_, detail::UcxTransport::Start(net_options_));
+    MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::UcxTransport> t, detail::UcxTransport::Start(net_options_));
+    for (const auto& [addr, r] : local_)
+      if (!r.draining) MB_RETURN_IF_ERROR(t->AddRegion(r.handle, r.addr, r.len, r.read_only));
+    transport_ = std::move(t);
   }
   return transport_.get();
 }

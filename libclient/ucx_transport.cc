@@ -130,6 +130,7 @@ struct Job {
   // window at a time (Worker::Post).
   std::vector<TransferOpDesc> descs;
   std::vector<ucp_rkey_h> rkeys;  // one per descriptor (kept alive: its region's users counts this job)
+  std::vector<ucp_mem_h> memhs;   // the local side's mapping, where RegisterMem made one (else UCX's cache)
   std::vector<Op> ops;            // one per descriptor, and the WRITE batch's flush
   size_t next = 0;                // the next descriptor to post
   bool flushed = false;           // the flush is posted (WRITE)
@@ -262,6 +263,7 @@ class UcxTransport::Worker {
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<ucp_ep_h, uint64_t> by_ep_;
   std::map<uint64_t, LocalRegion> regions_;  // by handle
+  std::map<uintptr_t, uint64_t> by_address_;  // region address -> handle (the local side of transfers)
   std::map<Job*, std::unique_ptr<Job>> jobs_;
   std::set<void*> closing_;  // ucp_ep_close_nbx requests not yet done
 };
@@ -888,6 +890,7 @@ void UcxTransport::Worker::TryUnmap(uint64_t handle) {
   for (auto& [w, d] : it->second.waiters) w->Finish(Status::Ok());
   if (it->second.add_waiter) it->second.add_waiter->Finish(Status::Ok());
   if (it->second.memh != nullptr) ucp_mem_unmap(context_, it->second.memh);
+  by_address_.erase(it->second.address);
   regions_.erase(it);
 }
 
@@ -948,6 +951,7 @@ void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t 
   r.add_waiter = std::move(w);
   r.add_deadline = Clock::now() + kAnnounceWait;
   regions_[handle] = std::move(r);
+  by_address_[address] = handle;
   for (uint64_t id : told)
     if (Conn* c = Find(id)) Send(*c, added);  // a failed send breaks c, which stops awaiting it
   Announced(0, handle);  // finishes at once when nobody is connected
@@ -1048,6 +1052,14 @@ void UcxTransport::Worker::Transfer(uint64_t id, TransferOp op, const std::vecto
       return w->Finish(Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
                                                             ": remote range is read-only for its owner"));
     job->rkeys.push_back(it->second.rkey);
+    // The local range: registered with this engine, so mapped here (the
+    // engine holds it registered until the transfer returns).
+    ucp_mem_h memh = nullptr;
+    if (auto local = by_address_.upper_bound(d.local_addr); local != by_address_.begin()) {
+      const LocalRegion& lr = regions_.at(std::prev(local)->second);
+      if (d.local_addr >= lr.address && d.local_addr + d.len <= lr.address + lr.length) memh = lr.memh;
+    }
+    job->memhs.push_back(memh);
     if (std::find(used.begin(), used.end(), it) == used.end()) used.push_back(it);
   }
   job->worker = this;
@@ -1090,6 +1102,9 @@ void UcxTransport::Worker::Pump(Job* job) {
     const TransferOpDesc& d = job->descs[i];
     void* local = reinterpret_cast<void*>(d.local_addr);
     p.user_data = &job->ops[i];
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     (job->memhs[i] != nullptr ? UCP_OP_ATTR_FIELD_MEMH : 0);
+    p.memh = job->memhs[i];
     account(job->op == READ ? ucp_get_nbx(ep, local, d.len, d.remote_addr, job->rkeys[i], &p)
                             : ucp_put_nbx(ep, local, d.len, d.remote_addr, job->rkeys[i], &p),
             i, d.len);
@@ -1097,6 +1112,7 @@ void UcxTransport::Worker::Pump(Job* job) {
   // A put completes locally; the flush completes when the bytes are remote.
   if (job->result.ok() && job->op == WRITE && job->next == job->descs.size() && !job->flushed) {
     job->flushed = true;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.user_data = &job->ops.back();
     account(ucp_ep_flush_nbx(ep, &p), job->ops.size() - 1, 0);
   }
