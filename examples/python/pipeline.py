@@ -45,6 +45,10 @@ def model(c, frames):
     import torch
     inp, out = ring(c, "pypipe/a", False), ring(c, "pypipe/b", False)
     while True:
+        # A stage that replaces one killed after its last frame has nothing left to do
+        # (the killed one may have run ahead of the lines its parent had read).
+        if out.last_published_frame >= frames and inp.published == inp.released:
+            return
         s = inp.acquire_for_read(10000)
         f = s.frame_id
         if f > out.last_published_frame:           # not done before a restart
