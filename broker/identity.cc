@@ -2,12 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 
+#include "membroker/ipc/private_file.h"
 #include "membroker/ipc/syscall.h"
 
 namespace membroker::broker {
@@ -85,17 +85,7 @@ Result<std::unique_ptr<BrokerIdentity>> BrokerIdentity::Open(const std::string& 
   } else {
     if (raw < 0) return ipc::ErrnoStatus("open", "state file " + path, errno);
     id->fd_.reset(raw);
-    struct stat st{};
-    if (::fstat(raw, &st) != 0) return ipc::ErrnoStatus("fstat", "state file " + path, errno);
-    if (!S_ISREG(st.st_mode)) return Corrupt(path, "is not a regular file");
-    if (st.st_uid != ::geteuid())
-      return Corrupt(path, "belongs to uid " + std::to_string(st.st_uid) + ", not to this broker's uid " +
-                               std::to_string(::geteuid()));
-    if (st.st_mode & 077) {
-      char mode[8];
-      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-      return Corrupt(path, std::string("has mode ") + mode + ": its key must be readable by this uid only (chmod 600)");
-    }
+    if (std::string problem = ipc::PrivateFileProblem(raw); !problem.empty()) return Corrupt(path, problem);
     ssize_t n = ::pread(raw, bytes, sizeof(bytes), 0);
     if (n < 0) return ipc::ErrnoStatus("pread", "state file " + path, errno);
     if (static_cast<size_t>(n) != kFileBytes || std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0)

@@ -25,7 +25,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -52,6 +51,7 @@
 #include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/pidfd.h"
+#include "membroker/ipc/private_file.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
 #include "membroker/ipc/syscall.h"
@@ -981,12 +981,10 @@ Status TransferEngine::Impl::ConfigureNetwork(const std::string& name, const uin
   }
   if (!secret_file.empty()) {
     ipc::UniqueFd fd(::open(secret_file.c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st{};
-    if (!fd.valid() || ::fstat(fd.get(), &st) != 0)
+    if (!fd.valid())
       return Status(ErrorCode::kParamInvalid, "secret_file \"" + ipc::EscapeText(secret_file) + "\": " + std::strerror(errno));
-    if ((st.st_mode & 077) != 0)
-      return Status(ErrorCode::kPermissionDenied, "secret_file \"" + ipc::EscapeText(secret_file) +
-                                                      "\" can be read by group or others (chmod 600 it)");
+    if (std::string problem = ipc::PrivateFileProblem(fd.get()); !problem.empty())
+      return Status(ErrorCode::kPermissionDenied, "secret_file \"" + ipc::EscapeText(secret_file) + "\" " + problem);
     char buf[detail::wire::kMaxSecretBytes + 2];
     ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n < 0) return Status(ErrorCode::kParamInvalid, "secret_file: " + std::string(std::strerror(errno)));
