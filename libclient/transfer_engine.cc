@@ -234,13 +234,13 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   std::mutex transport_mu_;
   detail::UcxOptions net_options_;
   std::unique_ptr<detail::UcxTransport> transport_;
-  bool listening_ = false;
   // What the broker was last told of the network side (admin list engines).
   uint64_t reported_changes_ = ~0ull;
-  std::atomic<bool> network_dirty_{false};
 #endif
-  // Tells the broker the network side if it changed since the last report (one-way).
-  void MaybeReportNetwork();
+  // Tells the broker the network side (one-way): always after this engine's own
+  // connects and disconnects by ip:port (force), else when the transport says
+  // connections opened, closed or were refused since the last report.
+  void ReportNetwork(bool force = false);
   std::shared_ptr<Peer> FindPeer(const std::string& remote);
   // Whether the broker that made this connection is gone (a reattach since).
   bool Stale(Peer& peer);
@@ -361,7 +361,6 @@ void TransferEngine::Impl::Finalize() {
     // unmaps our ranges before they are deregistered below.
     std::lock_guard<std::mutex> tlk(transport_mu_);
     transport_.reset();
-    listening_ = false;
     net_options_ = {};
   }
 #endif
@@ -629,11 +628,10 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
       std::lock_guard<std::mutex> plk(peers_mu_);
       peers_.emplace(remote, peer);
     }
-    network_dirty_.store(true);
-    MaybeReportNetwork();
+    ReportNetwork(/*force=*/true);
     return st;
   }
-  if (detail::LooksLikeHostPort(remote)) network_dirty_.store(true);
+  if (!peer->address.empty()) ReportNetwork(/*force=*/true);  // a same-host engine connected by ip:port
 #endif
   // Our transfers to it finish first (new ones no longer find it).
   std::unique_lock<std::shared_timed_mutex> lk(peer->mu, std::defer_lock);
@@ -701,10 +699,7 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
     // Local ranges stay registered (and mapped) until the transfer is over.
     std::shared_lock<std::shared_mutex> local_lk(local_mu_);
     MB_RETURN_IF_ERROR(CheckLocal(op, descs));
-    Status st = transport_->Transfer(peer->ucx_conn, op, descs, deadline);
-    local_lk.unlock();
-    MaybeReportNetwork();
-    return st;
+    return transport_->Transfer(peer->ucx_conn, op, descs, deadline);
   }
 #endif
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
@@ -936,7 +931,7 @@ Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
       for (auto& n : transport_->TakeNotifies())
         notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
   }
-  MaybeReportNetwork();
+  ReportNetwork();
 #endif
   // Notifies from other hosts were taken above: they are returned even when
   // the broker (which queues this host's) cannot be asked, never dropped.
@@ -1002,10 +997,8 @@ Status TransferEngine::Impl::ConfigureNetwork(const std::string& name, const uin
 Status TransferEngine::Impl::StartListening() {
 #ifdef MEMBROKER_HAVE_UCX
   if (net_options_.listen.empty()) return Status::Ok();
-  MB_ASSIGN_OR_RETURN(detail::UcxTransport * t, Transport());
-  (void)t;
-  listening_ = true;
-  MaybeReportNetwork();
+  MB_RETURN_IF_ERROR(Transport().status());
+  ReportNetwork();
 #endif
   return Status::Ok();
 }
@@ -1071,8 +1064,7 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
         std::lock_guard<std::mutex> lk(peers_mu_);
         peers_[address] = std::move(peer);
       }
-      network_dirty_.store(true);
-      MaybeReportNetwork();
+      ReportNetwork(/*force=*/true);
       return Status::Ok();
     }
     // A namesake at our broker, not the engine that answered: this one is remote.
@@ -1088,18 +1080,17 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
     std::lock_guard<std::mutex> lk(peers_mu_);
     peers_[address] = std::move(peer);
   }
-  network_dirty_.store(true);
-  MaybeReportNetwork();
+  ReportNetwork(/*force=*/true);
   return Status::Ok();
 #endif
 }
 
-void TransferEngine::Impl::MaybeReportNetwork() {
+void TransferEngine::Impl::ReportNetwork(bool force) {
 #ifdef MEMBROKER_HAVE_UCX
   std::lock_guard<std::mutex> lk(transport_mu_);
   if (!transport_) return;
   const uint64_t changes = transport_->changes();
-  if (changes == reported_changes_ && !network_dirty_.exchange(false)) return;
+  if (changes == reported_changes_ && !force) return;
   reported_changes_ = changes;
   const detail::UcxStats u = transport_->stats();
   ipc::EngineNetworkRequest r;
@@ -1110,7 +1101,7 @@ void TransferEngine::Impl::MaybeReportNetwork() {
   {
     std::lock_guard<std::mutex> plk(peers_mu_);
     for (const auto& [key, p] : peers_) {
-      if (!detail::LooksLikeHostPort(key) || r.connections.size() >= ipc::kMaxNetConnections) continue;
+      if (p->address.empty() || r.connections.size() >= ipc::kMaxNetConnections) continue;  // connected by name
       outbound += p->ucx_conn != 0;
       r.connections.push_back({key, p->name, p->ucx_conn != 0 ? "ucx" : "same-host",
                                (p->ucx_conn != 0 ? p->transports : "memcpy").substr(0, ipc::kMaxNetTransportsBytes)});
@@ -1136,7 +1127,7 @@ Status TransferEngine::Impl::GetNetworkStats(NetworkStats& stats) {
   if (!initialized_) return NotInitialized();
   stats = NetworkStats{};
 #ifdef MEMBROKER_HAVE_UCX
-  MaybeReportNetwork();
+  ReportNetwork();
   std::lock_guard<std::mutex> lk(transport_mu_);
   if (transport_) {
     const detail::UcxStats u = transport_->stats();

@@ -140,9 +140,8 @@ struct Job {
   std::shared_ptr<Waiter> waiter;
 };
 
-// A buffer in flight: an active message's bytes, or a request's owner.
+// An active message's bytes, alive until UCX has sent them.
 struct SendContext {
-  class UcxTransport::Worker* worker;
   std::string bytes;
 };
 
@@ -631,7 +630,7 @@ void UcxTransport::Worker::Forget(uint64_t id) {
 
 void UcxTransport::Worker::Send(Conn& c, const wire::Message& m) {
   if (c.ep == nullptr) return;
-  auto* ctx = new SendContext{this, wire::Encode(m)};
+  auto* ctx = new SendContext{wire::Encode(m)};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
