@@ -287,10 +287,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
   }
   if (one_cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0) return 2;  // children inherit it
+    if (!bench::PinToCpu0()) return 2;
     g_cpus = "one";
   }
   if (g_socket.empty()) {

@@ -28,6 +28,7 @@
 
 #include "membroker/client.h"
 #include "broker_launch.h"
+#include "payload.h"
 #include "membroker/ipc/admin_client.h"
 #include "raw_fd.h"
 #include "schedstat.h"
@@ -419,12 +420,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--paired") && i + 1 < argc) paired = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
   }
-  if (one_cpu) {  // this process, the brokers and the echo processes all on CPU 0
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0) std::perror("bench: sched_setaffinity");
-  }
+  if (one_cpu && !bench::PinToCpu0())  // this process, the brokers and the echo processes all on CPU 0
+    std::perror("bench: sched_setaffinity");
   g_broker = bench::LaunchBroker(broker, {"--socket", g_socket, "--log-level", "warn"});
   std::vector<std::string> pool_args{"--socket", g_pool_socket, "--log-level", "warn"};
   const char* pool_sizes[] = {"4K", "2M", "64M"};

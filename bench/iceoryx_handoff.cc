@@ -292,10 +292,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {{4 << 10, quick ? 200 : 2000}, {1 << 20, quick ? 40 : 400}, {64 << 20, quick ? 5 : 30}};
   int rc = 0;
   if (one_cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0) return 2;  // children inherit it
+    if (!membroker::bench::PinToCpu0()) return 2;
     g_cpus = "one";
     for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
       for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, 1);

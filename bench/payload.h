@@ -1,8 +1,9 @@
 // What the hand-off benchmarks share: one clock for producer and consumer
 // (CLOCK_MONOTONIC), a buffer filled and summed word by word (the consumer
-// reads every byte), and short lines over a control socket.
+// reads every byte), short lines over a control socket, and pinning to one CPU.
 #pragma once
 
+#include <sched.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -37,6 +38,15 @@ inline std::string RecvLine(int fd) {
   char buf[256];
   const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// Pins this process to CPU 0 (its children inherit it): the benches' --one-cpu,
+// where a wake-up is a context switch rather than an idle vCPU's.
+inline bool PinToCpu0() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  return ::sched_setaffinity(0, sizeof(set), &set) == 0;
 }
 
 }  // namespace membroker::bench
