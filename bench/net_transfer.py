@@ -95,12 +95,7 @@ def interleaved(hosts, quick):
     """Each case's TransferSync and its ucx_perftest run alternate, round after round,
     so a machine that drifts (this VM flips between two speeds) moves both; the rows are
     medians over the rounds."""
-    secret = {}
-    for h in hosts.hosts:
-        secret[h.tag] = os.path.join(h.dir, "bench-secret")
-        with open(secret[h.tag], "w") as f:
-            f.write("bench\n")
-        os.chmod(secret[h.tag], 0o600)
+    secret = hosts.write_secret("bench")
     b = hosts.b.agent("decode")
     addr = b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], ENGINE_PORT, secret["b"]))[0]
     a = hosts.a.agent("prefill")

@@ -24,12 +24,7 @@ def main():
         return 0
     try:
         kv = os.path.join(build, "examples", "kv_transfer")
-        secret = {}
-        for h in hosts.hosts:
-            secret[h.tag] = os.path.join(h.dir, "engine.secret")
-            with open(secret[h.tag], "w") as f:
-                f.write(os.urandom(16).hex() + "\n" if h.tag == "a" else open(secret["a"]).read())
-            os.chmod(secret[h.tag], 0o600)
+        secret = hosts.write_secret(os.urandom(16).hex())  # each host keeps its own copy, mode 0600
         listen = hosts.ip["b"] + ":5000"
         print("host a %s (prefill), host b %s (decode), joined by %s/%s" %
               (hosts.ip["a"], hosts.ip["b"], hosts.dev["a"], hosts.dev["b"]))

@@ -12,6 +12,7 @@ Needs root: HostsUnavailable says why otherwise.
 """
 import atexit
 import glob
+import json
 import os
 import re
 import shutil
@@ -140,7 +141,6 @@ class Host:
 
     def ctl(self, *args):
         """membrokerctl against this host's broker, run inside the host; its JSON output."""
-        import json
         p = self.spawn([self.build + "/tools/membrokerctl", "--admin-socket", self.socket + ".admin", "--json"] +
                        list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out, _ = p.communicate(timeout=30)
@@ -225,6 +225,16 @@ class Hosts:
         self.hosts.append(self.b)
         for h in self.hosts:
             h.start_broker()
+
+    def write_secret(self, text, name="engine.secret"):
+        """The same secret in a file of mode 0600 in each host's directory; {tag: path}."""
+        paths = {}
+        for h in self.hosts:
+            paths[h.tag] = os.path.join(h.dir, name)
+            with open(paths[h.tag], "w") as f:
+                f.write(text + "\n")
+            os.chmod(paths[h.tag], 0o600)
+        return paths
 
     def link(self, up):
         """Brings host a's end of the veth up or down."""

@@ -19,18 +19,6 @@ SKIP = 77
 PORT = 47311
 
 
-def secret_file(hosts, text="two-hosts-secret"):
-    """The same secret on both hosts (each host's copy in its own directory)."""
-    paths = {}
-    for h in hosts.hosts:
-        p = os.path.join(h.dir, "secret")
-        with open(p, "w") as f:
-            f.write(text + "\n")
-        os.chmod(p, 0o600)
-        paths[h.tag] = p
-    return paths
-
-
 class Pair:
     """decode (b, listening) and prefill (a, connected to it), each with 64 MiB of each memory kind."""
 
@@ -308,7 +296,7 @@ def main():
         return SKIP
     failed = 0
     try:
-        secrets = secret_file(hosts)
+        secrets = hosts.write_secret("two-hosts-secret")
         for t in TESTS:
             if only and t.__name__ not in only:
                 continue
