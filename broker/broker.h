@@ -164,7 +164,7 @@ class Broker {
   // True if the session's process has exited: its remaining frames and the
   // end of its socket are read now, so the names it held are free at once.
   bool ReapIfExited(uint64_t session_id);
-  bool Admits(const Session& s) const;
+  bool Admits(const ipc::PeerCred& cred, int fd) const;  // at connect time
 
   // Admission at the limits (admission.cc).
   // Sends `why` (request id 0) on a connection it will not serve, then closes it.

@@ -38,7 +38,6 @@ struct Session {
   ipc::UniqueFd fd;
   uv_poll_t poll{};
   ipc::PeerCred cred;
-  std::vector<gid_t> groups;  // supplementary groups at connect time
   ipc::UniqueFd pidfd;        // the process that connected (pids can be recycled)
   bool admitted = false;      // passed the uid/gid policy
   std::string name;

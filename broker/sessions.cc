@@ -24,6 +24,10 @@ namespace {
 constexpr int kFramesPerTurn = 64;
 }  // namespace
 
+// One connection per turn of the loop (the listening socket's poll is
+// level-triggered, so the next turn takes the next one): a burst of connects
+// waits its turn with the sessions already served, and a lone connect costs
+// no accept4 that finds nothing.
 void Broker::Accept() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -57,8 +61,7 @@ void Broker::Accept() {
     s->fd = std::move(conn);
     s->cred = *cred;
     s->pidfd = std::move(*pidfd);
-    if (auto groups = ipc::GetPeerGroups(s->fd.get()); groups.ok()) s->groups = std::move(*groups);
-    s->admitted = Admits(*s);
+    s->admitted = Admits(s->cred, s->fd.get());
     MB_INFO("connect", "client=%llu pid=%d uid=%u gid=%u admitted=%s",
             static_cast<unsigned long long>(s->id), static_cast<int>(s->cred.pid), s->cred.uid,
             s->cred.gid, s->admitted ? "yes" : "no");
@@ -82,16 +85,25 @@ void Broker::Accept() {
       continue;
     }
     ArmHandshakeTimer();
+    // A client sends its hello right after connect, so it is usually here
+    // already: answered now, not after another turn of the loop.
+    ReadFrames(*s);
+    return;
   }
 }
 
-bool Broker::Admits(const Session& s) const {
-  const ipc::PeerCred& c = s.cred;
+bool Broker::Admits(const ipc::PeerCred& c, int fd) const {
   if (c.uid == 0 || c.uid == ::geteuid()) return true;
   const auto& uids = options_.allow_uids;
   if (std::find(uids.begin(), uids.end(), c.uid) != uids.end()) return true;
-  for (gid_t g : options_.allow_gids)
-    if (c.gid == g || std::find(s.groups.begin(), s.groups.end(), g) != s.groups.end()) return true;
+  const auto& gids = options_.allow_gids;
+  if (gids.empty()) return false;
+  if (std::find(gids.begin(), gids.end(), c.gid) != gids.end()) return true;
+  // The supplementary groups (a system call) only when they can decide.
+  auto groups = ipc::GetPeerGroups(fd);
+  if (!groups.ok()) return false;
+  for (gid_t g : *groups)
+    if (std::find(gids.begin(), gids.end(), g) != gids.end()) return true;
   return false;
 }
 

@@ -78,6 +78,32 @@ TEST(Access, AdmittedGroupCanUseTheBroker) {
   EXPECT_EQ(WaitChild(pid), 0);
 }
 
+// --allow-gid also admits a process whose primary group is another one and
+// which has the group only among its supplementary groups; a process with
+// neither is refused.
+TEST(Access, AdmittedSupplementaryGroupCanUseTheBroker) {
+  REQUIRE_ROOT();
+  constexpr gid_t kOtherGroup = 65533;
+  BrokerProcess b({"--socket-group", std::to_string(kNogroup), "--allow-gid", std::to_string(kNogroup)});
+  std::string s = b.socket();
+  auto connect_as = [&](bool with_group) {
+    return ForkChild([&, with_group] {
+      const gid_t groups[] = {kNogroup};
+      if (::setgroups(with_group ? 1 : 0, groups) != 0 || ::setgid(kOtherGroup) != 0 ||
+          ::setuid(kNobody) != 0)
+        return 10;
+      auto c = Client::Connect({s, "member"});
+      if (!with_group) return c.ok() ? 3 : 0;
+      if (!c.ok()) return 1;
+      return c->MallocPhysical(4096).ok() ? 0 : 2;
+    });
+  };
+  EXPECT_EQ(WaitChild(connect_as(true)), 0);
+  // Without the group the socket file's mode (0660, group nogroup) keeps it
+  // out before the broker's policy does.
+  EXPECT_EQ(WaitChild(connect_as(false)), 0);
+}
+
 // The broker memfds open in this process (fd numbers).
 std::vector<int> BrokerMemfds() {
   std::vector<int> fds;
