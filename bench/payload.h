@@ -42,11 +42,12 @@ inline std::string RecvLine(int fd) {
 
 // Pins this process to CPU 0 (its children inherit it): the benches' --one-cpu,
 // where a wake-up is a context switch rather than an idle vCPU's.
-inline bool PinToCpu0() {
+inline bool PinToCpu(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(0, &set);
+  CPU_SET(cpu, &set);
   return ::sched_setaffinity(0, sizeof(set), &set) == 0;
 }
+inline bool PinToCpu0() { return PinToCpu(0); }
 
 }  // namespace membroker::bench
