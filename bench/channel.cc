@@ -3,12 +3,16 @@
 // holds a filled chunk and stops when the (last) subscriber has read its last
 // byte. Subscribers are separate processes that wait on the channel itself
 // (futex, or polling) and report over a control socket, off the clock.
-//   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu]
+//   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu] [--again]
 // One JSON line per (wake, subscribers, size); then 64-byte messages per
 // second, and the crash cleanup of a subscriber SIGKILLed holding every chunk.
+// --again: a further round of the hand-offs and rates only (bench/run takes the
+// median over rounds).
 // --one-cpu: every process on CPU 0, one subscriber only: a wake-up is then a
 // context switch, not an idle CPU woken (which costs 15-25 us on VMs that halt
-// idle vCPUs; docs/BENCHMARKS.md).
+// idle vCPUs; docs/BENCHMARKS.md). --cross-cpu: the publisher on CPU 0 and the
+// one subscriber on CPU 1, so every hand-off crosses (unpinned, the scheduler
+// puts them on one vCPU in some runs and on two in others).
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -36,6 +40,12 @@ namespace {
 
 std::string g_socket;
 const char* g_cpus = "all";
+
+// A subscriber process (or the futex floor's sleeper) goes to CPU 1 when the
+// publisher is on CPU 0 (--cross-cpu).
+void PlaceSubscriber() {
+  if (!std::strcmp(g_cpus, "cross") && !bench::PinToCpu(1)) ::_exit(12);
+}
 
 using bench::Fill;
 using bench::NowNs;
@@ -81,6 +91,7 @@ struct Subscribers {
       pid_t pid = ::fork();
       if (pid == 0) {
         ::close(sv[0]);
+        PlaceSubscriber();
         ::_exit(Subscriber(sv[1], channel, wake, report_each));
       }
       ::close(sv[1]);
@@ -246,6 +257,7 @@ void FutexFloor(int gap_us, int iterations) {
   std::fflush(stdout);
   pid_t sleeper = ::fork();
   if (sleeper == 0) {
+    PlaceSubscriber();
     uint32_t seen = 0;
     for (int i = 0; i < iterations; ++i) {
       while (s->word.load() == seen) ::syscall(SYS_futex, &s->word, FUTEX_WAIT, seen, nullptr, nullptr, 0);
@@ -280,18 +292,21 @@ void FutexFloor(int gap_us, int iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false;
+  bool quick = false, one_cpu = false, cross_cpu = false, again = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--again")) again = true;
     if (!std::strcmp(argv[i], "--socket") && i + 1 < argc) g_socket = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
+    else if (!std::strcmp(argv[i], "--cross-cpu")) cross_cpu = true;
   }
-  if (one_cpu) {
+  const bool placed = one_cpu || cross_cpu;  // one subscriber only
+  if (placed) {
     if (!bench::PinToCpu0()) return 2;
-    g_cpus = "one";
+    g_cpus = one_cpu ? "one" : "cross";
   }
   if (g_socket.empty()) {
-    std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick]\n");
+    std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu]\n");
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
@@ -304,14 +319,15 @@ int main(int argc, char** argv) {
     size_t size;
     int iterations;
   };
-  const std::vector<Case> cases = {{4 << 10, quick ? 200 : 2000}, {1 << 20, quick ? 40 : 400}, {64 << 20, quick ? 5 : 30}};
+  const std::vector<Case> cases = {{4 << 10, quick ? 1000 : 2000}, {1 << 20, quick ? 200 : 400}, {64 << 20, quick ? 15 : 30}};
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
       for (const Case& k : cases)
-        if (!one_cpu || subscribers == 1) HandOff(*c, k.size, k.iterations, wake, subscribers);
-  for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
-  if (one_cpu) return 0;
+        if (!placed || subscribers == 1) HandOff(*c, k.size, k.iterations, wake, subscribers);
+  if (!again)
+    for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
+  if (placed) return 0;
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll}) MessageRate(*c, wake, quick ? 50000 : 500000);
-  CrashCleanup(*c);
+  if (!again) CrashCleanup(*c);
   return 0;
 }

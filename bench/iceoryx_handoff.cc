@@ -4,7 +4,7 @@
 // stops when the consumer has read its last byte. A control socket wakes the
 // consumer, as it does for the other methods. RouDi must be running with a
 // config whose mempools fit the sizes (bench/iceoryx_roudi.toml).
-//   bench_iceoryx_handoff [--quick] [--one-cpu]   (--one-cpu: as bench_channel's)
+//   bench_iceoryx_handoff [--quick] [--one-cpu | --cross-cpu] [--again]   (as bench_channel's)
 // Prints one JSON line per size, in bench_handoff's format (method "iceoryx"),
 // then, for bench_channel's table, the same hand-off with the subscribers
 // waking the way channels do - polling take(), or blocking in a WaitSet
@@ -207,6 +207,8 @@ int WakingCase(size_t size, int iterations, Wake wake, size_t subscribers) {
     pid_t pid = ::fork();
     if (pid == 0) {
       ::close(sv[0]);
+      // --cross-cpu: the consumer on CPU 1, the producer (as everything else) on CPU 0.
+      if (!std::strcmp(g_cpus, "cross") && !membroker::bench::PinToCpu(1)) std::exit(12);
       std::exit(WakingConsumer(sv[1], size, wake, static_cast<int>(i)));
     }
     ::close(sv[1]);
@@ -279,30 +281,33 @@ int CrashCleanup() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false;
+  bool quick = false, one_cpu = false, cross_cpu = false, again = false;
   for (int i = 1; i < argc; ++i) {
+    again |= !std::strcmp(argv[i], "--again");
     quick |= !std::strcmp(argv[i], "--quick");
     one_cpu |= !std::strcmp(argv[i], "--one-cpu");
+    cross_cpu |= !std::strcmp(argv[i], "--cross-cpu");
   }
   struct Case {
     size_t size;
     int iterations;
   };
   // 1 GiB is left out: RouDi would have to reserve it in /dev/shm up front.
-  std::vector<Case> cases = {{4 << 10, quick ? 200 : 2000}, {1 << 20, quick ? 40 : 400}, {64 << 20, quick ? 5 : 30}};
+  std::vector<Case> cases = {{4 << 10, quick ? 1000 : 2000}, {1 << 20, quick ? 200 : 400}, {64 << 20, quick ? 15 : 30}};
   int rc = 0;
-  if (one_cpu) {
+  if (one_cpu || cross_cpu) {  // one subscriber only
     if (!membroker::bench::PinToCpu0()) return 2;
-    g_cpus = "one";
+    g_cpus = one_cpu ? "one" : "cross";
     for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
       for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, 1);
     return rc;
   }
-  for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, Wake::kSocket, 1);
+  if (!again)
+    for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, Wake::kSocket, 1);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
       for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, subscribers);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll}) rc |= MessageRate(wake, quick ? 50000 : 500000);
-  rc |= CrashCleanup();
+  if (!again) rc |= CrashCleanup();
   return rc;
 }
