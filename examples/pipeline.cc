@@ -6,12 +6,20 @@
 // itself in double precision. Stages hand tensors over through TensorRings in
 // published broker regions: zero copies. Shared counters and the sink's frame
 // ledger live in a RegionHeap, so a restarted stage carries on where the dead
-// one stopped.
+// one stopped. Beside the sink, a fifth process, the monitor, taps the model's
+// results: the model also publishes each result on a channel
+// (pipeline/results, drop-oldest), so a monitor that is slower than the
+// pipeline (it checks every result it gets against the reference) sees the
+// latest results and never holds the pipeline up; when the model is killed
+// and restarted, the monitor joins the new model's channel. (--compare leaves
+// the monitor out: the copy run has no counterpart of it.)
 //   pipeline --socket PATH [--frames N] [--kill-stage K] [--copy | --compare]
 // --kill-stage K (0-3) SIGKILLs stage K a third of the way through, waits for
 // the broker to report the death, restarts it, and the run still accounts for
 // every frame. --copy sends the same tensors through Unix sockets instead;
 // --compare runs both and prints the speed-up.
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +36,7 @@
 
 #include <boost/interprocess/containers/vector.hpp>
 
+#include "membroker/channel.h"
 #include "membroker/client.h"
 #include "membroker/region_heap.h"
 #include "membroker/tensor_ring.h"
@@ -45,6 +54,12 @@ constexpr size_t kSlotBytes[3] = {kImageBytes, kTensorBytes, kOutputBytes};
 constexpr uint32_t kSlots = 4;
 constexpr const char* kStageNames[4] = {"source", "preprocess", "model", "sink"};
 constexpr int kWaitMs = 20000;
+constexpr const char* kResultsChannel = "pipeline/results";
+// A result on the channel: the frame id, then the model's output.
+struct TappedResult {
+  uint64_t frame;
+  float y[kDim];
+};
 
 struct StageStats {
   std::atomic<uint64_t> frames{0};
@@ -137,6 +152,19 @@ int RunStage(const std::string& socket, int stage, uint64_t frames) {
     out_region = std::move(*r);
     out = *TensorRing::Attach(out_region.map.data(), out_region.handle.size());
   }
+  // The model's results also go to the monitor, on a channel that never
+  // makes the model wait: the monitor's oldest unread result is dropped.
+  ChannelPublisher tap;
+  if (stage == 2) {
+    ChannelOptions o;
+    o.chunks = 8;
+    o.chunk_bytes = sizeof(TappedResult);
+    o.queue_depth = 4;
+    o.when_full = WhenFull::kDropOldest;
+    auto p = ChannelPublisher::Create(*c, kResultsChannel, o);
+    if (!p.ok()) return Die(name, "create the results channel", p.status());
+    tap = std::move(*p);
+  }
   auto t0 = Clock::now();
   uint64_t done_here = 0;
   if (stage == 0) {
@@ -174,6 +202,16 @@ int RunStage(const std::string& socket, int stage, uint64_t frames) {
           Normalise(static_cast<const uint8_t*>(slot->data), static_cast<float*>(o->data));
         else
           MatVec(static_cast<const float*>(slot->data), static_cast<float*>(o->data));
+        if (stage == 2) {
+          // Every chunk free or queued to the monitor (at most 5 of 8): a loan never waits long.
+          auto chunk = tap.Loan(sizeof(TappedResult), kWaitMs);
+          if (!chunk.ok()) return Die(name, "loan a results chunk", chunk.status());
+          auto* r = static_cast<TappedResult*>(chunk->data);
+          r->frame = f;
+          std::memcpy(r->y, o->data, kOutputBytes);
+          chunk->size = sizeof(TappedResult);
+          if (Status st = tap.Publish(*chunk); !st.ok()) return Die(name, "publish a result", st);
+        }
         (void)out.Publish(*o, f, kSlotBytes[stage]);
         stats[stage].frames++;
         stats[stage].bytes_out += kSlotBytes[stage];
@@ -196,6 +234,64 @@ int RunStage(const std::string& socket, int stage, uint64_t frames) {
   return 0;
 }
 
+// The monitor: takes the model's results off the channel, checks each one
+// against the reference, and rejoins when the model's channel goes (the model
+// was killed, or finished). It ends with the last frame, or once `done` (the
+// pipeline's end of a pipe) closes; it succeeds when it checked some results
+// and none was wrong (which ones it sees depends on its speed).
+int RunMonitor(const std::string& socket, uint64_t frames, int done) {
+  auto c = Client::Connect({socket, "pipeline-monitor"});
+  if (!c.ok()) return Die("monitor", "connect", c.status());
+  auto pipeline_done = [&] {
+    pollfd p{done, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  uint64_t checked = 0, mismatched = 0, joins = 0, last = 0;
+  std::vector<bool> seen(frames + 1);  // a restarted model may publish a frame again
+  ChannelSubscriber sub;
+  bool joined = false;
+  while (last != frames) {
+    if (!joined) {
+      auto j = ChannelSubscriber::Join(*c, kResultsChannel, {.lookup_timeout_ms = 100});
+      if (!j.ok()) {
+        if (j.code() != ErrorCode::kTimeout && j.code() != ErrorCode::kNotFound)
+          return Die("monitor", "join", j.status());
+        if (pipeline_done()) break;
+        continue;
+      }
+      sub = std::move(*j);
+      joined = true;
+      ++joins;
+    }
+    auto got = sub.Receive(100);
+    if (got.ok()) {
+      const auto* r = static_cast<const TappedResult*>(got->data);
+      const uint64_t f = r->frame;
+      if (got->size != sizeof(TappedResult) || f == 0 || f > frames)
+        return Die("monitor", "a result", Status(ErrorCode::kProtocolError, "a result of a wrong size or frame id"));
+      mismatched += !Check(f, r->y);
+      checked += !seen[f];
+      seen[f] = true;
+      last = f;
+      (void)sub.Release(*got);
+    } else if (got.code() == ErrorCode::kNotConnected) {
+      sub = ChannelSubscriber();  // the model went: join its successor's channel
+      joined = false;
+    } else if (got.code() != ErrorCode::kTimeout) {
+      return Die("monitor", "receive", got.status());
+    } else if (pipeline_done()) {
+      break;
+    }
+  }
+  std::printf("  monitor    pid %-7d %4llu results from channel %s, every byte checked: %llu mismatched; "
+              "%llu frames not seen (dropped while it checked, or published before it joined); joined %llu time(s)\n",
+              static_cast<int>(::getpid()), static_cast<unsigned long long>(checked), kResultsChannel,
+              static_cast<unsigned long long>(mismatched), static_cast<unsigned long long>(frames - checked),
+              static_cast<unsigned long long>(joins));
+  std::fflush(stdout);
+  return mismatched == 0 && checked > 0 ? 0 : 1;
+}
+
 pid_t StartStage(const std::string& socket, int stage, uint64_t frames) {
   std::fflush(stdout);
   pid_t pid = ::fork();
@@ -205,7 +301,7 @@ pid_t StartStage(const std::string& socket, int stage, uint64_t frames) {
 
 // The zero-copy run: creates and publishes the regions, starts the stages,
 // optionally kills and restarts one, and reports.
-int RunZeroCopy(const std::string& socket, uint64_t frames, int kill_stage, double* fps) {
+int RunZeroCopy(const std::string& socket, uint64_t frames, int kill_stage, bool monitor_on, double* fps) {
   auto c = Client::Connect({socket, "pipeline"});
   if (!c.ok()) return Die("pipeline", "connect", c.status());
   if (Status st = c->Subscribe("pipeline/"); !st.ok()) return Die("pipeline", "subscribe", st);
@@ -235,6 +331,16 @@ int RunZeroCopy(const std::string& socket, uint64_t frames, int kill_stage, doub
   (void)c->Publish("pipeline/stats", regions[3].handle);
 
   auto t0 = Clock::now();
+  int done_pipe[2];
+  if (::pipe2(done_pipe, O_CLOEXEC) != 0) return Die("pipeline", "pipe", Status(ErrorCode::kInternal, "pipe2"));
+  std::fflush(stdout);
+  const pid_t monitor = monitor_on ? ::fork() : -1;
+  if (monitor == 0) {
+    ::close(done_pipe[1]);
+    ::_exit(RunMonitor(socket, frames, done_pipe[0]));
+  }
+  ::close(done_pipe[0]);
+  if (monitor_on && monitor < 0) return Die("pipeline", "fork the monitor", Status(ErrorCode::kInternal, "fork"));
   pid_t pids[4];
   for (int s = 0; s < 4; ++s) pids[s] = StartStage(socket, s, frames);
   if (kill_stage >= 0) {
@@ -270,6 +376,12 @@ int RunZeroCopy(const std::string& socket, uint64_t frames, int kill_stage, doub
   }
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   *fps = frames / secs;
+  ::close(done_pipe[1]);  // the monitor stops waiting for results
+  if (monitor > 0) {
+    int monitor_status = 0;
+    ::waitpid(monitor, &monitor_status, 0);
+    failed += !(WIFEXITED(monitor_status) && WEXITSTATUS(monitor_status) == 0);
+  }
   uint64_t lost = 0;
   std::string lost_ids;
   for (uint64_t f = 1; f <= frames; ++f)
@@ -384,7 +496,8 @@ int main(int argc, char** argv) {
     std::printf("pipeline: %llu frames, zero-copy through broker memory%s\n",
                 static_cast<unsigned long long>(frames),
                 kill_stage >= 0 ? (std::string(", killing ") + kStageNames[kill_stage]).c_str() : "");
-    rc |= RunZeroCopy(socket, frames, kill_stage, &zero_copy_fps);
+    // --compare: without the monitor, which the copy run has no counterpart of.
+    rc |= RunZeroCopy(socket, frames, kill_stage, /*monitor_on=*/!compare, &zero_copy_fps);
   }
   if (copy || compare) {
     std::printf("pipeline: %llu frames, copied through Unix sockets\n", static_cast<unsigned long long>(frames));

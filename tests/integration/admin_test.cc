@@ -190,7 +190,9 @@ TEST(Demo, FanOutThroughChannelsWithAndWithoutAKilledWorker) {
     EXPECT_EQ(o.code, 0) << o.text;
     EXPECT_NE(o.text.find("broadcast 60 steps of 256 KiB to 3 workers"), std::string::npos) << o.text;
     EXPECT_NE(o.text.find("work sharing: 300 of 300 jobs done"), std::string::npos) << o.text;
-    if (*extra) EXPECT_NE(o.text.find("worker 0 SIGKILLed holding a chunk: reaped 1 subscriber"), std::string::npos) << o.text;
+    if (*extra) {
+      EXPECT_NE(o.text.find("worker 0 SIGKILLed holding a chunk: reaped 1 subscriber"), std::string::npos) << o.text;
+    }
     EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
     EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
     EXPECT_EQ(b.Stat("named_objects"), 0u);
@@ -198,7 +200,9 @@ TEST(Demo, FanOutThroughChannelsWithAndWithoutAKilledWorker) {
 }
 
 // The pipeline demo, plain and with each stage killed and restarted: every
-// frame is checked exactly once, none is lost, the broker ends empty.
+// frame is checked exactly once, none is lost, the monitor on the model's
+// results channel finds nothing wrong (and rejoins the restarted model's
+// channel), the broker ends empty.
 class PipelineDemo : public ::testing::TestWithParam<int> {};
 
 TEST_P(PipelineDemo, EveryFrameIsAccountedFor) {
@@ -208,6 +212,11 @@ TEST_P(PipelineDemo, EveryFrameIsAccountedFor) {
   Output o = Shell(cmd);
   EXPECT_EQ(o.code, 0) << o.text;
   EXPECT_NE(o.text.find("sink: 60 checked once, 0 mismatched, 0 lost"), std::string::npos) << o.text;
+  // The monitor took results off the model's channel and found none wrong.
+  EXPECT_NE(o.text.find("every byte checked: 0 mismatched"), std::string::npos) << o.text;
+  if (GetParam() == 2) {
+    EXPECT_NE(o.text.find("joined 2 time(s)"), std::string::npos) << o.text;
+  }
   if (GetParam() >= 0) {
     EXPECT_NE(o.text.find("died (pid"), std::string::npos) << o.text;
   }
