@@ -318,8 +318,8 @@ TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
 }
 
 // With a delay no test outlives, what waits for a pause is seen waiting: pool
-// refills and the return of a freed large allocation's pages. A broker that
-// stops returns what waited.
+// refills and the return of a freed large allocation's pages, or of a freed
+// pool allocation's. A broker that stops returns what waited.
 TEST(Free, RefillsAndReturnsWaitForAPauseInTakesAndFrees) {
   BrokerProcess b({"--pool", "64K:normal:2", "--background-delay-ms", "60000"});
   Client c = ConnectOrDie(b);
@@ -342,6 +342,12 @@ TEST(Free, RefillsAndReturnsWaitForAPauseInTakesAndFrees) {
   EXPECT_EQ(b.Stat("bytes_allocated"), 3u * (64 << 10));
   EXPECT_EQ(b.Stat("bytes_returning"), kSize);
   EXPECT_EQ(b.FdCount(), fds_before + 2);  // the take that missed, and the freed memfd still open
+  // A pool's allocation, small as it is, also goes back after the pause.
+  *t1 = PhysicalHandle();
+  ASSERT_TRUE(c.Ping().ok());
+  EXPECT_EQ(b.Stat("bytes_allocated"), 2u * (64 << 10));
+  EXPECT_EQ(b.Stat("bytes_returning"), kSize + (64 << 10));
+  EXPECT_EQ(b.FdCount(), fds_before + 2);
   EXPECT_EQ(b.Stop(), 0);
 }
 
