@@ -153,9 +153,13 @@ void Wake(std::atomic<uint32_t>* word) {
 enum Waiting : uint32_t { kNobody = 0, kSleeper = 1, kSpinner = 2 };
 uint32_t WaiterFor(WakeMode wake) { return wake == WakeMode::kFutex ? kSleeper : kSpinner; }
 
-// Tells whoever waits on *word that something changed.
-void Signal(std::atomic<uint32_t>* word, const std::atomic<uint32_t>& waiting) {
-  const uint32_t who = waiting.load();
+// Tells whoever waits on *word that something changed. The first signal
+// takes the waiter's mark, so the signals that follow while it wakes up
+// (microseconds, when its CPU was idle) cost no more system calls: a waiter
+// marks itself again before it next sleeps or spins. Each word has one waiter.
+void Signal(std::atomic<uint32_t>* word, std::atomic<uint32_t>& waiting) {
+  if (waiting.load() == kNobody) return;  // the common case: a plain read
+  const uint32_t who = waiting.exchange(kNobody);
   if (who == kNobody) return;
   word->fetch_add(1);
   if (who == kSleeper) detail::FutexWakeAll(word);
