@@ -254,9 +254,12 @@ int RunMonitor(const std::string& socket, uint64_t frames, int done) {
     if (!joined) {
       auto j = ChannelSubscriber::Join(*c, kResultsChannel, {.lookup_timeout_ms = 100});
       if (!j.ok()) {
-        if (j.code() != ErrorCode::kTimeout && j.code() != ErrorCode::kNotFound)
+        if (j.code() != ErrorCode::kTimeout && j.code() != ErrorCode::kNotFound &&
+            j.code() != ErrorCode::kNotConnected)
           return Die("monitor", "join", j.status());
         if (pipeline_done()) break;
+        // NOT_CONNECTED: the name is still the dead model's; the broker drops it shortly.
+        if (j.code() == ErrorCode::kNotConnected) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
       sub = std::move(*j);

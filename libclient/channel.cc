@@ -644,8 +644,12 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
   v.layout = l;
   v.control = impl->control.map.as<char>();
   v.data = impl->data.map.as<char>();
-  if (auto fd = ipc::PidfdOpenIfSupported(h->publisher_pid); fd.ok()) impl->publisher = std::move(*fd);
-  else return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
+  // A publisher that died (a zombie still has a pid to open) or closed the
+  // channel is gone: its name may outlive it until the broker has seen it go.
+  auto publisher = ipc::PidfdOpenIfSupported(h->publisher_pid);  // none where pidfds are not supported
+  if (publisher.ok()) impl->publisher = std::move(*publisher);
+  if (!publisher.ok() || impl->PublisherGone())
+    return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
   for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) {
     SlotHeader& q = v.slot(s);
     uint32_t free_state = kFree;

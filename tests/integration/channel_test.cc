@@ -3,6 +3,7 @@
 // subscriber SIGKILLed while holding chunks, a publisher SIGKILLed mid-write,
 // rejoining, and a damaged control block.
 #include <signal.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -339,6 +340,38 @@ TEST(Channel, APublisherKilledMidWritePublishesNothing) {
   EXPECT_NE(kids.Wait(0), 0);
   auto got = sub->Receive(5000);
   EXPECT_EQ(got.code(), ErrorCode::kNotConnected) << got.status().ToString();
+}
+
+// A publisher's name can outlive it: here a child it forked keeps its broker
+// socket open, so the broker does not see its session end. Joining the channel
+// of a dead publisher (a zombie, whose pid can still be opened) is refused.
+TEST(Channel, AChannelWhosePublisherDiedCannotBeJoined) {
+  BrokerProcess b;
+  Children kids(1);
+  kids.Start(0, [&](Channel& ch) {
+    auto cc = Client::Connect({b.socket(), "publisher"});
+    auto pub = ChannelPublisher::Create(*cc, "chan/orphan", {});
+    if (!pub.ok()) return 10;
+    std::fflush(stdout);
+    const pid_t keeper = ::fork();
+    if (keeper == 0) {
+      for (;;) ::pause();  // holds the inherited broker socket until SIGKILLed
+    }
+    ch.Send(std::to_string(keeper));
+    ch.Receive();  // killed here
+    return 0;
+  });
+  const pid_t keeper = std::stoi(kids.channels[0].Receive());
+  ASSERT_GT(keeper, 0);
+  ::kill(kids.pids[0], SIGKILL);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(kids.pids[0]), &info, WEXITED | WNOWAIT), 0);  // a zombie now
+  auto c = Client::Connect({b.socket(), "subscriber"});
+  ASSERT_TRUE(c->Lookup("chan/orphan", 0).ok()) << "the name should outlive its publisher here";
+  auto sub = ChannelSubscriber::Join(*c, "chan/orphan", {.lookup_timeout_ms = 0});
+  EXPECT_EQ(sub.code(), ErrorCode::kNotConnected) << sub.status().ToString();
+  ::kill(keeper, SIGKILL);
+  EXPECT_NE(kids.Wait(0), 0);
 }
 
 TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {

@@ -116,7 +116,9 @@ struct SubscribeOptions {
 class MEMBROKER_API ChannelSubscriber {
  public:
   // Joins the channel published as `name` (waits for it up to
-  // lookup_timeout_ms; RESOURCE_EXHAUSTED when 63 subscribers are in).
+  // lookup_timeout_ms; RESOURCE_EXHAUSTED when 63 subscribers are in;
+  // NOT_CONNECTED when its publisher has gone, whose name can outlive it
+  // until the broker has seen it go: try again).
   static Result<ChannelSubscriber> Join(Client& client, const std::string& name, const SubscribeOptions& options = {});
   ChannelSubscriber();
   ~ChannelSubscriber();  // Leave()
