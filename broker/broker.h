@@ -206,6 +206,9 @@ class Broker {
   // Transfer engines (engines.cc).
   // Connects peer to engine e and sends the EngineInfoReply.
   Status ConnectPeer(Session& peer, uint64_t rid, Engine& e);
+  // The engine this session runs, or nullptr (a session's engine name is
+  // cleared when its engine goes).
+  Engine* OwnEngine(const Session& s);
   ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
   // Removes s's engine (its name, regions and inbound peers) and s's own
   // connections; with `all`, also its engine holdings.

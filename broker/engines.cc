@@ -31,11 +31,16 @@ ipc::EngineInfoReply Broker::EngineInfo(const Engine& e, uint32_t slot) const {
   return r;
 }
 
+Engine* Broker::OwnEngine(const Session& s) {
+  if (s.engine.name.empty()) return nullptr;
+  auto it = engines_.find(s.engine.name);
+  return it == engines_.end() ? nullptr : &it->second;
+}
+
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
-  if (auto own = engines_.find(s.engine.name); !s.engine.name.empty() && own != engines_.end() &&
-                                               own->second.restoring && m.name == s.engine.name && !m.restoring) {
+  if (Engine* own = OwnEngine(s); own != nullptr && own->restoring && m.name == s.engine.name && !m.restoring) {
     // A reattached engine with its ranges back: peers may connect now.
-    Engine& e = own->second;
+    Engine& e = *own;
     e.restoring = false;
     AnswerWaiters(Waiter::Kind::kConnect, m.name,
                   [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, e); });
@@ -92,9 +97,9 @@ void Broker::EndEngineSession(Session& s) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m) {
-  auto it = engines_.find(s.engine.name);
-  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
-  Engine& e = it->second;
+  Engine* own = OwnEngine(s);
+  if (own == nullptr) return NoEngine();
+  Engine& e = *own;
   if (m.length == 0 || m.address == 0 || m.address % kRegionAlign || m.length % kRegionAlign)
     return Status(ErrorCode::kParamInvalid,
                   "a registered range needs a non-zero address and length, both multiples of 4096");
@@ -125,9 +130,9 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m)
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDeregisterRequest& m) {
-  auto it = engines_.find(s.engine.name);
-  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
-  auto& regions = it->second.regions;
+  Engine* own = OwnEngine(s);
+  if (own == nullptr) return NoEngine();
+  auto& regions = own->regions;
   auto r = std::find_if(regions.begin(), regions.end(),
                         [&](const auto& kv) { return kv.second.id == m.region; });
   if (r == regions.end())
@@ -230,17 +235,16 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNetworkRequest& m) {
-  auto it = engines_.find(s.engine.name);
-  if (s.engine.name.empty() || it == engines_.end() || it->second.session_id != s.id)
-    return Status(ErrorCode::kParamInvalid, "this client runs no transfer engine");
-  it->second.network = m;
+  Engine* own = OwnEngine(s);
+  if (own == nullptr) return NoEngine();
+  own->network = m;
   return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&) {
-  auto it = engines_.find(s.engine.name);
-  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
-  Engine& e = it->second;
+  Engine* own = OwnEngine(s);
+  if (own == nullptr) return NoEngine();
+  Engine& e = *own;
   ipc::EngineNotifiesReply r;
   r.dropped = e.notifies_dropped;
   while (!e.notifies.empty() && r.notifies.size() < ipc::kMaxNotifiesPerReply) {
@@ -251,10 +255,10 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineGetNotifiesRequest&
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EnginePeersRequest&) {
-  auto it = engines_.find(s.engine.name);
-  if (s.engine.name.empty() || it == engines_.end()) return NoEngine();
+  Engine* own = OwnEngine(s);
+  if (own == nullptr) return NoEngine();
   ipc::EnginePeersReply r;
-  for (const auto& [peer_id, slot] : it->second.peers)
+  for (const auto& [peer_id, slot] : own->peers)
     if (const Session* peer = FindSession(peer_id)) r.peers.push_back({slot, peer->cred.pid});
   return r;
 }
