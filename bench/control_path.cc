@@ -422,16 +422,6 @@ const char* PlacementName(Placement p) {
   return p == Placement::kCross ? "cross" : p == Placement::kOne ? "one" : "any";
 }
 
-// sched_setaffinity on a pid moves that process's main thread only.
-bool PinMainThreadsToCpu0(std::initializer_list<pid_t> pids) {
-  cpu_set_t cpu0;
-  CPU_ZERO(&cpu0);
-  CPU_SET(0, &cpu0);
-  for (pid_t pid : pids)
-    if (::sched_setaffinity(pid, sizeof(cpu0), &cpu0) != 0) return false;
-  return true;
-}
-
 int RunPaired(int rounds, Placement placement, const std::string& only) {
   Echo echo;
   ListeningEcho listening;
@@ -550,7 +540,8 @@ int main(int argc, char** argv) {
   // thread is pinned: its worker threads, which refill the pools (started
   // while the pools filled), keep every CPU, as on a machine with spare cores.
   int rc = 0;
-  if (placement == Placement::kCross && !PinMainThreadsToCpu0({g_broker, g_pool_broker, ::getpid()})) {
+  if (placement == Placement::kCross &&
+      !(bench::PinToCpu(0, g_broker) && bench::PinToCpu(0, g_pool_broker) && bench::PinToCpu(0))) {
     std::perror("bench: sched_setaffinity to CPU 0");
     rc = 1;
   } else if (paired > 0) {

@@ -42,11 +42,13 @@ inline std::string RecvLine(int fd) {
 
 // Pins this process to CPU 0 (its children inherit it): the benches' --one-cpu,
 // where a wake-up is a context switch rather than an idle vCPU's.
-inline bool PinToCpu(int cpu) {
+// Pins the calling thread, or the thread `tid` (a process's pid names its
+// main thread only; threads it starts later inherit the mask).
+inline bool PinToCpu(int cpu, pid_t tid = 0) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  return ::sched_setaffinity(0, sizeof(set), &set) == 0;
+  return ::sched_setaffinity(tid, sizeof(set), &set) == 0;
 }
 inline bool PinToCpu0() { return PinToCpu(0); }
 
