@@ -238,6 +238,8 @@ class UcxTransport::Worker {
   void Forget(uint64_t id);
   void TryUnmap(uint64_t handle);
   void Announced(uint64_t conn, uint64_t handle);  // conn knows the range (or is gone)
+  void CountRefusal(std::string reason);          // stats and the change count
+  std::vector<uint64_t> ReadyConnectors() const;   // connections accepted here, past their hello
   std::string Transports(ucp_ep_h ep);
   std::vector<wire::Region> Advertised() const;
 
@@ -456,11 +458,7 @@ void UcxTransport::Worker::CheckDeadlines() {
   for (uint64_t id : expired) {
     Conn* c = Find(id);
     if (c == nullptr) continue;
-    if (c->state == Conn::State::kHandshake && !c->outgoing) {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++stats_.refused;
-      stats_.last_refusal = "no hello from " + c->address + " in time";
-    }
+    if (c->state == Conn::State::kHandshake && !c->outgoing) CountRefusal("no hello from " + c->address + " in time");
     Break(*c, Status(ErrorCode::kTimeout, c->outgoing ? "no answer from " + c->address + " in time (is an engine "
                                                                                          "listening there?)"
                                                       : "the handshake did not finish in time"));
@@ -518,13 +516,8 @@ void UcxTransport::Worker::OnConnRequest(ucp_conn_request_h request, void* arg) 
   for (const auto& [id, c] : self->conns_) pending += !c->outgoing && c->state == Conn::State::kHandshake;
   if (pending >= kMaxPendingHandshakes) {
     (void)ucp_listener_reject(self->listener_, request);
-    {
-      std::lock_guard<std::mutex> lk(self->mu_);
-      ++self->stats_.refused;
-      self->stats_.last_refusal = "too many connections waiting for their handshake (" +
-                                  std::to_string(kMaxPendingHandshakes) + ")";
-    }
-    self->changes_.fetch_add(1, std::memory_order_relaxed);
+    self->CountRefusal("too many connections waiting for their handshake (" + std::to_string(kMaxPendingHandshakes) +
+                       ")");
     return;
   }
   auto c = std::make_unique<Conn>();
@@ -771,13 +764,24 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
   }
 }
 
-void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& reason) {
+void UcxTransport::Worker::CountRefusal(std::string reason) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.refused;
-    stats_.last_refusal = reason;
+    stats_.last_refusal = std::move(reason);
   }
   changes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<uint64_t> UcxTransport::Worker::ReadyConnectors() const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, c] : conns_)
+    if (!c->outgoing && c->state == Conn::State::kReady) ids.push_back(id);
+  return ids;
+}
+
+void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& reason) {
+  CountRefusal(reason);
   std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s\n",
                ipc::EscapeText(options_.engine_name).c_str(), reason.c_str());
   Send(c, wire::Refused{static_cast<int32_t>(code), reason});
@@ -943,9 +947,7 @@ void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t 
   r.rkey.assign(static_cast<char*>(packed), packed_size);
   ucp_rkey_buffer_release(packed);
   wire::RegionAdded added{wire::Region{handle, address, length, read_only, r.rkey}};
-  std::vector<uint64_t> told;
-  for (auto& [id, c] : conns_)
-    if (!c->outgoing && c->state == Conn::State::kReady) told.push_back(id);
+  const std::vector<uint64_t> told = ReadyConnectors();
   r.announcing.insert(told.begin(), told.end());
   r.add_waiter = std::move(w);
   r.add_deadline = Clock::now() + kAnnounceWait;
@@ -971,9 +973,7 @@ void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadl
   if (it == regions_.end()) return w->Finish(Status::Ok());
   if (!it->second.removing) {
     it->second.removing = true;
-    std::vector<uint64_t> told;
-    for (auto& [id, c] : conns_)
-      if (!c->outgoing && c->state == Conn::State::kReady) told.push_back(id);
+    const std::vector<uint64_t> told = ReadyConnectors();
     it->second.awaiting.insert(told.begin(), told.end());
     // A send that fails breaks its connection, which stops awaiting it (and may
     // unmap the range): look the range up again afterwards.
