@@ -1045,10 +1045,13 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
   auto reply = core_->conn().Call(ipc::EngineConnectRequest{info.engine, 0}, std::chrono::milliseconds(1000));
   if (reply.code() == ErrorCode::kAlreadyConnected) {
     // Connected by name already: the same engine if its control block says so.
-    std::shared_ptr<Peer> by_name = FindPeer(info.engine);
-    std::shared_lock<std::shared_timed_mutex> plk(by_name ? by_name->mu : peer->mu);
-    if (by_name && by_name->control != nullptr &&
-        std::memcmp(by_name->control->identity, info.identity.data(), info.identity.size()) == 0) {
+    bool same = false;
+    if (std::shared_ptr<Peer> by_name = FindPeer(info.engine)) {
+      std::shared_lock<std::shared_timed_mutex> plk(by_name->mu);
+      same = by_name->control != nullptr &&
+             std::memcmp(by_name->control->identity, info.identity.data(), info.identity.size()) == 0;
+    }
+    if (same) {
       (void)t->Close(conn, deadline);
       return Status(ErrorCode::kAlreadyConnected, "already connected to the engine at " + address + " by its name \"" +
                                                       ipc::EscapeText(info.engine) + "\" (it is on this host)");
