@@ -1090,18 +1090,18 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
 
 void TransferEngine::Impl::ReportNetwork(bool force) {
 #ifdef MEMBROKER_HAVE_UCX
-  std::lock_guard<std::mutex> lk(transport_mu_);
-  if (!transport_) return;
-  const uint64_t changes = transport_->changes();
-  if (changes == reported_changes_ && !force) return;
-  reported_changes_ = changes;
-  const detail::UcxStats u = transport_->stats();
   ipc::EngineNetworkRequest r;
-  r.listen_address = transport_->listen_address();
-  r.accepted = u.accepted;
-  r.refused = u.refused;
-  uint64_t outbound = 0;
   {
+    std::lock_guard<std::mutex> lk(transport_mu_);
+    if (!transport_) return;
+    const uint64_t changes = transport_->changes();
+    if (changes == reported_changes_ && !force) return;
+    reported_changes_ = changes;
+    const detail::UcxStats u = transport_->stats();
+    r.listen_address = transport_->listen_address();
+    r.accepted = u.accepted;
+    r.refused = u.refused;
+    uint64_t outbound = 0;
     std::lock_guard<std::mutex> plk(peers_mu_);
     for (const auto& [key, p] : peers_) {
       if (p->address.empty() || r.connections.size() >= ipc::kMaxNetConnections) continue;  // connected by name
@@ -1109,9 +1109,10 @@ void TransferEngine::Impl::ReportNetwork(bool force) {
       r.connections.push_back({key, p->name, p->ucx_conn != 0 ? "ucx" : "same-host",
                                (p->ucx_conn != 0 ? p->transports : "memcpy").substr(0, ipc::kMaxNetTransportsBytes)});
     }
+    r.inbound = u.connections > outbound ? u.connections - outbound : 0;
   }
-  r.inbound = u.connections > outbound ? u.connections - outbound : 0;
-  (void)core_->conn().Notify(std::move(r));  // the broker only records it; a failure loses nothing
+  // Sent with no lock held; the broker only records it, and a failure loses nothing.
+  (void)core_->conn().Notify(std::move(r));
 #endif
 }
 
