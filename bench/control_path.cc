@@ -96,47 +96,62 @@ void BM_Floor_SeqpacketRoundTripWithFd(benchmark::State& state) {
 }
 BENCHMARK(BM_Floor_SeqpacketRoundTripWithFd)->UseRealTime();
 
-// The floor for connect + handshake: a listening SEQPACKET socket whose
-// process accepts, echoes one message and closes; a sample is connect, one
-// round trip, close.
-struct ListeningEcho {
+// A process serving a listening SEQPACKET socket in a directory of its own;
+// killed, and its socket removed, with this object.
+struct ForkedServer {
   std::string path;
   sockaddr_un addr{};
   pid_t pid = -1;
-  ListeningEcho() {
+  ForkedServer(const char* file, int socket_flags, void (*serve)(int listening_fd)) {
     char tmpl[] = "/tmp/membroker-floor.XXXXXX";
-    path = std::string(::mkdtemp(tmpl)) + "/echo.sock";
+    path = std::string(::mkdtemp(tmpl)) + "/" + file;
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | socket_flags, 0);
     if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 64) != 0) {
-      std::perror("bench: echo bind/listen");
+      std::perror("bench: floor server bind/listen");
       std::exit(1);
     }
     pid = ::fork();
     if (pid == 0) {
-      char buf[256];
-      for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
-        ssize_t n = ::recv(c, buf, sizeof(buf), 0);
-        if (n > 0) ::send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
-        ::close(c);
-      }
+      serve(lfd);
       _exit(0);
     }
     ::close(lfd);
   }
-  ~ListeningEcho() {
+  ~ForkedServer() {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     ::unlink(path.c_str());
     ::rmdir(path.substr(0, path.rfind('/')).c_str());
   }
-  bool ConnectRoundTrip() const {
+  // A connected socket, or -1.
+  int Connect() const {
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (ok) RoundTrip(fd, -1);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
     ::close(fd);
-    return ok;
+    return -1;
+  }
+};
+
+// The floor for connect + handshake: a server that accepts, echoes one
+// message and closes; a sample is connect, one round trip, close.
+struct ListeningEcho {
+  ForkedServer server{"echo.sock", 0, &Serve};
+  static void Serve(int lfd) {
+    char buf[256];
+    for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+      ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+      if (n > 0) ::send(c, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+      ::close(c);
+    }
+  }
+  bool ConnectRoundTrip() const {
+    const int fd = server.Connect();
+    if (fd < 0) return false;
+    RoundTrip(fd, -1);
+    ::close(fd);
+    return true;
   }
 };
 
@@ -145,25 +160,9 @@ struct ListeningEcho {
 // client does, after a goodbye, as the broker's clients say. One epoll loop;
 // a sample is connect, a round trip (the hello), a one-way goodbye, close.
 struct SessionEcho {
-  std::string path;
-  sockaddr_un addr{};
-  pid_t pid = -1;
   static constexpr char kHello = 1, kGoodbye = 2;
-  SessionEcho() {
-    char tmpl[] = "/tmp/membroker-floor.XXXXXX";
-    path = std::string(::mkdtemp(tmpl)) + "/session.sock";
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    int lfd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 64) != 0) {
-      std::perror("bench: session echo bind/listen");
-      std::exit(1);
-    }
-    pid = ::fork();
-    if (pid == 0) Serve(lfd);
-    ::close(lfd);
-  }
-  [[noreturn]] static void Serve(int lfd) {
+  ForkedServer server{"session.sock", SOCK_NONBLOCK, &Serve};
+  static void Serve(int lfd) {
     int ep = ::epoll_create1(EPOLL_CLOEXEC);
     epoll_event ev{EPOLLIN, {.fd = lfd}};
     ::epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
@@ -171,7 +170,7 @@ struct SessionEcho {
     char buf[256];
     for (;;) {
       int n = ::epoll_wait(ep, ready, 64, -1);
-      if (n < 0 && errno != EINTR) _exit(1);
+      if (n < 0 && errno != EINTR) return;
       for (int i = 0; i < n; ++i) {
         const int fd = ready[i].data.fd;
         if (fd == lfd) {
@@ -189,21 +188,13 @@ struct SessionEcho {
       }
     }
   }
-  ~SessionEcho() {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    ::unlink(path.c_str());
-    ::rmdir(path.substr(0, path.rfind('/')).c_str());
-  }
   bool ConnectRoundTripGoodbye() const {
-    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (ok) {
-      char buf[64] = {kHello};
-      ok = ::send(fd, buf, 48, MSG_NOSIGNAL) == 48 && ::recv(fd, buf, sizeof(buf), 0) == 48;
-      buf[0] = kGoodbye;
-      ok = ok && ::send(fd, buf, 48, MSG_NOSIGNAL) == 48;
-    }
+    const int fd = server.Connect();
+    if (fd < 0) return false;
+    char buf[64] = {kHello};
+    bool ok = ::send(fd, buf, 48, MSG_NOSIGNAL) == 48 && ::recv(fd, buf, sizeof(buf), 0) == 48;
+    buf[0] = kGoodbye;
+    ok = ok && ::send(fd, buf, 48, MSG_NOSIGNAL) == 48;
     ::close(fd);
     return ok;
   }
@@ -439,10 +430,10 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
   uint64_t pool_misses = 0;
   std::vector<Pair> pairs;
   pairs.push_back({"connect", "connect + round trip", [] { (void)Connect(); },
-                   [&] { (void)listening.ConnectRoundTrip(); }, g_broker, listening.pid});
+                   [&] { (void)listening.ConnectRoundTrip(); }, g_broker, listening.server.pid});
   pairs.push_back({"connect_session", "connect + round trip + goodbye, the server keeps the session",
                    [] { (void)Connect(); }, [&] { (void)session_echo.ConnectRoundTripGoodbye(); }, g_broker,
-                   session_echo.pid});
+                   session_echo.server.pid});
   pairs.push_back({"ping", "round trip", [&] { (void)c.Ping(); }, [&] { RoundTrip(echo.fd, -1); }, g_broker,
                    echo.pid});
   pairs.push_back({"malloc_4k", "round trip with fd + memfd syscalls", [&] { (void)c.MallocPhysical(4096); },
