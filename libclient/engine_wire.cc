@@ -28,7 +28,6 @@ class Writer {
     U64(r.address);
     U64(r.length);
     U8(r.read_only ? 1 : 0);
-    Bytes(r.rkey);
   }
   std::string take() { return std::move(out_); }
 
@@ -65,12 +64,10 @@ class Reader {
   }
   bool Get(Region* r) {
     uint8_t ro = 0;
-    if (!U64(&r->handle) || !U64(&r->address) || !U64(&r->length) || !U8(&ro) || ro > 1 ||
-        !Bytes(&r->rkey, kMaxRkeyBytes))
-      return false;
+    if (!U64(&r->handle) || !U64(&r->address) || !U64(&r->length) || !U8(&ro) || ro > 1) return false;
     r->read_only = ro == 1;
     // A range that wraps, or is empty, names no memory.
-    return r->length != 0 && r->address + r->length > r->address && !r->rkey.empty();
+    return r->length != 0 && r->address + r->length > r->address;
   }
   bool done() const { return pos_ == b_.size(); }
   size_t left() const { return b_.size() - pos_; }
@@ -80,7 +77,7 @@ class Reader {
   size_t pos_ = 0;
 };
 
-constexpr size_t kMinRegionBytes = 8 * 3 + 1 + 4 + 1;
+constexpr size_t kMinRegionBytes = 8 * 3 + 1;
 
 bool ValidName(const std::string& s, size_t max) {
   return !s.empty() && s.size() <= max && ipc::IsValidUtf8(s);
@@ -208,6 +205,34 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
   }
   if (!ok || !r.done()) return bad;
   return out;
+}
+
+EncodedDataHeader EncodeData(const DataHeader& h) {
+  Writer w;
+  w.U8(static_cast<uint8_t>(h.kind));
+  w.U32(static_cast<uint32_t>(h.code));
+  w.U64(h.tag);
+  w.U64(h.address);
+  w.U64(h.length);
+  const std::string bytes = w.take();
+  EncodedDataHeader out{};
+  std::memcpy(out.data(), bytes.data(), out.size());
+  return out;
+}
+
+Result<DataHeader> DecodeData(std::span<const uint8_t> bytes) {
+  const Status bad(ErrorCode::kProtocolError, "a malformed data message from the remote engine");
+  if (bytes.size() != kDataHeaderBytes) return bad;
+  Reader r(bytes);
+  DataHeader h;
+  uint8_t kind = 0;
+  uint32_t code = 0;
+  if (!r.U8(&kind) || !r.U32(&code) || !r.U64(&h.tag) || !r.U64(&h.address) || !r.U64(&h.length)) return bad;
+  if (kind < static_cast<uint8_t>(DataKind::kWrite) || kind > static_cast<uint8_t>(DataKind::kReadData)) return bad;
+  h.kind = static_cast<DataKind>(kind);
+  h.code = static_cast<int32_t>(code);
+  if (h.length > kMaxMessageBytes || h.address + h.length < h.address) return bad;
+  return h;
 }
 
 }  // namespace membroker::detail::wire

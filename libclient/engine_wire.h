@@ -1,9 +1,10 @@
 // What two transfer engines on different hosts say to each other, inside UCX
 // active messages: the handshake (Hello, then Welcome or Refused), the
-// acceptor's registered ranges with their packed rkeys (in Welcome, then one
-// RegionAdded or RegionGone per change: each RegionAdded answered once the
-// connector knows the range, each RegionGone once it no longer uses it), and
-// notifies with their answers.
+// acceptor's registered ranges (in Welcome, then one RegionAdded or
+// RegionGone per change: each RegionAdded answered once the connector knows
+// the range, each RegionGone once it no longer uses it), and notifies with
+// their answers. The bytes of transfers travel in data messages of their own
+// (DataHeader below), which the acceptor checks against its ranges.
 //
 // Little-endian, length-prefixed, one message per active message. Decode
 // trusts nothing: every length is checked against what is left and against
@@ -21,9 +22,9 @@
 
 namespace membroker::detail::wire {
 
-inline constexpr uint32_t kVersion = 1;
+// 2: transfers are data messages, no longer UCX RMA with packed rkeys.
+inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kMaxSecretBytes = 4096;
-inline constexpr size_t kMaxRkeyBytes = 8192;
 inline constexpr size_t kMaxReasonBytes = 1024;
 inline constexpr size_t kMaxMessageBytes = 4 << 20;
 
@@ -32,7 +33,6 @@ struct Region {
   uint64_t address = 0;
   uint64_t length = 0;
   bool read_only = false;
-  std::string rkey;  // ucp_rkey_pack's bytes
 };
 struct Hello {
   uint32_t version = kVersion;
@@ -77,5 +77,25 @@ using Message = std::variant<Hello, Welcome, Refused, RegionAdded, RegionGone, R
 
 std::string Encode(const Message& m);
 Result<Message> Decode(std::span<const uint8_t> bytes);
+
+// A transfer's piece, in the header of a data message (its bytes, if any, in
+// the message's data). The connector sends kWrite (bytes for the acceptor's
+// address) and kReadRequest (asking for length bytes at address); the
+// acceptor answers each with kWriteAck or kReadData (the bytes), code 0 when
+// done, else the ErrorCode that refused it (nothing written or sent).
+enum class DataKind : uint8_t { kWrite = 1, kWriteAck = 2, kReadRequest = 3, kReadData = 4 };
+struct DataHeader {
+  DataKind kind = DataKind::kWrite;
+  int32_t code = 0;
+  uint64_t tag = 0;      // the connector's name for the piece, echoed in the answer
+  uint64_t address = 0;  // in the acceptor's memory
+  uint64_t length = 0;   // bytes written, asked for, acknowledged or carried
+};
+inline constexpr size_t kDataHeaderBytes = 1 + 4 + 8 * 3;
+using EncodedDataHeader = std::array<uint8_t, kDataHeaderBytes>;
+
+EncodedDataHeader EncodeData(const DataHeader& h);
+// Checks the size, the kind, and that a range does not wrap.
+Result<DataHeader> DecodeData(std::span<const uint8_t> bytes);
 
 }  // namespace membroker::detail::wire

@@ -6,15 +6,18 @@
 // An engine with a listen address accepts connections there; any engine can
 // connect out. The connector's first message is Hello (its name and the
 // shared secret); the acceptor answers Welcome (its name, identity and every
-// registered range with its packed rkey) or Refused. Transfers are one-sided
-// from the connector: ucp_get_nbx / ucp_put_nbx straight into the acceptor's
-// memory, a put batch ended by a flush so its bytes are at the remote when it
-// completes. Ranges registered later reach connectors as RegionAdded; a range
+// registered range) or Refused. Transfers are driven by the connector, in
+// pieces: each a data message (wire::DataHeader) that the acceptor checks
+// against the ranges registered for that connection before it writes the
+// bytes or sends them back, and answers; a WRITE completes when every piece
+// is acknowledged. (Not UCX's RMA: over TCP it writes wherever a peer says,
+// unchecked.) Ranges registered later reach connectors as RegionAdded; a range
 // deregistered is announced as RegionGone, and the owner unmaps it only once
 // every connector has answered that it no longer uses it (or has gone).
 //
 // Timeouts: a transfer still running at its deadline closes the connection
-// (UCX cancels what is outstanding, so no byte lands after the call returns);
+// (UCX cancels what is outstanding; a READ lands no byte after the call
+// returns, a WRITE's pieces already sent may still land at the remote);
 // the caller then sees TIMEOUT, and Disconnect + Connect start over, as the
 // HIXL seed prescribes. A peer that dies or whose link fails is noticed by UCX
 // (error handling mode PEER, keepalive) and its connection answers

@@ -1,6 +1,7 @@
 // libFuzzer: arbitrary bytes into the decoder of what engines on two hosts
 // say to each other (libclient/engine_wire.h) - the bytes a remote, possibly
-// hostile, host controls. The format is canonical: whatever decodes must
+// hostile, host controls, and into the decoder of data messages' headers.
+// The format is canonical: whatever decodes must
 // encode back to exactly the same bytes.
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +11,11 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace membroker::detail::wire;
+  // The same bytes as a data message's header.
+  if (auto h = DecodeData({data, size}); h.ok()) {
+    const EncodedDataHeader again = EncodeData(*h);
+    if (again.size() != size || std::memcmp(again.data(), data, size) != 0) std::abort();
+  }
   auto m = Decode({data, size});
   if (!m.ok()) return 0;
   const std::string again = Encode(*m);

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) return 2;
   if (argc == 4) {
     namespace w = membroker::detail::wire;
-    w::Region r{7, 0x7f0000000000, 1 << 20, false, std::string("\x01\x02packed-rkey", 13)};
+    w::Region r{7, 0x7f0000000000, 1 << 20, false};
     std::vector<w::Message> wire = {
         w::Hello{w::kVersion, "secret", "prefill"}, w::Welcome{"decode", {1, 2, 3}, {r, r}},
         w::Refused{4, "presented no secret"},       w::RegionAdded{r},
@@ -40,6 +40,11 @@ int main(int argc, char** argv) {
     for (const auto& m : wire) {
       const std::string bytes = w::Encode(m);
       Write(std::string(argv[3]) + "/message-" + std::to_string(n++), {bytes.begin(), bytes.end()});
+    }
+    for (w::DataKind kind : {w::DataKind::kWrite, w::DataKind::kWriteAck, w::DataKind::kReadRequest,
+                             w::DataKind::kReadData}) {
+      const w::EncodedDataHeader h = w::EncodeData(w::DataHeader{kind, 0, 9, 0x7f0000001000, 65536});
+      Write(std::string(argv[3]) + "/data-" + std::to_string(n++), {h.begin(), h.end()});
     }
   }
   std::vector<Message> msgs = {

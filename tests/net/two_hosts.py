@@ -8,6 +8,7 @@ an ip:port that is this host's own engine takes the same-host path.
 usage: two_hosts.py BUILD_DIR [TEST ...]   exit 77 (skipped) where namespaces cannot be made
 """
 import os
+import subprocess
 import sys
 import time
 
@@ -16,6 +17,7 @@ from hosts import Hosts, HostsUnavailable  # noqa: E402
 
 MiB = 1 << 20
 SKIP = 77
+PARAM_INVALID = 1  # ErrorCode::kParamInvalid (ipc/include/membroker/status.h)
 PORT = 47311
 
 
@@ -156,6 +158,28 @@ def test_refused_without_the_secret(hosts, secrets):
     b.quit()
 
 
+def test_a_peer_speaking_ucx_directly_reaches_no_other_memory(hosts, secrets):
+    with Pair(hosts, secrets) as p:
+        # A range decode registered and deregistered: still mapped in its process.
+        index, base = p.b("alloc host %d" % MiB)
+        p.b("fill %s 19" % index)
+        p.b("dereg %s" % index)
+        tool = os.path.join(hosts.build, "tests", "ucx_intruder")
+        runs = {"-": ["hello: refused", "put after hello: no completion", "write: no answer", "read: no answer"],
+                secrets["a"]: ["hello: welcome", "put after hello: no completion",
+                               "write: code %d" % PARAM_INVALID, "read: code %d, 0 bytes" % PARAM_INVALID]}
+        for secret, expected in runs.items():
+            proc = hosts.a.spawn([tool, p.addr, secret, base, "4096"], stdout=subprocess.PIPE, text=True)
+            out, _ = proc.communicate(timeout=60)
+            lines = [l for l in out.splitlines() if not l.startswith("[")]  # UCX logs to stdout
+            assert proc.returncode == 0 and lines == ["put before hello: no completion"] + expected, out
+        p.b("check %s 19 0 %d" % (index, MiB))
+        # decode still serves its own connector.
+        ai, _ = p.a_mem["broker"]
+        _, bbase = p.b_mem["broker"]
+        p.a("transfer %s read %d %d 1 4096 0 5000" % (p.addr, ai, bbase))
+
+
 def test_remote_killed_mid_batch(hosts, secrets):
     with Pair(hosts, secrets) as p:
         ai, _ = p.a_mem["host"]
@@ -282,7 +306,8 @@ def test_transfers_do_not_need_the_brokers(hosts, secrets):
 
 
 TESTS = [test_read_write_every_byte, test_descriptors_checked_before_any_byte_moves, test_refused_without_the_secret,
-         test_remote_killed_mid_batch, test_link_down_times_out_then_recovers, test_deregistration_during_transfers,
+         test_a_peer_speaking_ucx_directly_reaches_no_other_memory, test_remote_killed_mid_batch,
+         test_link_down_times_out_then_recovers, test_deregistration_during_transfers,
          test_notifies, test_same_host_address_takes_the_broker_path, test_transfers_do_not_need_the_brokers]
 
 

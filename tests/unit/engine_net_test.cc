@@ -54,7 +54,7 @@ TEST(NetAddress, AllowListMatchesAddressesAndPrefixes) {
 }
 
 TEST(EngineWire, EveryMessageRoundTrips) {
-  wire::Region r{7, 0x7f0000000000, 1 << 20, true, "rkey-bytes"};
+  wire::Region r{7, 0x7f0000000000, 1 << 20, true};
   std::vector<wire::Message> all = {
       wire::Hello{wire::kVersion, "s3cret", "prefill"}, wire::Welcome{"decode", {9, 8, 7}, {r}},
       wire::Refused{4, "no"},                          wire::RegionAdded{r},
@@ -89,7 +89,7 @@ TEST(EngineWire, RefusesWhatNoEngineSends) {
   EXPECT_EQ(decode("").status().code(), ErrorCode::kProtocolError);
   EXPECT_EQ(decode(std::string("\x0a", 1)).status().code(), ErrorCode::kProtocolError);  // unknown kind
   // A range that wraps around the address space.
-  std::string wraps = wire::Encode(wire::RegionAdded{wire::Region{1, ~0ull - 10, 4096, false, "k"}});
+  std::string wraps = wire::Encode(wire::RegionAdded{wire::Region{1, ~0ull - 10, 4096, false}});
   EXPECT_FALSE(decode(wraps).ok());
   // An empty engine name, trailing bytes, a count larger than the bytes left.
   EXPECT_FALSE(decode(wire::Encode(wire::Hello{wire::kVersion, "", ""})).ok());
@@ -97,6 +97,31 @@ TEST(EngineWire, RefusesWhatNoEngineSends) {
   std::string many = wire::Encode(wire::Welcome{"decode", {}, {}});
   many[many.size() - 4] = '\xff';  // region count 255 with no regions behind it
   EXPECT_FALSE(decode(many).ok());
+}
+
+TEST(EngineWire, DataHeadersRoundTripAndRefuseWhatNoEngineSends) {
+  auto decode = [](const wire::EncodedDataHeader& h) { return wire::DecodeData({h.data(), h.size()}); };
+  const wire::DataHeader read{wire::DataKind::kReadData, 6, 41, 0x7f0000001000, 65536};
+  auto back = decode(wire::EncodeData(read));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->kind, wire::DataKind::kReadData);
+  EXPECT_EQ(back->code, 6);
+  EXPECT_EQ(back->tag, 41u);
+  EXPECT_EQ(back->address, 0x7f0000001000u);
+  EXPECT_EQ(back->length, 65536u);
+  wire::EncodedDataHeader h = wire::EncodeData(read);
+  // Too short, too long, an unknown kind, a range that wraps, more than a message holds.
+  EXPECT_EQ(wire::DecodeData({h.data(), h.size() - 1}).status().code(), ErrorCode::kProtocolError);
+  std::vector<uint8_t> longer(h.begin(), h.end());
+  longer.push_back(0);
+  EXPECT_FALSE(wire::DecodeData(longer).ok());
+  for (uint8_t kind : {0, 5, 255}) {
+    h[0] = kind;
+    EXPECT_FALSE(decode(h).ok()) << int(kind);
+  }
+  EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kWrite, 0, 1, ~0ull - 10, 4096})).ok());
+  EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kReadRequest, 0, 1, 4096, wire::kMaxMessageBytes + 1})).ok());
+  EXPECT_TRUE(decode(wire::EncodeData({wire::DataKind::kReadRequest, 0, 1, 4096, wire::kMaxMessageBytes})).ok());
 }
 
 }  // namespace

@@ -1,0 +1,202 @@
+// A hostile peer of a listening transfer engine, for tests/net/two_hosts.py:
+// it speaks UCX directly, not through our engine, and tries to reach memory
+// the engine did not register for it. One line per attempt on stdout:
+//
+//   ucx_intruder ADDRESS SECRET_FILE|- TARGET LENGTH
+//
+//   put before hello: completed|no completion   UCX's own RMA put of LENGTH
+//                                               bytes of 0xee at TARGET, flushed
+//   hello: welcome|refused|no answer            our Hello (with the secret, if given)
+//   put after hello: completed|no completion
+//   write: code N                               a data message writing at TARGET
+//   read: code N, M bytes                       a data message reading at TARGET
+//
+// The test then checks TARGET's bytes on the listener, and that it still
+// serves its own connectors. Every wait is bounded (1 s per attempt, 5 s for
+// the connection). Exit 0 when every line was printed.
+#include <ucp/api/ucp.h>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine_wire.h"
+#include "net_address.h"
+
+using namespace membroker::detail;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr unsigned kAmId = 0x4d42;      // as libclient/ucx_transport.cc
+constexpr unsigned kDataAmId = 0x4d43;
+
+ucp_worker_h worker = nullptr;
+std::vector<wire::Message> messages;
+std::optional<wire::DataHeader> data_answer;
+size_t data_answer_bytes = 0;
+
+ucs_status_t OnAm(void*, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
+  auto m = wire::Decode({static_cast<const uint8_t*>(data), length});
+  if (m.ok()) messages.push_back(std::move(*m));
+  return UCS_OK;
+}
+
+ucs_status_t OnData(void*, const void* header, size_t header_length, void*, size_t length,
+                    const ucp_am_recv_param_t*) {
+  auto h = wire::DecodeData({static_cast<const uint8_t*>(header), header_length});
+  if (h.ok()) data_answer = *h, data_answer_bytes = length;
+  return UCS_OK;
+}
+
+// Progresses until done() or the deadline; true when done.
+template <typename F>
+bool ProgressUntil(F done, std::chrono::milliseconds within) {
+  const auto deadline = Clock::now() + within;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    ucp_worker_progress(worker);
+  }
+  return true;
+}
+
+// A request UCX may still own: waits for it (bounded); true when it completed.
+bool Wait(ucs_status_ptr_t r, std::chrono::milliseconds within) {
+  if (r == nullptr) return true;
+  if (UCS_PTR_IS_ERR(r)) return false;
+  const bool done = ProgressUntil([&] { return ucp_request_check_status(r) != UCS_INPROGRESS; }, within);
+  const bool ok = done && ucp_request_check_status(r) == UCS_OK;
+  if (done) ucp_request_free(r);  // one still running is left to UCX: the process exits soon
+  return ok;
+}
+
+ucs_status_ptr_t SendAm(ucp_ep_h ep, unsigned id, const void* header, size_t header_length, const void* data,
+                        size_t length) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  return ucp_am_send_nbx(ep, id, header, header_length, data, length, &p);
+}
+
+// UCX's own put, with an rkey of this process's making: over TCP, UCX emulates
+// it with an active message that writes wherever it says.
+const char* RawPut(ucp_context_h context, ucp_ep_h ep, uint64_t target, std::vector<char>& bytes) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = bytes.data();
+  mp.length = bytes.size();
+  ucp_mem_h memh = nullptr;
+  if (ucp_mem_map(context, &mp, &memh) != UCS_OK) return "cannot map";
+  void* packed = nullptr;
+  size_t packed_size = 0;
+  ucp_rkey_h rkey = nullptr;
+  const char* out = "cannot make an rkey";
+  if (ucp_rkey_pack(context, memh, &packed, &packed_size) == UCS_OK) {
+    if (ucp_ep_rkey_unpack(ep, packed, &rkey) == UCS_OK) {
+      ucp_request_param_t p{};
+      Wait(ucp_put_nbx(ep, bytes.data(), bytes.size(), target, rkey, &p), std::chrono::milliseconds(1000));
+      out = Wait(ucp_ep_flush_nbx(ep, &p), std::chrono::milliseconds(1000)) ? "completed" : "no completion";
+      ucp_rkey_destroy(rkey);
+    }
+    ucp_rkey_buffer_release(packed);
+  }
+  (void)ucp_mem_unmap(context, memh);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: ucx_intruder ADDRESS SECRET_FILE|- TARGET LENGTH\n");
+    return 2;
+  }
+  auto addr = ParseHostPort(argv[1]);
+  if (!addr.ok()) {
+    std::fprintf(stderr, "ucx_intruder: %s\n", addr.status().ToString().c_str());
+    return 2;
+  }
+  std::string secret;
+  if (std::string(argv[2]) != "-") {
+    std::ifstream f(argv[2]);
+    std::getline(f, secret);
+  }
+  const uint64_t target = std::strtoull(argv[3], nullptr, 0);
+  const size_t length = std::strtoull(argv[4], nullptr, 0);
+  std::vector<char> bytes(length, static_cast<char>(0xee));
+
+  ucp_config_t* config = nullptr;
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK || ucp_init(&params, config, &context) != UCS_OK) return 1;
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (ucp_worker_create(context, &wp, &worker) != UCS_OK) return 1;
+  for (auto [id, cb] : {std::pair{kAmId, &OnAm}, std::pair{kDataAmId, &OnData}}) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB;
+    am.id = id;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    am.cb = cb;
+    if (ucp_worker_set_am_recv_handler(worker, &am) != UCS_OK) return 1;
+  }
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};  // a refusal closes it: expected
+  ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep_params.sockaddr.addr = addr->get();
+  ep_params.sockaddr.addrlen = addr->length;
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ucp_ep_h ep = nullptr;
+  if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK) return 1;
+
+  std::printf("put before hello: %s\n", RawPut(context, ep, target, bytes));
+  std::fflush(stdout);
+
+  const std::string hello = wire::Encode(wire::Hello{wire::kVersion, secret, "intruder"});
+  Wait(SendAm(ep, kAmId, nullptr, 0, hello.data(), hello.size()), std::chrono::milliseconds(5000));
+  const bool answered = ProgressUntil([] { return !messages.empty(); }, std::chrono::milliseconds(5000));
+  std::printf("hello: %s\n", !answered                                           ? "no answer"
+                             : std::holds_alternative<wire::Welcome>(messages[0]) ? "welcome"
+                                                                                  : "refused");
+  std::printf("put after hello: %s\n", RawPut(context, ep, target, bytes));
+  std::fflush(stdout);
+
+  for (wire::DataKind kind : {wire::DataKind::kWrite, wire::DataKind::kReadRequest}) {
+    const bool write = kind == wire::DataKind::kWrite;
+    const wire::EncodedDataHeader h = wire::EncodeData({kind, 0, 7, target, length});
+    data_answer.reset();
+    Wait(SendAm(ep, kDataAmId, h.data(), h.size(), write ? bytes.data() : nullptr, write ? length : 0),
+         std::chrono::milliseconds(1000));
+    const bool got = ProgressUntil([] { return data_answer.has_value(); }, std::chrono::milliseconds(1000));
+    if (!got)
+      std::printf("%s: no answer\n", write ? "write" : "read");
+    else if (write)
+      std::printf("write: code %d\n", data_answer->code);
+    else
+      std::printf("read: code %d, %zu bytes\n", data_answer->code, data_answer_bytes);
+    std::fflush(stdout);
+  }
+  ucp_request_param_t close{};
+  close.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  Wait(ucp_ep_close_nbx(ep, &close), std::chrono::milliseconds(1000));
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
+  return 0;
+}
