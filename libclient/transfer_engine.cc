@@ -445,8 +445,8 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   core_->SetEngineRegion(mem.addr, r->region);
   const uint64_t h = next_handle_++;
 #ifdef MEMBROKER_HAVE_UCX
-  // Mapped for UCX too where the engine has a transport: its own transfers
-  // then name the local memory (zero-copy), and a listener's connectors get it.
+  // Known to the UCX transport too where the engine has one: a listener
+  // announces it to its connectors and serves their pieces in it.
   if (detail::UcxTransport* t = CurrentTransport()) {
     if (Status st = t->AddRegion(h, mem.addr, mem.len, where.read_only); !st.ok()) {
       (void)core_->conn().Call(ipc::EngineDeregisterRequest{r->region});

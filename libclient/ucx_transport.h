@@ -79,11 +79,12 @@ class UcxTransport {
   // by the kernel where the option said 0.
   std::string listen_address() const;
 
-  // Makes [address, address+length) reachable by connectors (ucp_mem_map)
-  // and announces it to those connected.
+  // Makes [address, address+length) reachable by connectors' pieces and
+  // announces it to those connected.
   Status AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only);
-  // Announces it gone and unmaps it once no connector uses it; TIMEOUT at
-  // deadline (still mapped: a later call waits again).
+  // Announces it gone and forgets it once no connector uses it (and no answer
+  // is still sent from it); TIMEOUT at deadline (still served: a later call
+  // waits again).
   Status RemoveRegion(uint64_t handle, Clock::time_point deadline);
 
   // Connects and shakes hands; the connection's id.
