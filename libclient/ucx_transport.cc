@@ -44,6 +44,11 @@ constexpr size_t kMaxPendingHandshakes = 64;
 constexpr size_t kPieceBytes = 512 << 10;
 constexpr size_t kWindowPieces = 64;
 constexpr size_t kWindowBytes = 16 << 20;
+// Answers to one connection's pieces that UCX may still hold, queued because
+// the peer does not read them: past this many the connection is closed rather
+// than the queue growing without bound (an engine has at most 64 pieces of
+// each transfer in flight).
+constexpr size_t kMaxAnswersInFlight = 4096;
 // How long RegisterMem waits for connected engines to acknowledge a new range:
 // after it they see it when the message arrives (a link that is down delays them).
 constexpr auto kAnnounceWait = std::chrono::seconds(1);
@@ -123,6 +128,8 @@ struct Conn {
   std::set<Job*> jobs;
   std::unordered_map<uint64_t, Piece*> pieces;  // in flight, by tag
   uint64_t next_tag = 1;
+  // Acceptor side.
+  size_t answers_in_flight = 0;
   std::map<uint64_t, std::pair<std::shared_ptr<Waiter>, Clock::time_point>> notifies;  // by seq
   uint64_t next_seq = 1;
 };
@@ -166,6 +173,7 @@ struct SendContext {
 // answer is sent from the range itself, which stays mapped until then.
 struct AnswerContext {
   class UcxTransport::Worker* worker = nullptr;
+  uint64_t conn = 0;
   std::optional<uint64_t> range;  // the handle of the range a read's bytes come from
   wire::EncodedDataHeader header{};
 };
@@ -1223,7 +1231,12 @@ void UcxTransport::Worker::Serve(Conn& c, const wire::DataHeader& h, const void*
 
 void UcxTransport::Worker::SendAnswer(Conn& c, const wire::DataHeader& h, std::optional<uint64_t> range,
                                       const void* data) {
-  auto* ctx = new AnswerContext{this, range, wire::EncodeData(h)};
+  if (c.answers_in_flight >= kMaxAnswersInFlight)
+    return Break(c, Status(ErrorCode::kResourceExhausted,
+                           c.address + " asked for more than " + std::to_string(kMaxAnswersInFlight) +
+                               " pieces without reading the answers"));
+  auto* ctx = new AnswerContext{this, c.id, range, wire::EncodeData(h)};
+  ++c.answers_in_flight;
   if (range) ++regions_.at(*range).sending;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1247,6 +1260,7 @@ void UcxTransport::Worker::OnAnswerSent(void* request, ucs_status_t, void* user_
 }
 
 void UcxTransport::Worker::AnswerSent(AnswerContext* ctx) {
+  if (Conn* c = Find(ctx->conn)) --c->answers_in_flight;
   if (ctx->range) {
     auto it = regions_.find(*ctx->range);
     if (it != regions_.end()) {

@@ -174,6 +174,16 @@ def test_a_peer_speaking_ucx_directly_reaches_no_other_memory(hosts, secrets):
             lines = [l for l in out.splitlines() if not l.startswith("[")]  # UCX logs to stdout
             assert proc.returncode == 0 and lines == ["put before hello: no completion"] + expected, out
         p.b("check %s 19 0 %d" % (index, MiB))
+        # An admitted peer that asks for 8192 pieces and reads none of the answers is
+        # cut off at 4096 queued, not queued for without bound.
+        _, bbase = p.b_mem["host"]
+        proc = hosts.a.spawn([tool, p.addr, secrets["a"], str(bbase), str(64 * 1024), "8192"],
+                             stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=60)
+        lines = [l for l in out.splitlines() if not l.startswith("[")]
+        assert proc.returncode == 0 and len(lines) == 2 and lines[0] == "hello: welcome", (proc.returncode, out)
+        answered = int(lines[1].split()[1])
+        assert answered < 8192 and lines[1].endswith("connection closed"), out
         # decode still serves its own connector.
         ai, _ = p.a_mem["broker"]
         _, bbase = p.b_mem["broker"]

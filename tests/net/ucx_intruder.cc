@@ -11,12 +11,21 @@
 //   write: code N                               a data message writing at TARGET
 //   read: code N, M bytes                       a data message reading at TARGET
 //
+//   ucx_intruder ADDRESS SECRET_FILE TARGET LENGTH COUNT
+//
+//   hello: welcome|...
+//   flood: K of COUNT answered, connection closed|open
+//                                               COUNT reads of LENGTH at TARGET asked
+//                                               at once, the answers left unread for
+//                                               a second, then read for 10 s at most
+//
 // The test then checks TARGET's bytes on the listener, and that it still
 // serves its own connectors. Every wait is bounded (1 s per attempt, 5 s for
 // the connection). Exit 0 when every line was printed.
 #include <ucp/api/ucp.h>
 
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -43,6 +52,8 @@ ucp_worker_h worker = nullptr;
 std::vector<wire::Message> messages;
 std::optional<wire::DataHeader> data_answer;
 size_t data_answer_bytes = 0;
+size_t answers = 0;
+bool closed = false;
 
 ucs_status_t OnAm(void*, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
@@ -54,7 +65,7 @@ ucs_status_t OnAm(void*, const void*, size_t, void* data, size_t length, const u
 ucs_status_t OnData(void*, const void* header, size_t header_length, void*, size_t length,
                     const ucp_am_recv_param_t*) {
   auto h = wire::DecodeData({static_cast<const uint8_t*>(header), header_length});
-  if (h.ok()) data_answer = *h, data_answer_bytes = length;
+  if (h.ok()) data_answer = *h, data_answer_bytes = length, ++answers;
   return UCS_OK;
 }
 
@@ -116,8 +127,8 @@ const char* RawPut(ucp_context_h context, ucp_ep_h ep, uint64_t target, std::vec
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: ucx_intruder ADDRESS SECRET_FILE|- TARGET LENGTH\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: ucx_intruder ADDRESS SECRET_FILE|- TARGET LENGTH [COUNT]\n");
     return 2;
   }
   auto addr = ParseHostPort(argv[1]);
@@ -134,6 +145,10 @@ int main(int argc, char** argv) {
   const size_t length = std::strtoull(argv[4], nullptr, 0);
   std::vector<char> bytes(length, static_cast<char>(0xee));
 
+  // The engine's segment sizes (libclient/ucx_transport.cc): UCX's TCP
+  // transport needs the peer's segments to fit its own receive segments.
+  ::setenv("UCX_TCP_TX_SEG_SIZE", "128k", 0);
+  ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", 0);
   ucp_config_t* config = nullptr;
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -157,7 +172,7 @@ int main(int argc, char** argv) {
   ucp_ep_params_t ep_params{};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};  // a refusal closes it: expected
+  ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) { closed = true; };  // expected, when refused
   ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   ep_params.sockaddr.addr = addr->get();
   ep_params.sockaddr.addrlen = addr->length;
@@ -165,8 +180,11 @@ int main(int argc, char** argv) {
   ucp_ep_h ep = nullptr;
   if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK) return 1;
 
-  std::printf("put before hello: %s\n", RawPut(context, ep, target, bytes));
-  std::fflush(stdout);
+  const size_t flood = argc == 6 ? std::strtoull(argv[5], nullptr, 0) : 0;
+  if (flood == 0) {
+    std::printf("put before hello: %s\n", RawPut(context, ep, target, bytes));
+    std::fflush(stdout);
+  }
 
   const std::string hello = wire::Encode(wire::Hello{wire::kVersion, secret, "intruder"});
   Wait(SendAm(ep, kAmId, nullptr, 0, hello.data(), hello.size()), std::chrono::milliseconds(5000));
@@ -174,6 +192,21 @@ int main(int argc, char** argv) {
   std::printf("hello: %s\n", !answered                                           ? "no answer"
                              : std::holds_alternative<wire::Welcome>(messages[0]) ? "welcome"
                                                                                   : "refused");
+  if (flood != 0) {
+    // Asked without progressing: what the engine answers piles up at its end.
+    std::vector<ucs_status_ptr_t> sent;
+    for (size_t i = 0; i < flood; ++i) {
+      const wire::EncodedDataHeader h = wire::EncodeData({wire::DataKind::kReadRequest, 0, i + 100, target, length});
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+      sent.push_back(ucp_am_send_nbx(ep, kDataAmId, h.data(), h.size(), nullptr, 0, &p));
+    }
+    ::sleep(1);
+    ProgressUntil([&] { return closed || answers >= flood; }, std::chrono::milliseconds(10000));
+    std::printf("flood: %zu of %zu answered, connection %s\n", answers, flood, closed ? "closed" : "open");
+    return 0;  // requests still held by UCX go with the process
+  }
   std::printf("put after hello: %s\n", RawPut(context, ep, target, bytes));
   std::fflush(stdout);
 
