@@ -194,25 +194,32 @@ int main(int argc, char** argv) {
                                                                                   : "refused");
   if (flood != 0) {
     // Asked without progressing: what the engine answers piles up at its end.
+    // UCX reads a queued message's header when it sends it: each stays alive.
+    std::vector<wire::EncodedDataHeader> headers(flood);
     std::vector<ucs_status_ptr_t> sent;
     for (size_t i = 0; i < flood; ++i) {
-      const wire::EncodedDataHeader h = wire::EncodeData({wire::DataKind::kReadRequest, 0, i + 100, target, length});
+      headers[i] = wire::EncodeData({wire::DataKind::kReadRequest, 0, i + 100, target, length});
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-      sent.push_back(ucp_am_send_nbx(ep, kDataAmId, h.data(), h.size(), nullptr, 0, &p));
+      sent.push_back(ucp_am_send_nbx(ep, kDataAmId, headers[i].data(), headers[i].size(), nullptr, 0, &p));
     }
     ::sleep(1);
     ProgressUntil([&] { return closed || answers >= flood; }, std::chrono::milliseconds(10000));
+    for (ucs_status_ptr_t r : sent)
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX releases it when it completes
     std::printf("flood: %zu of %zu answered, connection %s\n", answers, flood, closed ? "closed" : "open");
-    return 0;  // requests still held by UCX go with the process
+  } else {
+    std::printf("put after hello: %s\n", RawPut(context, ep, target, bytes));
   }
-  std::printf("put after hello: %s\n", RawPut(context, ep, target, bytes));
   std::fflush(stdout);
 
+  static wire::EncodedDataHeader headers[2];  // alive while UCX may still send them
   for (wire::DataKind kind : {wire::DataKind::kWrite, wire::DataKind::kReadRequest}) {
+    if (flood != 0) break;
     const bool write = kind == wire::DataKind::kWrite;
-    const wire::EncodedDataHeader h = wire::EncodeData({kind, 0, 7, target, length});
+    wire::EncodedDataHeader& h = headers[write ? 0 : 1];
+    h = wire::EncodeData({kind, 0, 7, target, length});
     data_answer.reset();
     Wait(SendAm(ep, kDataAmId, h.data(), h.size(), write ? bytes.data() : nullptr, write ? length : 0),
          std::chrono::milliseconds(1000));
