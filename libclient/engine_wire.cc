@@ -228,11 +228,38 @@ Result<DataHeader> DecodeData(std::span<const uint8_t> bytes) {
   uint8_t kind = 0;
   uint32_t code = 0;
   if (!r.U8(&kind) || !r.U32(&code) || !r.U64(&h.tag) || !r.U64(&h.address) || !r.U64(&h.length)) return bad;
-  if (kind < static_cast<uint8_t>(DataKind::kWrite) || kind > static_cast<uint8_t>(DataKind::kReadData)) return bad;
+  if (kind < static_cast<uint8_t>(DataKind::kWrite) || kind > static_cast<uint8_t>(DataKind::kReadV)) return bad;
   h.kind = static_cast<DataKind>(kind);
   h.code = static_cast<int32_t>(code);
-  if (h.length > kMaxMessageBytes || h.address + h.length < h.address) return bad;
+  if (h.length > kMaxMessageBytes) return bad;
+  const bool batch = h.kind == DataKind::kWriteV || h.kind == DataKind::kReadV;
+  if (batch ? h.address == 0 || h.address > kMaxSegments : h.address + h.length < h.address) return bad;
   return h;
+}
+
+std::string EncodeSegments(const std::vector<Segment>& segments) {
+  Writer w;
+  for (const Segment& s : segments) {
+    w.U64(s.address);
+    w.U64(s.length);
+  }
+  return w.take();
+}
+
+Result<std::vector<Segment>> DecodeSegments(std::span<const uint8_t> bytes, size_t count, uint64_t total) {
+  const Status bad(ErrorCode::kProtocolError, "a malformed batch from the remote engine");
+  if (count == 0 || count > kMaxSegments || bytes.size() < count * kSegmentBytes) return bad;
+  Reader r(bytes.first(count * kSegmentBytes));
+  std::vector<Segment> out(count);
+  uint64_t sum = 0;
+  for (Segment& s : out) {
+    if (!r.U64(&s.address) || !r.U64(&s.length) || s.length == 0 || s.length > kMaxMessageBytes ||
+        s.address + s.length < s.address)
+      return bad;
+    sum += s.length;  // at most 256 * 4 MiB: no overflow
+  }
+  if (sum != total) return bad;
+  return out;
 }
 
 }  // namespace membroker::detail::wire

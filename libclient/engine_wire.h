@@ -83,7 +83,19 @@ Result<Message> Decode(std::span<const uint8_t> bytes);
 // address) and kReadRequest (asking for length bytes at address); the
 // acceptor answers each with kWriteAck or kReadData (the bytes), code 0 when
 // done, else the ErrorCode that refused it (nothing written or sent).
-enum class DataKind : uint8_t { kWrite = 1, kWriteAck = 2, kReadRequest = 3, kReadData = 4 };
+// Small descriptors travel together: kWriteV and kReadV carry `address`
+// segments (1 to kMaxSegments) of `length` bytes in all; their data starts
+// with the segments' table (EncodeSegments), followed for kWriteV by the
+// bytes of each in turn. They are answered as one (kWriteAck, or kReadData
+// with the bytes of each segment in turn), all or nothing.
+enum class DataKind : uint8_t {
+  kWrite = 1,
+  kWriteAck = 2,
+  kReadRequest = 3,
+  kReadData = 4,
+  kWriteV = 5,
+  kReadV = 6,
+};
 struct DataHeader {
   DataKind kind = DataKind::kWrite;
   int32_t code = 0;
@@ -95,7 +107,18 @@ inline constexpr size_t kDataHeaderBytes = 1 + 4 + 8 * 3;
 using EncodedDataHeader = std::array<uint8_t, kDataHeaderBytes>;
 
 EncodedDataHeader EncodeData(const DataHeader& h);
-// Checks the size, the kind, and that a range does not wrap.
+// Checks the size, the kind, that a range does not wrap, and a batch's count.
 Result<DataHeader> DecodeData(std::span<const uint8_t> bytes);
+
+inline constexpr size_t kMaxSegments = 256;
+inline constexpr size_t kSegmentBytes = 16;
+struct Segment {
+  uint64_t address = 0;
+  uint64_t length = 0;
+};
+std::string EncodeSegments(const std::vector<Segment>& segments);
+// `count` segments from the table at the start of bytes: none empty or
+// wrapping, their lengths summing to `total`.
+Result<std::vector<Segment>> DecodeSegments(std::span<const uint8_t> bytes, size_t count, uint64_t total);
 
 }  // namespace membroker::detail::wire

@@ -43,6 +43,14 @@ constexpr size_t kMaxPendingHandshakes = 64;
 // slower.
 constexpr size_t kPieceBytes = 512 << 10;
 constexpr size_t kWindowPieces = 64;
+// Descriptors of at most 64 KiB are sent together, up to 120 KiB and
+// wire::kMaxSegments of them: one message and one answer for many KV blocks,
+// not one each, and within one TCP segment, so no side reassembles it. With
+// 1000 4 KiB descriptors on the two-host veth, per descriptor: batches of
+// 120 KiB wrote in 2.3-3.4 us and read in 0.9-1.3, of 256-512 KiB in 5.3-6.0
+// and 2.5-3.1; one message each (no batches) took 8.5-11.3 and 8.0-9.2.
+constexpr size_t kBatchBytes = 64 << 10;
+constexpr size_t kBatchMessageBytes = 120 << 10;
 constexpr size_t kWindowBytes = 16 << 20;
 // Answers to one connection's pieces that UCX may still hold, queued because
 // the peer does not read them: past this many the connection is closed rather
@@ -145,6 +153,10 @@ struct Piece {
   bool sending = false;
   bool answered = false;
   wire::EncodedDataHeader header{};  // alive while UCX sends it
+  // A batch of small descriptors: each one's range, here and at the remote;
+  // its table (and a WRITE's bytes, gathered) alive while UCX sends them.
+  std::vector<std::pair<uintptr_t, wire::Segment>> batch;
+  std::string batch_bytes;
 };
 
 struct Job {
@@ -176,6 +188,7 @@ struct AnswerContext {
   uint64_t conn = 0;
   std::optional<uint64_t> range;  // the handle of the range a read's bytes come from
   wire::EncodedDataHeader header{};
+  std::string bytes;  // a batched read's bytes, gathered
 };
 
 }  // namespace
@@ -272,11 +285,20 @@ class UcxTransport::Worker {
   // is left in flight and nothing more will be sent.
   void Pump(Job* job);
   void SendPiece(Conn& c, Piece* p);
+  // Sends the job's next small descriptors as one piece; false (nothing
+  // sent) when fewer than two come next.
+  bool SendBatch(Conn& c, Job* job);
   void Retire(Piece* p);  // forgets p once it is sent and answered
   // The acceptor's side of a piece: checked against the ranges c may use,
   // then written, or read and sent back.
   void Serve(Conn& c, const wire::DataHeader& h, const void* data, size_t length);
-  void SendAnswer(Conn& c, const wire::DataHeader& h, std::optional<uint64_t> range, const void* data);
+  void ServeBatch(Conn& c, const wire::DataHeader& h, const uint8_t* data, size_t length);
+  // The range registered here that [address, address+length) lies in, if c
+  // may use it so (not one whose deregistration it acknowledged, nor a
+  // read-only one for a write).
+  std::optional<uint64_t> RangeFor(const Conn& c, uint64_t address, uint64_t length, bool write) const;
+  void SendAnswer(Conn& c, const wire::DataHeader& h, std::optional<uint64_t> range, const void* data,
+                  std::string gathered = {});
   void AnswerSent(AnswerContext* ctx);
   // The connector's side: a piece's answer.
   void Answered(Conn& c, const wire::DataHeader& h, const void* data, size_t length);
@@ -1106,6 +1128,7 @@ void UcxTransport::Worker::Pump(Job* job) {
   while (job->result.ok() && job->next < job->descs.size() && job->in_flight.size() < kWindowPieces &&
          job->bytes_in_flight < kWindowBytes) {
     const TransferOpDesc& d = job->descs[job->next];
+    if (job->next_offset == 0 && d.len != 0 && d.len <= kBatchBytes && SendBatch(*c, job)) continue;
     const uint64_t offset = job->next_offset;
     const uint64_t length = std::min<uint64_t>(kPieceBytes, d.len - offset);
     job->next_offset += length;
@@ -1129,17 +1152,51 @@ void UcxTransport::Worker::Pump(Job* job) {
   if (job->in_flight.empty() && (job->next == job->descs.size() || !job->result.ok())) FinishJob(job);
 }
 
+bool UcxTransport::Worker::SendBatch(Conn& c, Job* job) {
+  size_t end = job->next;
+  uint64_t total = 0;
+  while (end < job->descs.size() && end - job->next < wire::kMaxSegments && job->descs[end].len != 0 &&
+         job->descs[end].len <= kBatchBytes && total + job->descs[end].len <= kBatchMessageBytes)
+    total += job->descs[end++].len;
+  if (end - job->next < 2) return false;
+  auto piece = std::make_unique<Piece>();
+  Piece* p = piece.get();
+  p->job = job;
+  p->tag = c.next_tag++;
+  p->length = total;
+  std::vector<wire::Segment> table;
+  for (size_t i = job->next; i < end; ++i) {
+    const TransferOpDesc& d = job->descs[i];
+    p->batch.push_back({d.local_addr, wire::Segment{d.remote_addr, d.len}});
+    table.push_back(wire::Segment{d.remote_addr, d.len});
+  }
+  p->batch_bytes = wire::EncodeSegments(table);
+  if (job->op == WRITE)
+    for (const auto& [local, seg] : p->batch)
+      p->batch_bytes.append(reinterpret_cast<const char*>(local), seg.length);
+  job->next = end;
+  job->in_flight[p->tag] = std::move(piece);
+  c.pieces[p->tag] = p;
+  job->bytes_in_flight += total;
+  SendPiece(c, p);
+  return true;
+}
+
 void UcxTransport::Worker::SendPiece(Conn& c, Piece* p) {
   const bool write = p->job->op == WRITE;
+  const bool batch = !p->batch.empty();
+  using K = wire::DataKind;
   p->header = wire::EncodeData(
-      wire::DataHeader{write ? wire::DataKind::kWrite : wire::DataKind::kReadRequest, 0, p->tag, p->remote, p->length});
+      batch ? wire::DataHeader{write ? K::kWriteV : K::kReadV, 0, p->tag, p->batch.size(), p->length}
+            : wire::DataHeader{write ? K::kWrite : K::kReadRequest, 0, p->tag, p->remote, p->length});
+  void* data = batch ? p->batch_bytes.data() : write ? reinterpret_cast<void*>(p->local) : nullptr;
+  const size_t bytes = batch ? p->batch_bytes.size() : write ? p->length : 0;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
   prm.cb.send = &Worker::OnPieceSent;
   prm.user_data = p;
-  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kDataAmId, p->header.data(), p->header.size(),
-                                       write ? reinterpret_cast<void*>(p->local) : nullptr, write ? p->length : 0, &prm);
+  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kDataAmId, p->header.data(), p->header.size(), data, bytes, &prm);
   if (UCS_PTR_IS_PTR(r)) {
     p->sending = true;
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -1189,7 +1246,7 @@ ucs_status_t UcxTransport::Worker::OnData(void* arg, const void* header, size_t 
   // Our pieces always fit one eager message: bytes by rendezvous are not ours
   // (returning without receiving them drops them).
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return protocol_error("a transfer's bytes by rendezvous");
-  const bool asks = h->kind == wire::DataKind::kWrite || h->kind == wire::DataKind::kReadRequest;
+  const bool asks = h->kind != wire::DataKind::kWriteAck && h->kind != wire::DataKind::kReadData;
   // Only a connection accepted here and past its hello may touch our memory;
   // only our own connections get answers.
   if (c->state != Conn::State::kReady || c->outgoing == asks) return protocol_error("an unexpected transfer message");
@@ -1200,24 +1257,28 @@ ucs_status_t UcxTransport::Worker::OnData(void* arg, const void* header, size_t 
   return UCS_OK;
 }
 
+std::optional<uint64_t> UcxTransport::Worker::RangeFor(const Conn& c, uint64_t address, uint64_t length,
+                                                       bool write) const {
+  auto it = by_address_.upper_bound(address);
+  if (it == by_address_.begin()) return std::nullopt;
+  const uint64_t handle = std::prev(it)->second;
+  const LocalRegion& r = regions_.at(handle);
+  const bool allowed = address + length <= r.address + r.length && (!r.removing || r.awaiting.count(c.id) != 0) &&
+                       !(write && r.read_only);
+  return allowed ? std::optional<uint64_t>(handle) : std::nullopt;
+}
+
 void UcxTransport::Worker::Serve(Conn& c, const wire::DataHeader& h, const void* data, size_t length) {
+  if (h.kind == wire::DataKind::kWriteV || h.kind == wire::DataKind::kReadV)
+    return ServeBatch(c, h, static_cast<const uint8_t*>(data), length);
   const bool write = h.kind == wire::DataKind::kWrite;
   if (length != (write ? h.length : 0))
     return Break(c, Status(ErrorCode::kProtocolError, "a transfer message whose bytes do not match its header from " +
                                                           c.address));
-  // Inside one range registered here that c may still use (not one whose
-  // deregistration it acknowledged), and not a read-only one for a write.
-  const LocalRegion* r = nullptr;
-  uint64_t handle = 0;
-  if (auto it = by_address_.upper_bound(h.address); it != by_address_.begin()) {
-    handle = std::prev(it)->second;
-    r = &regions_.at(handle);
-  }
-  const bool allowed = r != nullptr && h.address + h.length <= r->address + r->length &&
-                       (!r->removing || r->awaiting.count(c.id) != 0) && !(write && r->read_only);
+  const std::optional<uint64_t> range = RangeFor(c, h.address, h.length, write);
   wire::DataHeader answer{write ? wire::DataKind::kWriteAck : wire::DataKind::kReadData, 0, h.tag, h.address,
                           h.length};
-  if (!allowed) {
+  if (!range) {
     answer.code = static_cast<int32_t>(ErrorCode::kParamInvalid);
     answer.length = 0;
     return SendAnswer(c, answer, std::nullopt, nullptr);
@@ -1226,16 +1287,45 @@ void UcxTransport::Worker::Serve(Conn& c, const wire::DataHeader& h, const void*
     std::memcpy(reinterpret_cast<void*>(h.address), data, h.length);
     return SendAnswer(c, answer, std::nullopt, nullptr);
   }
-  SendAnswer(c, answer, handle, reinterpret_cast<const void*>(h.address));
+  SendAnswer(c, answer, range, reinterpret_cast<const void*>(h.address));
+}
+
+void UcxTransport::Worker::ServeBatch(Conn& c, const wire::DataHeader& h, const uint8_t* data, size_t length) {
+  const bool write = h.kind == wire::DataKind::kWriteV;
+  const size_t table = h.address * wire::kSegmentBytes;
+  auto segments = wire::DecodeSegments({data, length}, h.address, h.length);
+  if (!segments.ok() || length != table + (write ? h.length : 0))
+    return Break(c, Status(ErrorCode::kProtocolError, "a malformed batch from " + c.address));
+  wire::DataHeader answer{write ? wire::DataKind::kWriteAck : wire::DataKind::kReadData, 0, h.tag, 0, h.length};
+  // All or nothing: every segment is checked before a byte moves.
+  for (const wire::Segment& s : *segments)
+    if (!RangeFor(c, s.address, s.length, write)) {
+      answer.code = static_cast<int32_t>(ErrorCode::kParamInvalid);
+      answer.length = 0;
+      return SendAnswer(c, answer, std::nullopt, nullptr);
+    }
+  if (write) {
+    const uint8_t* from = data + table;
+    for (const wire::Segment& s : *segments) {
+      std::memcpy(reinterpret_cast<void*>(s.address), from, s.length);
+      from += s.length;
+    }
+    return SendAnswer(c, answer, std::nullopt, nullptr);
+  }
+  std::string gathered;
+  gathered.reserve(h.length);
+  for (const wire::Segment& s : *segments) gathered.append(reinterpret_cast<const char*>(s.address), s.length);
+  SendAnswer(c, answer, std::nullopt, nullptr, std::move(gathered));
 }
 
 void UcxTransport::Worker::SendAnswer(Conn& c, const wire::DataHeader& h, std::optional<uint64_t> range,
-                                      const void* data) {
+                                      const void* data, std::string gathered) {
   if (c.answers_in_flight >= kMaxAnswersInFlight)
     return Break(c, Status(ErrorCode::kResourceExhausted,
                            c.address + " asked for more than " + std::to_string(kMaxAnswersInFlight) +
                                " pieces without reading the answers"));
-  auto* ctx = new AnswerContext{this, c.id, range, wire::EncodeData(h)};
+  auto* ctx = new AnswerContext{this, c.id, range, wire::EncodeData(h), std::move(gathered)};
+  if (!ctx->bytes.empty()) data = ctx->bytes.data();
   ++c.answers_in_flight;
   if (range) ++regions_.at(*range).sending;
   ucp_request_param_t prm{};
@@ -1283,10 +1373,19 @@ void UcxTransport::Worker::Answered(Conn& c, const wire::DataHeader& h, const vo
   if (h.code != 0) {
     if (job->result.ok())
       job->result = Status(ErrorCode::kParamInvalid,
-                           "engine \"" + ipc::EscapeText(c.engine) + "\" refused the transfer at its address " +
-                               Hex(p->remote) + ": not inside memory it registered for this engine");
+                           "engine \"" + ipc::EscapeText(c.engine) + "\" refused the transfer at " +
+                               (p->batch.empty() ? "its address " + Hex(p->remote)
+                                                 : "one of " + std::to_string(p->batch.size()) + " ranges from " +
+                                                       Hex(p->batch.front().second.address)) +
+                               ": not inside memory it registered for this engine");
   } else if (length != (job->op == READ ? p->length : 0) || h.length != p->length) {
     return Break(c, Status(ErrorCode::kProtocolError, "an answer of the wrong size from " + c.address));
+  } else if (job->op == READ && !p->batch.empty()) {
+    const char* from = static_cast<const char*>(data);
+    for (const auto& [local, seg] : p->batch) {
+      std::memcpy(reinterpret_cast<void*>(local), from, seg.length);
+      from += seg.length;
+    }
   } else if (job->op == READ) {
     std::memcpy(reinterpret_cast<void*>(p->local), data, length);
   }

@@ -42,8 +42,9 @@ int main(int argc, char** argv) {
       Write(std::string(argv[3]) + "/message-" + std::to_string(n++), {bytes.begin(), bytes.end()});
     }
     for (w::DataKind kind : {w::DataKind::kWrite, w::DataKind::kWriteAck, w::DataKind::kReadRequest,
-                             w::DataKind::kReadData}) {
-      const w::EncodedDataHeader h = w::EncodeData(w::DataHeader{kind, 0, 9, 0x7f0000001000, 65536});
+                             w::DataKind::kReadData, w::DataKind::kWriteV, w::DataKind::kReadV}) {
+      const bool batch = kind == w::DataKind::kWriteV || kind == w::DataKind::kReadV;
+      const w::EncodedDataHeader h = w::EncodeData(w::DataHeader{kind, 0, 9, batch ? uint64_t{2} : uint64_t{0x7f0000001000}, 65536});
       Write(std::string(argv[3]) + "/data-" + std::to_string(n++), {h.begin(), h.end()});
     }
   }

@@ -158,32 +158,39 @@ def test_refused_without_the_secret(hosts, secrets):
     b.quit()
 
 
+def intrude(hosts, *args):
+    """tests/ucx_intruder on host a: its lines, without UCX's own log lines (UCX logs to stdout)."""
+    proc = hosts.a.spawn([os.path.join(hosts.build, "tests", "ucx_intruder")] + [str(x) for x in args],
+                         stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (proc.returncode, out)
+    return [l for l in out.splitlines() if not l.startswith("[")]
+
+
 def test_a_peer_speaking_ucx_directly_reaches_no_other_memory(hosts, secrets):
     with Pair(hosts, secrets) as p:
         # A range decode registered and deregistered: still mapped in its process.
         index, base = p.b("alloc host %d" % MiB)
         p.b("fill %s 19" % index)
         p.b("dereg %s" % index)
-        tool = os.path.join(hosts.build, "tests", "ucx_intruder")
         runs = {"-": ["hello: refused", "put after hello: no completion", "write: no answer", "read: no answer"],
                 secrets["a"]: ["hello: welcome", "put after hello: no completion",
                                "write: code %d" % PARAM_INVALID, "read: code %d, 0 bytes" % PARAM_INVALID]}
         for secret, expected in runs.items():
-            proc = hosts.a.spawn([tool, p.addr, secret, base, "4096"], stdout=subprocess.PIPE, text=True)
-            out, _ = proc.communicate(timeout=60)
-            lines = [l for l in out.splitlines() if not l.startswith("[")]  # UCX logs to stdout
-            assert proc.returncode == 0 and lines == ["put before hello: no completion"] + expected, out
+            lines = intrude(hosts, p.addr, secret, base, 4096)
+            assert lines == ["put before hello: no completion"] + expected, lines
+        p.b("check %s 19 0 %d" % (index, MiB))
+        # A batch is all or nothing: one segment outside the ranges, and the one inside is not written either.
+        hi, hbase = p.b_mem["host"]
+        lines = intrude(hosts, p.addr, secrets["a"], base, 4096, "batch=%d" % hbase)
+        assert lines == ["hello: welcome", "batch: code %d" % PARAM_INVALID], lines
+        p.b("check %d 2 0 4096" % hi)
         p.b("check %s 19 0 %d" % (index, MiB))
         # An admitted peer that asks for 8192 pieces and reads none of the answers is
         # cut off at 4096 queued, not queued for without bound.
-        _, bbase = p.b_mem["host"]
-        proc = hosts.a.spawn([tool, p.addr, secrets["a"], str(bbase), str(64 * 1024), "8192"],
-                             stdout=subprocess.PIPE, text=True)
-        out, _ = proc.communicate(timeout=60)
-        lines = [l for l in out.splitlines() if not l.startswith("[")]
-        assert proc.returncode == 0 and len(lines) == 2 and lines[0] == "hello: welcome", (proc.returncode, out)
-        answered = int(lines[1].split()[1])
-        assert answered < 8192 and lines[1].endswith("connection closed"), out
+        lines = intrude(hosts, p.addr, secrets["a"], hbase, 64 * 1024, 8192)
+        assert len(lines) == 2 and lines[0] == "hello: welcome", lines
+        assert int(lines[1].split()[1]) < 8192 and lines[1].endswith("connection closed"), lines
         # decode still serves its own connector.
         ai, _ = p.a_mem["broker"]
         _, bbase = p.b_mem["broker"]

@@ -11,6 +11,12 @@
 //   write: code N                               a data message writing at TARGET
 //   read: code N, M bytes                       a data message reading at TARGET
 //
+//   ucx_intruder ADDRESS SECRET_FILE TARGET LENGTH batch=VALID
+//
+//   hello: welcome|...
+//   batch: code N                               one batched write (kWriteV) of LENGTH
+//                                               bytes at VALID (registered) and at TARGET
+//
 //   ucx_intruder ADDRESS SECRET_FILE TARGET LENGTH COUNT
 //
 //   hello: welcome|...
@@ -180,8 +186,11 @@ int main(int argc, char** argv) {
   ucp_ep_h ep = nullptr;
   if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK) return 1;
 
-  const size_t flood = argc == 6 ? std::strtoull(argv[5], nullptr, 0) : 0;
-  if (flood == 0) {
+  const std::string mode = argc == 6 ? argv[5] : "";
+  const bool batch = mode.rfind("batch=", 0) == 0;
+  const uint64_t valid = batch ? std::strtoull(mode.c_str() + 6, nullptr, 0) : 0;
+  const size_t flood = argc == 6 && !batch ? std::strtoull(argv[5], nullptr, 0) : 0;
+  if (flood == 0 && !batch) {
     std::printf("put before hello: %s\n", RawPut(context, ep, target, bytes));
     std::fflush(stdout);
   }
@@ -192,7 +201,18 @@ int main(int argc, char** argv) {
   std::printf("hello: %s\n", !answered                                           ? "no answer"
                              : std::holds_alternative<wire::Welcome>(messages[0]) ? "welcome"
                                                                                   : "refused");
-  if (flood != 0) {
+  if (batch) {
+    static std::string message;  // the table, then both segments' bytes: alive while UCX sends it
+    message = wire::EncodeSegments({{valid, length}, {target, length}}) + std::string(2 * length, '\xee');
+    static wire::EncodedDataHeader h;
+    h = wire::EncodeData({wire::DataKind::kWriteV, 0, 9, 2, 2 * length});
+    data_answer.reset();
+    Wait(SendAm(ep, kDataAmId, h.data(), h.size(), message.data(), message.size()), std::chrono::milliseconds(1000));
+    if (ProgressUntil([] { return data_answer.has_value(); }, std::chrono::milliseconds(1000)))
+      std::printf("batch: code %d\n", data_answer->code);
+    else
+      std::printf("batch: no answer\n");
+  } else if (flood != 0) {
     // Asked without progressing: what the engine answers piles up at its end.
     // UCX reads a queued message's header when it sends it: each stays alive.
     std::vector<wire::EncodedDataHeader> headers(flood);
@@ -216,7 +236,7 @@ int main(int argc, char** argv) {
 
   static wire::EncodedDataHeader headers[2];  // alive while UCX may still send them
   for (wire::DataKind kind : {wire::DataKind::kWrite, wire::DataKind::kReadRequest}) {
-    if (flood != 0) break;
+    if (flood != 0 || batch) break;
     const bool write = kind == wire::DataKind::kWrite;
     wire::EncodedDataHeader& h = headers[write ? 0 : 1];
     h = wire::EncodeData({kind, 0, 7, target, length});

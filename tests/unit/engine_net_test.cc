@@ -122,6 +122,26 @@ TEST(EngineWire, DataHeadersRoundTripAndRefuseWhatNoEngineSends) {
   EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kWrite, 0, 1, ~0ull - 10, 4096})).ok());
   EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kReadRequest, 0, 1, 4096, wire::kMaxMessageBytes + 1})).ok());
   EXPECT_TRUE(decode(wire::EncodeData({wire::DataKind::kReadRequest, 0, 1, 4096, wire::kMaxMessageBytes})).ok());
+  // A batch names 1 to kMaxSegments segments.
+  EXPECT_TRUE(decode(wire::EncodeData({wire::DataKind::kWriteV, 0, 1, 2, 8192})).ok());
+  EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kWriteV, 0, 1, 0, 8192})).ok());
+  EXPECT_FALSE(decode(wire::EncodeData({wire::DataKind::kReadV, 0, 1, wire::kMaxSegments + 1, 8192})).ok());
+}
+
+TEST(EngineWire, SegmentTablesRoundTripAndRefuseWhatNoEngineSends) {
+  const std::vector<wire::Segment> segs = {{0x7f0000001000, 4096}, {0x7f0000003000, 8192}};
+  const std::string table = wire::EncodeSegments(segs);
+  ASSERT_EQ(table.size(), 2 * wire::kSegmentBytes);
+  auto span = [](const std::string& s) { return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()); };
+  auto back = wire::DecodeSegments(span(table + "bytes follow"), 2, 12288);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ((*back)[1].address, 0x7f0000003000u);
+  EXPECT_EQ((*back)[1].length, 8192u);
+  EXPECT_FALSE(wire::DecodeSegments(span(table), 2, 12289).ok());         // lengths that do not sum up
+  EXPECT_FALSE(wire::DecodeSegments(span(table), 3, 12288).ok());         // a count past the table
+  EXPECT_FALSE(wire::DecodeSegments(span(table), 0, 0).ok());             // no segments
+  EXPECT_FALSE(wire::DecodeSegments(span(wire::EncodeSegments({{1, 0}})), 1, 0).ok());  // an empty one
+  EXPECT_FALSE(wire::DecodeSegments(span(wire::EncodeSegments({{~0ull - 10, 4096}})), 1, 4096).ok());  // wraps
 }
 
 }  // namespace
