@@ -13,6 +13,12 @@ void AppendHex(std::string& out, unsigned char c) {
 }
 }  // namespace
 
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 std::string EscapeControlBytes(std::string_view s) {
   std::string out;
   out.reserve(s.size());

@@ -5,6 +5,7 @@
 
 #include <new>
 
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/memfd.h"
 #include "membroker/ipc/ranges.h"
 #include "membroker/ipc/syscall.h"
@@ -14,16 +15,10 @@ namespace membroker::detail {
 namespace {
 constexpr uintptr_t kPage = 4096;
 
-std::string Hex(uintptr_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%lx", static_cast<unsigned long>(v));
-  return buf;
-}
-
 // Puts [va, va+size) back to an inaccessible, reserved state.
 Status ReserveFixed(uintptr_t va, size_t size) {
   void* out = nullptr;
-  return ipc::CheckedCall("mmap", "reserve " + Hex(va) + "+" + std::to_string(size), &out, [&] {
+  return ipc::CheckedCall("mmap", "reserve " + ipc::Hex(va) + "+" + std::to_string(size), &out, [&] {
     return ::mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   });
@@ -140,7 +135,7 @@ Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected,
   }
   if (base == 0 && (flags & kReserveFixed))
     return Status(ErrorCode::kAddressInUse,
-                  "range " + Hex(reinterpret_cast<uintptr_t>(expected)) + "+" + std::to_string(size) +
+                  "range " + ipc::Hex(reinterpret_cast<uintptr_t>(expected)) + "+" + std::to_string(size) +
                       " is not free in this process (or not aligned to " + std::to_string(alignment) + ")");
   if (base == 0) {
     // Over-reserve, then trim both ends to the alignment.
@@ -164,15 +159,15 @@ Status ClientCore::Release(void* base_ptr, bool force) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = reservations_.find(base);
   if (it == reservations_.end())
-    return Status(ErrorCode::kNotFound, "no reservation starts at " + Hex(base));
+    return Status(ErrorCode::kNotFound, "no reservation starts at " + ipc::Hex(base));
   if (!it->second.mappings.empty() && !force)
     return Status(ErrorCode::kBusy, std::to_string(it->second.mappings.size()) +
-                                        " mapping(s) still inside the reservation at " + Hex(base) +
+                                        " mapping(s) still inside the reservation at " + ipc::Hex(base) +
                                         "; unmap them first");
   MB_RETURN_IF_ERROR(CheckNotEngineRange(base, it->second.size, "released"));
   std::vector<uint64_t> handles;
   for (auto& [va, m] : it->second.mappings) handles.push_back(m.handle);
-  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("munmap", Hex(base), nullptr, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("munmap", ipc::Hex(base), nullptr, [&] {
     return ::munmap(base_ptr, it->second.size);
   }));
   reservations_.erase(it);
@@ -196,7 +191,7 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
   const uint64_t page = h->second.page_size;
   if (size == 0 || size % page != 0 || offset % page != 0 || va % page != 0)
     return Status(ErrorCode::kParamInvalid,
-                  "address " + Hex(va) + ", size " + std::to_string(size) + " and offset " +
+                  "address " + ipc::Hex(va) + ", size " + std::to_string(size) + " and offset " +
                       std::to_string(offset) + " must be multiples of the page size " +
                       std::to_string(page) + " (size non-zero)");
   if (offset > h->second.size || size > h->second.size - offset)
@@ -208,18 +203,18 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
   if (h->second.fixed_address != 0 && va != h->second.fixed_address + offset)
     return Status(ErrorCode::kParamInvalid,
                   "a same-address allocation maps only at its fixed address " +
-                      Hex(h->second.fixed_address + offset));
+                      ipc::Hex(h->second.fixed_address + offset));
   ReservationState* r = FindReservation(va, size);
   if (r == nullptr)
     return Status(ErrorCode::kOutOfRange,
-                  "range " + Hex(va) + "+" + std::to_string(size) + " is not inside one reservation");
+                  "range " + ipc::Hex(va) + "+" + std::to_string(size) + " is not inside one reservation");
   if (ipc::Overlaps(r->mappings, va, size, [](const MappingState& m) { return m.size; }))
-    return Status(ErrorCode::kOverlap, "range " + Hex(va) + "+" + std::to_string(size) +
+    return Status(ErrorCode::kOverlap, "range " + ipc::Hex(va) + "+" + std::to_string(size) +
                                            " overlaps a mapping in this reservation");
   int prot = PROT_READ | (h->second.read_only ? 0 : PROT_WRITE);
   void* out = nullptr;
   MB_RETURN_IF_ERROR(ipc::CheckedCall(
-      "mmap", "map " + Hex(va) + "+" + std::to_string(size) + " offset=" + std::to_string(offset), &out,
+      "mmap", "map " + ipc::Hex(va) + "+" + std::to_string(size) + " offset=" + std::to_string(offset), &out,
       [&] {
         return ::mmap(va_ptr, size, prot,
                       MAP_SHARED | MAP_FIXED | ((flags & kMapPopulate) ? MAP_POPULATE : 0),
@@ -237,7 +232,7 @@ Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
   ReservationState* r = FindReservation(va, 1);
   auto m = r ? r->mappings.find(va) : decltype(r->mappings.end()){};
   if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
-    return Status(ErrorCode::kNotMapped, "nothing is mapped at " + Hex(va));
+    return Status(ErrorCode::kNotMapped, "nothing is mapped at " + ipc::Hex(va));
   MB_RETURN_IF_ERROR(CheckNotEngineRange(va, m->second.size, "unmapped"));
   MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
   uint64_t handle = m->second.handle;
@@ -266,15 +261,15 @@ Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
     auto held = handles_.find(it->second.handle);  // a mapping keeps its handle entry
     if (access == Access::kReadWrite && held != handles_.end() && held->second.read_only)
       return Status(ErrorCode::kPermissionDenied,
-                    "the mapping at " + Hex(it->first) + " is of a read-only import");
+                    "the mapping at " + ipc::Hex(it->first) + " is of a read-only import");
     cursor = it->first + it->second.size;
   }
-  if (cursor < va + size) return Status(ErrorCode::kNotMapped, Hex(cursor) + " is not mapped");
+  if (cursor < va + size) return Status(ErrorCode::kNotMapped, ipc::Hex(cursor) + " is not mapped");
   if (access != Access::kReadWrite) MB_RETURN_IF_ERROR(CheckNotEngineRange(va, size, "protected"));
   int prot = access == Access::kNone ? PROT_NONE
              : access == Access::kRead ? PROT_READ
                                        : PROT_READ | PROT_WRITE;
-  return ipc::CheckedCall<int>("mprotect", Hex(va) + "+" + std::to_string(size), nullptr,
+  return ipc::CheckedCall<int>("mprotect", ipc::Hex(va) + "+" + std::to_string(size), nullptr,
                                [&] { return ::mprotect(va_ptr, size, prot); });
 }
 
@@ -290,7 +285,7 @@ Status ClientCore::FreeHostAlloc(void* ptr) {
     auto it = host_allocs_.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == host_allocs_.end())
       return Status(ErrorCode::kInvalidHandle,
-                    "pointer " + Hex(reinterpret_cast<uintptr_t>(ptr)) +
+                    "pointer " + ipc::Hex(reinterpret_cast<uintptr_t>(ptr)) +
                         " did not come from MallocHost (or was freed already)");
     handle = it->second;
   }
@@ -313,7 +308,7 @@ Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = host_regs_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == host_regs_.end())
-    return Status(ErrorCode::kNotFound, "no HostRegister starts at " + Hex(reinterpret_cast<uintptr_t>(ptr)));
+    return Status(ErrorCode::kNotFound, "no HostRegister starts at " + ipc::Hex(reinterpret_cast<uintptr_t>(ptr)));
   size_t size = it->second;
   MB_RETURN_IF_ERROR(CheckNotEngineRange(it->first, size, "unregistered"));
   host_regs_.erase(it);
@@ -323,7 +318,7 @@ Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
 Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const {
   if (!ipc::Overlaps(engine_ranges_, va, size, [](const EngineRegistration& r) { return r.size; }))
     return Status::Ok();
-  return Status(ErrorCode::kBusy, "range " + Hex(va) + "+" + std::to_string(size) +
+  return Status(ErrorCode::kBusy, "range " + ipc::Hex(va) + "+" + std::to_string(size) +
                                       " is registered with a transfer engine and cannot be " + what +
                                       " (DeregisterMem it first)");
 }
@@ -345,7 +340,7 @@ Result<EngineRange> ClientCore::LockEngineRange(uintptr_t va, size_t size) {
   }
   if (!ok)
     return Status(ErrorCode::kParamInvalid,
-                  "range " + Hex(va) + "+" + std::to_string(size) +
+                  "range " + ipc::Hex(va) + "+" + std::to_string(size) +
                       " is neither inside one mapping of broker memory nor inside one "
                       "HostRegister range");
   engine_ranges_[va] = EngineRegistration{size, found, 0};

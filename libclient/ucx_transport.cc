@@ -61,12 +61,6 @@ constexpr size_t kMaxAnswersInFlight = 4096;
 // after it they see it when the message arrives (a link that is down delays them).
 constexpr auto kAnnounceWait = std::chrono::seconds(1);
 
-std::string Hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 Status UcxError(std::string_view what, ucs_status_t st) {
   return Status(ErrorCode::kInternal, std::string(what) + ": " + ucs_status_string(st));
 }
@@ -1374,9 +1368,9 @@ void UcxTransport::Worker::Answered(Conn& c, const wire::DataHeader& h, const vo
     if (job->result.ok())
       job->result = Status(ErrorCode::kParamInvalid,
                            "engine \"" + ipc::EscapeText(c.engine) + "\" refused the transfer at " +
-                               (p->batch.empty() ? "its address " + Hex(p->remote)
+                               (p->batch.empty() ? "its address " + ipc::Hex(p->remote)
                                                  : "one of " + std::to_string(p->batch.size()) + " ranges from " +
-                                                       Hex(p->batch.front().second.address)) +
+                                                       ipc::Hex(p->batch.front().second.address)) +
                                ": not inside memory it registered for this engine");
   } else if (length != (job->op == READ ? p->length : 0) || h.length != p->length) {
     return Break(c, Status(ErrorCode::kProtocolError, "an answer of the wrong size from " + c.address));

@@ -4,6 +4,7 @@
 // redraw an operator's terminal.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,9 @@ std::string EscapeControlBytes(std::string_view s);
 // Whether s is well-formed UTF-8 (no overlong forms, surrogates or code
 // points past U+10FFFF): flatbuffers strings must be, and JSON needs it.
 bool IsValidUtf8(std::string_view s);
+
+// An address or other number as messages show it: "0x7f0000001000".
+std::string Hex(uint64_t v);
 
 // The rule for names (client, engine, named object, notify names): 1 to
 // max_bytes bytes of UTF-8 without control characters. PARAM_INVALID naming
