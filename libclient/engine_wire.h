@@ -27,6 +27,9 @@ inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kMaxSecretBytes = 4096;
 inline constexpr size_t kMaxReasonBytes = 1024;
 inline constexpr size_t kMaxMessageBytes = 4 << 20;
+// The UCX active-message ids: every Message, and every data message (DataHeader).
+inline constexpr unsigned kAmId = 0x4d42;
+inline constexpr unsigned kDataAmId = 0x4d43;
 
 struct Region {
   uint64_t handle = 0;  // the owner's MemHandle

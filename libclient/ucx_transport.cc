@@ -28,8 +28,8 @@ namespace membroker::detail {
 namespace {
 
 using Clock = UcxTransport::Clock;
-constexpr unsigned kAmId = 0x4d42;                 // every engine message
-constexpr unsigned kDataAmId = 0x4d43;             // a transfer's pieces and their answers
+using wire::kAmId;
+using wire::kDataAmId;
 constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
 constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
 constexpr auto kSpinAfterActivity = std::chrono::milliseconds(1);

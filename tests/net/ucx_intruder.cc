@@ -51,8 +51,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr unsigned kAmId = 0x4d42;      // as libclient/ucx_transport.cc
-constexpr unsigned kDataAmId = 0x4d43;
+using wire::kAmId;
+using wire::kDataAmId;
 
 ucp_worker_h worker = nullptr;
 std::vector<wire::Message> messages;
