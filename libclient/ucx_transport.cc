@@ -141,16 +141,14 @@ struct Conn {
 struct Piece {
   Job* job = nullptr;
   uint64_t tag = 0;
-  uintptr_t local = 0;  // where the bytes come from (WRITE) or go (READ)
-  uint64_t remote = 0;
-  uint64_t length = 0;
+  // Where its bytes come from (WRITE) or go (READ), and their range at the
+  // remote: one range, or a batch of small descriptors' (more than one).
+  std::vector<std::pair<uintptr_t, wire::Segment>> ranges;
+  uint64_t length = 0;  // of all its ranges
   bool sending = false;
   bool answered = false;
   wire::EncodedDataHeader header{};  // alive while UCX sends it
-  // A batch of small descriptors: each one's range, here and at the remote;
-  // its table (and a WRITE's bytes, gathered) alive while UCX sends them.
-  std::vector<std::pair<uintptr_t, wire::Segment>> batch;
-  std::string batch_bytes;
+  std::string batch_bytes;  // a batch's table (and a WRITE's bytes, gathered), alive while UCX sends them
 };
 
 struct Job {
@@ -1135,8 +1133,7 @@ void UcxTransport::Worker::Pump(Job* job) {
     Piece* p = piece.get();
     p->job = job;
     p->tag = c->next_tag++;
-    p->local = d.local_addr + offset;
-    p->remote = d.remote_addr + offset;
+    p->ranges = {{d.local_addr + offset, wire::Segment{d.remote_addr + offset, length}}};
     p->length = length;
     job->in_flight[p->tag] = std::move(piece);
     c->pieces[p->tag] = p;
@@ -1161,12 +1158,12 @@ bool UcxTransport::Worker::SendBatch(Conn& c, Job* job) {
   std::vector<wire::Segment> table;
   for (size_t i = job->next; i < end; ++i) {
     const TransferOpDesc& d = job->descs[i];
-    p->batch.push_back({d.local_addr, wire::Segment{d.remote_addr, d.len}});
+    p->ranges.push_back({d.local_addr, wire::Segment{d.remote_addr, d.len}});
     table.push_back(wire::Segment{d.remote_addr, d.len});
   }
   p->batch_bytes = wire::EncodeSegments(table);
   if (job->op == WRITE)
-    for (const auto& [local, seg] : p->batch)
+    for (const auto& [local, seg] : p->ranges)
       p->batch_bytes.append(reinterpret_cast<const char*>(local), seg.length);
   job->next = end;
   job->in_flight[p->tag] = std::move(piece);
@@ -1178,12 +1175,13 @@ bool UcxTransport::Worker::SendBatch(Conn& c, Job* job) {
 
 void UcxTransport::Worker::SendPiece(Conn& c, Piece* p) {
   const bool write = p->job->op == WRITE;
-  const bool batch = !p->batch.empty();
+  const bool batch = p->ranges.size() > 1;
   using K = wire::DataKind;
   p->header = wire::EncodeData(
-      batch ? wire::DataHeader{write ? K::kWriteV : K::kReadV, 0, p->tag, p->batch.size(), p->length}
-            : wire::DataHeader{write ? K::kWrite : K::kReadRequest, 0, p->tag, p->remote, p->length});
-  void* data = batch ? p->batch_bytes.data() : write ? reinterpret_cast<void*>(p->local) : nullptr;
+      batch ? wire::DataHeader{write ? K::kWriteV : K::kReadV, 0, p->tag, p->ranges.size(), p->length}
+            : wire::DataHeader{write ? K::kWrite : K::kReadRequest, 0, p->tag, p->ranges[0].second.address,
+                               p->length});
+  void* data = batch ? p->batch_bytes.data() : write ? reinterpret_cast<void*>(p->ranges[0].first) : nullptr;
   const size_t bytes = batch ? p->batch_bytes.size() : write ? p->length : 0;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1368,20 +1366,18 @@ void UcxTransport::Worker::Answered(Conn& c, const wire::DataHeader& h, const vo
     if (job->result.ok())
       job->result = Status(ErrorCode::kParamInvalid,
                            "engine \"" + ipc::EscapeText(c.engine) + "\" refused the transfer at " +
-                               (p->batch.empty() ? "its address " + ipc::Hex(p->remote)
-                                                 : "one of " + std::to_string(p->batch.size()) + " ranges from " +
-                                                       ipc::Hex(p->batch.front().second.address)) +
+                               (p->ranges.size() == 1 ? "its address " + ipc::Hex(p->ranges[0].second.address)
+                                                      : "one of " + std::to_string(p->ranges.size()) +
+                                                            " ranges from " + ipc::Hex(p->ranges[0].second.address)) +
                                ": not inside memory it registered for this engine");
   } else if (length != (job->op == READ ? p->length : 0) || h.length != p->length) {
     return Break(c, Status(ErrorCode::kProtocolError, "an answer of the wrong size from " + c.address));
-  } else if (job->op == READ && !p->batch.empty()) {
-    const char* from = static_cast<const char*>(data);
-    for (const auto& [local, seg] : p->batch) {
+  } else if (job->op == READ) {
+    const char* from = static_cast<const char*>(data);  // each range's bytes in turn
+    for (const auto& [local, seg] : p->ranges) {
       std::memcpy(reinterpret_cast<void*>(local), from, seg.length);
       from += seg.length;
     }
-  } else if (job->op == READ) {
-    std::memcpy(reinterpret_cast<void*>(p->local), data, length);
   }
   p->answered = true;
   Retire(p);
