@@ -117,29 +117,45 @@ void StartSubscribers(Children& kids, size_t n, const std::string& socket, const
   ASSERT_TRUE(pub.WaitForSubscribers(static_cast<uint32_t>(n), 5000).ok());
 }
 
-class ChannelWake : public ::testing::TestWithParam<WakeMode> {};
-
-TEST_P(ChannelWake, BroadcastGivesEverySubscriberEveryChunk) {
+// Publishes kCount chunks to one subscriber process per entry of `wakes`
+// (each waiting that way) and checks that each got every one, in order.
+void BroadcastTo(const std::vector<WakeMode>& wakes, const ChannelOptions& o) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
   ASSERT_TRUE(c.ok());
-  const ChannelOptions o{.chunks = 8, .chunk_bytes = 64 << 10, .queue_depth = 4, .wake = GetParam()};
   auto pub = ChannelPublisher::Create(*c, "chan/bcast", o);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  constexpr size_t kSubs = 3;
   constexpr uint64_t kCount = 500;
-  Children kids(kSubs);
-  ASSERT_NO_FATAL_FAILURE(StartSubscribers(kids, kSubs, b.socket(), "chan/bcast", GetParam(), *pub));
+  Children kids(wakes.size());
+  for (size_t i = 0; i < wakes.size(); ++i)
+    kids.Start(i, [&, i](Channel& ch) { return Subscriber(b.socket(), "chan/bcast", ch, wakes[i]); });
+  for (size_t i = 0; i < wakes.size(); ++i) ASSERT_EQ(kids.channels[i].Receive(), "joined");
+  ASSERT_TRUE(pub->WaitForSubscribers(static_cast<uint32_t>(wakes.size()), 5000).ok());
   PublishAll(*pub, kCount);
   EXPECT_EQ(pub->stats().published, kCount);
   EXPECT_EQ(pub->stats().dropped, 0u);
   *pub = ChannelPublisher();  // gone: subscribers drain, then NOT_CONNECTED
-  for (size_t i = 0; i < kSubs; ++i) {
+  for (size_t i = 0; i < wakes.size(); ++i) {
     std::vector<uint64_t> got = Sequences(kids.channels[i].Receive());
     ASSERT_EQ(got.size(), kCount) << "subscriber " << i;
     for (uint64_t n = 0; n < kCount; ++n) ASSERT_EQ(got[n], n + 1);
     EXPECT_EQ(kids.Wait(i), 0);
   }
+}
+
+class ChannelWake : public ::testing::TestWithParam<WakeMode> {};
+
+TEST_P(ChannelWake, BroadcastGivesEverySubscriberEveryChunk) {
+  const WakeMode w = GetParam();
+  BroadcastTo({w, w, w}, ChannelOptions{.chunks = 8, .chunk_bytes = 64 << 10, .queue_depth = 4, .wake = w});
+}
+
+// A broadcast channel's sleepers share one futex word and its spinners watch
+// their own: both kinds at once, with a queue of one so that each waits for
+// almost every chunk.
+TEST(Channel, BroadcastReachesSleepersAndSpinnersTogether) {
+  const WakeMode f = WakeMode::kFutex, p = WakeMode::kPoll;
+  BroadcastTo({f, p, f, p}, ChannelOptions{.chunks = 4, .chunk_bytes = 64 << 10, .queue_depth = 1});
 }
 
 INSTANTIATE_TEST_SUITE_P(FutexAndPoll, ChannelWake, ::testing::Values(WakeMode::kFutex, WakeMode::kPoll));
@@ -419,6 +435,18 @@ TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
   ASSERT_TRUE(vandal->Publish("chan/fake", *plain).ok());
   ASSERT_TRUE(vandal->Publish("chan/fake/chunks", *plain_chunks).ok());
   EXPECT_EQ(ChannelSubscriber::Join(*other, "chan/fake").code(), ErrorCode::kProtocolError);
+  // A mode that is neither broadcast nor work sharing (the header's mode
+  // word, after magic, chunks, queue depth and chunk size: byte 24).
+  auto odd = ChannelPublisher::Create(*c, "chan/odd", o);
+  ASSERT_TRUE(odd.ok());
+  auto oh = vandal->Lookup("chan/odd");
+  ASSERT_TRUE(oh.ok());
+  auto orange = vandal->ReserveMemAddress(oh->size());
+  auto om = vandal->MapMem(orange->base(), oh->size(), 0, *oh);
+  ASSERT_TRUE(om.ok());
+  const uint32_t seven = 7;
+  std::memcpy(om->as<char>() + 24, &seven, sizeof(seven));
+  EXPECT_EQ(ChannelSubscriber::Join(*other, "chan/odd").code(), ErrorCode::kProtocolError);
 }
 
 // Publisher and subscribers as threads of one process (for ThreadSanitizer).
