@@ -4,10 +4,12 @@
 // byte. Subscribers are separate processes that wait on the channel itself
 // (futex, or polling) and report over a control socket, off the clock.
 //   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu] [--again]
+//                 [--no-handoffs | --case WAKE:SUBSCRIBERS:BYTES]
 // One JSON line per (wake, subscribers, size); then 64-byte messages per
 // second, and the crash cleanup of a subscriber SIGKILLed holding every chunk.
 // --again: a further round of the hand-offs and rates only (bench/run takes the
-// median over rounds).
+// median over rounds). --no-handoffs: the rest only. --case: that one hand-off
+// only (bench/run alternates it with iceoryx's, case by case).
 // --one-cpu: every process on CPU 0, one subscriber only: a wake-up is then a
 // context switch, not an idle CPU woken (which costs 15-25 us on VMs that halt
 // idle vCPUs; docs/BENCHMARKS.md). --cross-cpu: the publisher on CPU 0 and the
@@ -292,9 +294,15 @@ void FutexFloor(int gap_us, int iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false, cross_cpu = false, again = false;
+  bool quick = false, one_cpu = false, cross_cpu = false, again = false, handoffs = true;
+  bench::HandOffCase only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--again")) again = true;
+    if (!std::strcmp(argv[i], "--no-handoffs")) handoffs = false;
+    if (!std::strcmp(argv[i], "--case") && (i + 1 >= argc || !bench::HandOffCase::Parse(argv[++i], &only))) {
+      std::fprintf(stderr, "--case WAKE:SUBSCRIBERS:BYTES, WAKE futex or poll\n");
+      return 2;
+    }
     if (!std::strcmp(argv[i], "--socket") && i + 1 < argc) g_socket = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
@@ -315,15 +323,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     return 1;
   }
-  struct Case {
-    size_t size;
-    int iterations;
-  };
-  const std::vector<Case> cases = {{4 << 10, quick ? 1000 : 2000}, {1 << 20, quick ? 200 : 400}, {64 << 20, quick ? 15 : 30}};
+  if (only.size != 0) {
+    HandOff(*c, only.size, bench::HandOffIterations(only.size, quick),
+            only.wake == "poll" ? WakeMode::kPoll : WakeMode::kFutex, only.subscribers);
+    return 0;
+  }
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
-      for (const Case& k : cases)
-        if (!placed || subscribers == 1) HandOff(*c, k.size, k.iterations, wake, subscribers);
+      for (size_t size : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20})
+        if (handoffs && (!placed || subscribers == 1))
+          HandOff(*c, size, bench::HandOffIterations(size, quick), wake, subscribers);
   if (!again)
     for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
   if (placed) return 0;

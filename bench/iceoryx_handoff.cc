@@ -4,7 +4,8 @@
 // stops when the consumer has read its last byte. A control socket wakes the
 // consumer, as it does for the other methods. RouDi must be running with a
 // config whose mempools fit the sizes (bench/iceoryx_roudi.toml).
-//   bench_iceoryx_handoff [--quick] [--one-cpu | --cross-cpu] [--again]   (as bench_channel's)
+//   bench_iceoryx_handoff [--quick] [--one-cpu | --cross-cpu] [--again]
+//                         [--no-handoffs | --case WAKE:SUBSCRIBERS:BYTES]   (as bench_channel's)
 // Prints one JSON line per size, in bench_handoff's format (method "iceoryx"),
 // then, for bench_channel's table, the same hand-off with the subscribers
 // waking the way channels do - polling take(), or blocking in a WaitSet
@@ -281,32 +282,43 @@ int CrashCleanup() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false, cross_cpu = false, again = false;
+  bool quick = false, one_cpu = false, cross_cpu = false, again = false, handoffs = true;
+  membroker::bench::HandOffCase only;
   for (int i = 1; i < argc; ++i) {
     again |= !std::strcmp(argv[i], "--again");
+    handoffs &= std::strcmp(argv[i], "--no-handoffs") != 0;
+    if (!std::strcmp(argv[i], "--case") &&
+        (i + 1 >= argc || !membroker::bench::HandOffCase::Parse(argv[++i], &only))) {
+      std::fprintf(stderr, "--case WAKE:SUBSCRIBERS:BYTES, WAKE futex or poll\n");
+      return 2;
+    }
     quick |= !std::strcmp(argv[i], "--quick");
     one_cpu |= !std::strcmp(argv[i], "--one-cpu");
     cross_cpu |= !std::strcmp(argv[i], "--cross-cpu");
   }
-  struct Case {
-    size_t size;
-    int iterations;
-  };
   // 1 GiB is left out: RouDi would have to reserve it in /dev/shm up front.
-  std::vector<Case> cases = {{4 << 10, quick ? 1000 : 2000}, {1 << 20, quick ? 200 : 400}, {64 << 20, quick ? 15 : 30}};
+  const std::vector<size_t> sizes = {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20};
+  auto iterations = [&](size_t size) { return membroker::bench::HandOffIterations(size, quick); };
   int rc = 0;
   if (one_cpu || cross_cpu) {  // one subscriber only
     if (!membroker::bench::PinToCpu0()) return 2;
     g_cpus = one_cpu ? "one" : "cross";
+  }
+  if (only.size != 0)
+    return WakingCase(only.size, iterations(only.size), only.wake == "poll" ? Wake::kPoll : Wake::kWaitSet,
+                      only.subscribers);
+  if (one_cpu || cross_cpu) {
     for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
-      for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, 1);
+      for (size_t size : sizes)
+        if (handoffs) rc |= WakingCase(size, iterations(size), wake, 1);
     return rc;
   }
   if (!again)
-    for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, Wake::kSocket, 1);
+    for (size_t size : sizes) rc |= WakingCase(size, iterations(size), Wake::kSocket, 1);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
-      for (const Case& c : cases) rc |= WakingCase(c.size, c.iterations, wake, subscribers);
+      for (size_t size : sizes)
+        if (handoffs) rc |= WakingCase(size, iterations(size), wake, subscribers);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll}) rc |= MessageRate(wake, quick ? 50000 : 500000);
   if (!again) rc |= CrashCleanup();
   return rc;

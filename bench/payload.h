@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace membroker::bench {
@@ -29,6 +30,32 @@ inline uint64_t Sum(const void* p, size_t n) {
   uint64_t s = 0;
   for (size_t i = 0; i < n / 8; ++i) s += w[i];
   return s;
+}
+
+// One hand-off case of the channel table, as bench/run names it on the
+// command line of both channel benches: --case WAKE:SUBSCRIBERS:BYTES
+// (futex:8:1048576), so that it can alternate the two peers case by case.
+struct HandOffCase {
+  std::string wake;  // "futex" or "poll"
+  size_t subscribers = 0;
+  size_t size = 0;
+  static bool Parse(const char* text, HandOffCase* out) {
+    char wake[8] = {};
+    unsigned long subscribers = 0, size = 0;
+    if (std::sscanf(text, "%7[a-z]:%lu:%lu", wake, &subscribers, &size) != 3) return false;
+    out->wake = wake;
+    out->subscribers = subscribers;
+    out->size = size;
+    return (out->wake == "futex" || out->wake == "poll") && subscribers >= 1 && subscribers <= 16 && size >= 8;
+  }
+};
+
+// Iterations of a hand-off of `size` bytes: enough for a median, few enough
+// that the largest cases stay short.
+inline int HandOffIterations(size_t size, bool quick) {
+  if (size >= (size_t{64} << 20)) return quick ? 15 : 30;
+  if (size >= (size_t{1} << 20)) return quick ? 200 : 400;
+  return quick ? 1000 : 2000;
 }
 
 inline void SendLine(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }

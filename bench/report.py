@@ -238,13 +238,27 @@ channel = median_over_rounds([x for x in load if x["bench"] == "channel"],
                              "median_us")
 channel_rates = median_over_rounds([x for x in load if x["bench"] == "channel_rate"],
                                    lambda x: (x["method"], x["wake"]), "per_s")
+def median(vals):
+    vals = sorted(vals)
+    n = len(vals)
+    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+def ratio_text(r):
+    """Two decimals, three where two would show 1.00 for a ratio on either side of 1."""
+    return f"{r:.3f}" if 0.995 <= r < 1.005 else f"{r:.2f}"
+def paired_ratios(m, i):
+    """Each round's membroker / iceoryx: bench/run runs a case of each back to back, so a
+    round's two runs share the machine's state of those seconds."""
+    return [a / b for a, b in zip(m["rounds"], i["rounds"]) if b > 0] if i else []
 if channel:
+    rounds_run = max(len(x["rounds"]) for x in channel)
     md += ["", "## Channels against iceoryx publish/subscribe", "",
            "One publisher process, 1 or 8 subscriber processes (docs/PIPELINE.md). The clock starts when",
            "the publisher holds a filled chunk and stops when the last subscriber has read its last byte",
            "(each reports when it finished over a control socket, off the clock); median of the",
-           "iterations, then the median of three runs that alternate with iceoryx's (each run's value in",
-           "the last column). Subscribers wait on the channel itself: futex (iceoryx: a WaitSet, its",
+           f"iterations. bench/run runs each case {rounds_run} times, each time right beside iceoryx's same",
+           "case (the order swapped every round): the µs columns are the medians over those rounds, the",
+           "ratio is the median of the rounds' own ratios (each round's ratio in the last column), which",
+           "compares runs made seconds apart. Subscribers wait on the channel itself: futex (iceoryx: a WaitSet, its",
            "futex-backed wait) or polling. iceoryx runs through RouDi in the same run. CPUs: \"unpinned\",",
            "left to the scheduler; \"across\": the publisher on CPU 0 and the one subscriber on CPU 1, so",
            "every hand-off crosses vCPUs; \"one\": every process on CPU 0, so a wake-up is a context switch",
@@ -254,7 +268,7 @@ if channel:
            "iceoryx's 0.7-2.5 µs), so the goals for one subscriber are judged on the placed rows, and",
            "those for eight (nine processes on two CPUs) unpinned. Ratio: membroker / iceoryx (below 1:",
            "membroker faster).", "",
-           "| wake | subscribers | CPUs | size | membroker µs | iceoryx µs | ratio | each run, membroker / iceoryx |",
+           "| wake | subscribers | CPUs | size | membroker µs | iceoryx µs | ratio | each round's ratio |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     def key(x):
         return (x["wake"], x["subscribers"], x.get("cpus", "all"), x["size"])
@@ -262,11 +276,10 @@ if channel:
     ice = {key(x): x for x in channel if x["method"] == "iceoryx"}
     for m in (x for x in channel if x["method"] == "membroker-channel"):
         i = ice.get(key(m))
-        ratio = f"{m['median_us'] / i['median_us']:.2f}" if i and i["median_us"] > 0 else "n/a"
+        pairs = paired_ratios(m, i)
+        ratio = ratio_text(median(pairs)) if pairs else "n/a"
         cpus = CPUS_SHOWN.get(m.get("cpus", "all"), m.get("cpus"))
-        runs = " ".join(f"{r:.1f}" for r in m["rounds"])
-        if i:
-            runs += " / " + " ".join(f"{r:.1f}" for r in i["rounds"])
+        runs = " ".join(f"{r:.2f}" for r in pairs) if pairs else " ".join(f"{r:.1f} µs" for r in m["rounds"])
         md.append(f"| {m['wake']} | {m['subscribers']} | {cpus} | {human(m['size'])} | "
                   f"{m['median_us']:.1f} | {i['median_us']:.1f} | {ratio} | {runs} |" if i else
                   f"| {m['wake']} | {m['subscribers']} | {cpus} | {human(m['size'])} | "
@@ -594,19 +607,23 @@ for m in (x for x in channel if x["method"] == "membroker-channel"):
     if m["subscribers"] == 1 and m.get("cpus", "all") == "all":
         continue  # unpinned, one subscriber: placement varies by run (see the channels section)
     i = ice_ch.get((m["wake"], m["subscribers"], m.get("cpus", "all"), m["size"]))
-    ratio = m["median_us"] / i["median_us"] if i and i["median_us"] > 0 else None
+    pairs = paired_ratios(m, i)
+    ratio = median(pairs) if pairs else None
     subs = f"{m['subscribers']} subscriber{'s' if m['subscribers'] > 1 else ''}"
     cpus = {"one": "one CPU", "cross": "across CPUs"}.get(m.get("cpus"), "all CPUs")
     wake_bound = m["wake"] == "futex" and m["size"] <= 4096 and m.get("cpus") != "one"
     goal("channels", f"{human(m['size'])}, {m['wake']}, {subs}, {cpus}: latency <= iceoryx's",
-         None if ratio is None else f"{ratio:.2f}x ({m['median_us']:.1f} / {i['median_us']:.1f} µs)",
+         None if ratio is None else f"{ratio_text(ratio)}x ({m['median_us']:.1f} / {i['median_us']:.1f} µs)",
          ratio is not None and ratio <= 1.0,
          "a futex wake that must bring an idle vCPU back dominates a 4 KiB hand-off on this VM, and how often "
          "it happens varies from run to run for both (see the channels section); why ours pays it more often "
          "was not found" if wake_bound else
-         (f"both read every byte at about memory speed ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s); "
-          "a quick run has 15 to 200 iterations of these sizes, and their ratios move by several percent from "
-          "run to run; not profiled further" if i and m["size"] >= (1 << 20) else
+         (f"both read every byte at about memory speed ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s), and "
+          f"the rounds' own ratios ran from {min(pairs):.2f} to {max(pairs):.2f}: "
+          + ("membroker was the faster in some rounds, so this is a tie within what memory bandwidth moves "
+             "between runs seconds apart on this machine" if min(pairs) <= 1.0 else
+             "slower in every round; not profiled further")
+          if pairs and m["size"] >= (1 << 20) else
           "not profiled"))
 for wake in ("futex", "poll"):
     m = next((x for x in channel_rates if x["method"] == "membroker-channel" and x["wake"] == wake), None)
