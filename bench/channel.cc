@@ -3,7 +3,7 @@
 // holds a filled chunk and stops when the (last) subscriber has read its last
 // byte. Subscribers are separate processes that wait on the channel itself
 // (futex, or polling) and report over a control socket, off the clock.
-//   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu] [--again]
+//   bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu | --spread] [--again]
 //                 [--no-handoffs | --case WAKE:SUBSCRIBERS:BYTES]
 // One JSON line per (wake, subscribers, size); then 64-byte messages per
 // second, and the crash cleanup of a subscriber SIGKILLed holding every chunk.
@@ -14,7 +14,8 @@
 // context switch, not an idle CPU woken (which costs 15-25 us on VMs that halt
 // idle vCPUs; docs/BENCHMARKS.md). --cross-cpu: the publisher on CPU 0 and the
 // one subscriber on CPU 1, so every hand-off crosses (unpinned, the scheduler
-// puts them on one vCPU in some runs and on two in others).
+// puts them on one vCPU in some runs and on two in others). --spread: eight
+// subscribers, subscriber i on CPU i+1 modulo the CPUs (the publisher on 0).
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -42,11 +43,14 @@ namespace {
 
 std::string g_socket;
 const char* g_cpus = "all";
+// --huge: the chunks on 2 MiB pages (kHugeOnly, so that a case that cannot
+// have them fails rather than measuring normal pages under that name).
+PagePolicy g_pages = PagePolicy::kNormalOnly;
+const char* Method() { return g_pages == PagePolicy::kNormalOnly ? "membroker-channel" : "membroker-channel-2M"; }
 
-// A subscriber process (or the futex floor's sleeper) goes to CPU 1 when the
-// publisher is on CPU 0 (--cross-cpu).
-void PlaceSubscriber() {
-  if (!std::strcmp(g_cpus, "cross") && !bench::PinToCpu(1)) ::_exit(12);
+// A subscriber process (or the futex floor's sleeper): see bench::PlaceSubscriber.
+void PlaceSubscriber(size_t index) {
+  if (!bench::PlaceSubscriber(g_cpus, index)) ::_exit(12);
 }
 
 using bench::Fill;
@@ -93,14 +97,19 @@ struct Subscribers {
       pid_t pid = ::fork();
       if (pid == 0) {
         ::close(sv[0]);
-        PlaceSubscriber();
+        PlaceSubscriber(i);
         ::_exit(Subscriber(sv[1], channel, wake, report_each));
       }
       ::close(sv[1]);
       pids.push_back(pid);
       ctl.push_back(sv[0]);
-      if (RecvLine(sv[0]) != "joined") std::exit(3);
     }
+    // All started before any has joined, as bench_iceoryx_handoff starts its
+    // consumers: where the scheduler puts each new process depends on it
+    // (started one after another's join, 8 subscribers mostly ended up 5 or 6
+    // on one CPU and stayed there; started together, 4 and 4, as iceoryx's).
+    for (int fd : ctl)
+      if (RecvLine(fd) != "joined") std::exit(3);
   }
   void Wait() {
     for (size_t i = 0; i < pids.size(); ++i) {
@@ -116,6 +125,7 @@ ChannelOptions Options(size_t size, WakeMode wake) {
   o.chunks = size >= (64 << 20) ? 4 : 16;
   o.queue_depth = 4;
   o.wake = wake;
+  o.page_policy = g_pages;
   return o;
 }
 
@@ -158,11 +168,11 @@ void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subsc
   subs.Wait();
   std::sort(us.begin(), us.end());
   const double median = us.empty() ? 0 : us[us.size() / 2];
-  std::printf("{\"bench\": \"channel\", \"method\": \"membroker-channel\", \"wake\": \"%s\", \"subscribers\": %zu, "
+  std::printf("{\"bench\": \"channel\", \"method\": \"%s\", \"wake\": \"%s\", \"subscribers\": %zu, "
               "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
               "\"error\": \"%s\"}\n",
-              WakeName(wake), subscribers, g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
-              error.c_str());
+              Method(), WakeName(wake), subscribers, g_cpus, size, us.size(), median,
+              median > 0 ? size / median / 1e3 : 0.0, error.c_str());
   std::fflush(stdout);
 }
 
@@ -259,7 +269,7 @@ void FutexFloor(int gap_us, int iterations) {
   std::fflush(stdout);
   pid_t sleeper = ::fork();
   if (sleeper == 0) {
-    PlaceSubscriber();
+    PlaceSubscriber(0);
     uint32_t seen = 0;
     for (int i = 0; i < iterations; ++i) {
       while (s->word.load() == seen) ::syscall(SYS_futex, &s->word, FUTEX_WAIT, seen, nullptr, nullptr, 0);
@@ -294,7 +304,7 @@ void FutexFloor(int gap_us, int iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false, cross_cpu = false, again = false, handoffs = true;
+  bool quick = false, one_cpu = false, cross_cpu = false, spread = false, again = false, handoffs = true;
   bench::HandOffCase only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--again")) again = true;
@@ -307,14 +317,16 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--one-cpu")) one_cpu = true;
     else if (!std::strcmp(argv[i], "--cross-cpu")) cross_cpu = true;
+    else if (!std::strcmp(argv[i], "--spread")) spread = true;
+    else if (!std::strcmp(argv[i], "--huge")) g_pages = PagePolicy::kHugeOnly;
   }
-  const bool placed = one_cpu || cross_cpu;  // one subscriber only
+  const bool placed = one_cpu || cross_cpu || spread;  // one subscriber only; --spread: eight
   if (placed) {
     if (!bench::PinToCpu0()) return 2;
-    g_cpus = one_cpu ? "one" : "cross";
+    g_cpus = one_cpu ? "one" : cross_cpu ? "cross" : "spread";
   }
   if (g_socket.empty()) {
-    std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu]\n");
+    std::fprintf(stderr, "usage: bench_channel --socket BROKER_SOCKET [--quick] [--one-cpu | --cross-cpu | --spread]\n");
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
@@ -331,9 +343,9 @@ int main(int argc, char** argv) {
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
     for (size_t subscribers : {size_t{1}, size_t{8}})
       for (size_t size : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20})
-        if (handoffs && (!placed || subscribers == 1))
+        if (handoffs && (!placed || subscribers == (spread ? 8 : 1)))
           HandOff(*c, size, bench::HandOffIterations(size, quick), wake, subscribers);
-  if (!again)
+  if (!again && !spread)
     for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
   if (placed) return 0;
   for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll}) MessageRate(*c, wake, quick ? 50000 : 500000);

@@ -4,7 +4,7 @@
 // stops when the consumer has read its last byte. A control socket wakes the
 // consumer, as it does for the other methods. RouDi must be running with a
 // config whose mempools fit the sizes (bench/iceoryx_roudi.toml).
-//   bench_iceoryx_handoff [--quick] [--one-cpu | --cross-cpu] [--again]
+//   bench_iceoryx_handoff [--quick] [--one-cpu | --cross-cpu | --spread] [--again]
 //                         [--no-handoffs | --case WAKE:SUBSCRIBERS:BYTES]   (as bench_channel's)
 // Prints one JSON line per size, in bench_handoff's format (method "iceoryx"),
 // then, for bench_channel's table, the same hand-off with the subscribers
@@ -208,8 +208,9 @@ int WakingCase(size_t size, int iterations, Wake wake, size_t subscribers) {
     pid_t pid = ::fork();
     if (pid == 0) {
       ::close(sv[0]);
-      // --cross-cpu: the consumer on CPU 1, the producer (as everything else) on CPU 0.
-      if (!std::strcmp(g_cpus, "cross") && !membroker::bench::PinToCpu(1)) std::exit(12);
+      // Placed (--cross-cpu, --spread) as bench_channel places its subscribers;
+      // the producer, as everything else, on CPU 0.
+      if (!membroker::bench::PlaceSubscriber(g_cpus, i)) std::exit(12);
       std::exit(WakingConsumer(sv[1], size, wake, static_cast<int>(i)));
     }
     ::close(sv[1]);
@@ -282,7 +283,7 @@ int CrashCleanup() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, one_cpu = false, cross_cpu = false, again = false, handoffs = true;
+  bool quick = false, one_cpu = false, cross_cpu = false, spread = false, again = false, handoffs = true;
   membroker::bench::HandOffCase only;
   for (int i = 1; i < argc; ++i) {
     again |= !std::strcmp(argv[i], "--again");
@@ -295,22 +296,23 @@ int main(int argc, char** argv) {
     quick |= !std::strcmp(argv[i], "--quick");
     one_cpu |= !std::strcmp(argv[i], "--one-cpu");
     cross_cpu |= !std::strcmp(argv[i], "--cross-cpu");
+    spread |= !std::strcmp(argv[i], "--spread");
   }
   // 1 GiB is left out: RouDi would have to reserve it in /dev/shm up front.
   const std::vector<size_t> sizes = {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20};
   auto iterations = [&](size_t size) { return membroker::bench::HandOffIterations(size, quick); };
   int rc = 0;
-  if (one_cpu || cross_cpu) {  // one subscriber only
+  if (one_cpu || cross_cpu || spread) {  // one subscriber only; --spread: eight
     if (!membroker::bench::PinToCpu0()) return 2;
-    g_cpus = one_cpu ? "one" : "cross";
+    g_cpus = one_cpu ? "one" : cross_cpu ? "cross" : "spread";
   }
   if (only.size != 0)
     return WakingCase(only.size, iterations(only.size), only.wake == "poll" ? Wake::kPoll : Wake::kWaitSet,
                       only.subscribers);
-  if (one_cpu || cross_cpu) {
+  if (one_cpu || cross_cpu || spread) {
     for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
       for (size_t size : sizes)
-        if (handoffs) rc |= WakingCase(size, iterations(size), wake, 1);
+        if (handoffs) rc |= WakingCase(size, iterations(size), wake, spread ? 8 : 1);
     return rc;
   }
   if (!again)

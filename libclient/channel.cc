@@ -491,7 +491,9 @@ Result<ChannelPublisher> ChannelPublisher::Create(Client& client, const std::str
   impl->options = options;
   const Layout l = Layout::For(options.chunks, options.chunk_bytes, options.queue_depth);
   MB_ASSIGN_OR_RETURN(impl->control.handle, client.MallocPhysical(l.control_bytes));
-  MB_ASSIGN_OR_RETURN(impl->data.handle, client.MallocPhysical(l.data_bytes));
+  AllocationProp chunk_pages;
+  chunk_pages.page_policy = options.page_policy;
+  MB_ASSIGN_OR_RETURN(impl->data.handle, client.MallocPhysical(l.data_bytes, chunk_pages));
   MB_RETURN_IF_ERROR(impl->control.MapAll(client));
   MB_RETURN_IF_ERROR(impl->data.MapAll(client));
   View& v = impl->v;

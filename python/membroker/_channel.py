@@ -41,14 +41,16 @@ class Chunk:
 class ChannelPublisher:
     """Creates a channel under `name`. mode: "broadcast" (every subscriber gets
     every chunk) or "work_sharing" (exactly one does); when_full: "wait" or
-    "drop_oldest"; wake: "futex" or "poll"."""
+    "drop_oldest"; wake: "futex" or "poll"; page_policy, the chunks' pages: "normal",
+    "huge-first" (2 MiB pages for a pool of more than 1 MiB where the broker has them)
+    or "huge"."""
 
     def __init__(self, client, name: str, chunks: int = 64, chunk_bytes: int = 1 << 20, queue_depth: int = 16,
                  mode: str = "broadcast", when_full: str = "wait", wake: str = "futex",
-                 read_only_chunks: bool = True):
+                 read_only_chunks: bool = True, page_policy: str = "normal"):
         native = client.native if hasattr(client, "native") else client
         self._p = _membroker.ChannelPublisher(native, name, chunks, chunk_bytes, queue_depth, mode, when_full, wake,
-                                              read_only_chunks)
+                                              read_only_chunks, page_policy)
 
     def loan(self, nbytes: int, timeout_ms: int = 1000) -> Chunk:
         return Chunk(self._p.loan(nbytes, timeout_ms))

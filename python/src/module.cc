@@ -630,7 +630,7 @@ PYBIND11_MODULE(_membroker, mod) {
   py::class_<PyPublisher, std::shared_ptr<PyPublisher>>(mod, "ChannelPublisher")
       .def(py::init([](std::shared_ptr<PyClient> c, const std::string& name, uint32_t chunks, size_t chunk_bytes,
                        uint32_t queue_depth, const std::string& mode, const std::string& when_full,
-                       const std::string& wake, bool read_only_chunks) {
+                       const std::string& wake, bool read_only_chunks, const std::string& page_policy) {
              ChannelOptions o;
              o.chunks = chunks;
              o.chunk_bytes = chunk_bytes;
@@ -641,6 +641,7 @@ PYBIND11_MODULE(_membroker, mod) {
                                               "when_full policy");
              o.wake = WakeFrom(wake);
              o.read_only_chunks = read_only_chunks;
+             o.page_policy = PolicyFrom(page_policy);
              auto p = std::make_shared<PyPublisher>();
              p->owner = c;
              p->pub = Take(Unlocked([&] { return ChannelPublisher::Create(c->client, name, o); }));
@@ -648,7 +649,7 @@ PYBIND11_MODULE(_membroker, mod) {
            }),
            py::arg("client"), py::arg("name"), py::arg("chunks") = 64, py::arg("chunk_bytes") = 1 << 20,
            py::arg("queue_depth") = 16, py::arg("mode") = "broadcast", py::arg("when_full") = "wait",
-           py::arg("wake") = "futex", py::arg("read_only_chunks") = true)
+           py::arg("wake") = "futex", py::arg("read_only_chunks") = true, py::arg("page_policy") = "normal")
       .def("loan",
            [](py::object self, size_t nbytes, int timeout_ms) {
              PyPublisher& p = self.cast<PyPublisher&>();

@@ -348,6 +348,24 @@ def test_a_published_tensor_survives_a_broker_sigkill(mb):
     assert mb.stats()["handles_adopted"] == 1
 
 
+def test_a_channel_takes_a_page_policy_and_refuses_an_unknown_one(mb):
+    # "huge-first" falls back to normal pages where the broker has no huge
+    # pages free, so it works on any machine; a subscriber reads the bytes.
+    c = membroker.connect(mb.socket, "publisher")
+    with pytest.raises(membroker.ParamInvalid):
+        membroker.ChannelPublisher(c, "py/pages-bad", chunks=2, chunk_bytes=4096, page_policy="enormous")
+    pub = membroker.ChannelPublisher(c, "py/pages", chunks=2, chunk_bytes=2 << 20, page_policy="huge-first")
+    sub = membroker.ChannelSubscriber(membroker.connect(mb.socket, "reader"), "py/pages", lookup_timeout_ms=5000)
+    pub.wait_for_subscribers(1, timeout_ms=5000)
+    chunk = pub.loan(2 << 20)
+    chunk.numpy(np.uint32)[:] = np.arange((2 << 20) // 4, dtype=np.uint32)
+    pub.publish(chunk, size=2 << 20)
+    got = sub.receive(timeout_ms=5000)
+    assert np.array_equal(got.numpy(np.uint32), np.arange((2 << 20) // 4, dtype=np.uint32))
+    sub.release(got)
+    pub.close()
+
+
 def test_a_channel_broadcasts_numpy_chunks_to_two_processes_and_a_killed_subscriber_gives_back(mb):
     # Two subscriber processes read every chunk as a read-only numpy view; one
     # more, SIGKILLed while holding chunks, gives them back to the pool.

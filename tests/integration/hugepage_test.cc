@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "membroker/channel.h"
 #include "membroker/client.h"
 #include "proc_status.h"
 
@@ -187,6 +188,49 @@ TEST(HugePages, OneGigOnlyFailsClearlyWhenEmpty) {
   Client c = ConnectOrDie(b);
   auto h = c.MallocPhysical(k1G, AllocationProp{PagePolicy::kHuge1GOnly});
   EXPECT_EQ(h.code(), ErrorCode::kResourceExhausted);
+}
+
+// ChannelOptions::page_policy: a channel's chunks on 2 MiB pages, which a
+// subscriber in another process maps as 2 MiB pages too, and reads intact.
+TEST(HugePages, AChannelKeepsItsChunksOnHugePagesWhenAsked) {
+  RESERVE_OR_SKIP(pool, k2M, 4);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  ChannelOptions o;
+  o.chunks = 2;
+  o.chunk_bytes = 1 << 20;
+  o.queue_depth = 1;
+  o.page_policy = PagePolicy::kHugeOnly;
+  auto pub = ChannelPublisher::Create(c, "chan/huge", o);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  EXPECT_EQ(b.Stat("allocations_2m"), 1u);  // the chunks; the control block stays on normal pages
+  Channel ch;
+  std::string s = b.socket();
+  pid_t pid = ForkChild([&] {
+    ch.AsChild();
+    auto other = Client::Connect({s, "huge-subscriber"});
+    if (!other.ok()) return 1;
+    auto sub = ChannelSubscriber::Join(*other, "chan/huge");
+    if (!sub.ok()) return 2;
+    ch.Send("joined");
+    auto chunk = sub->Receive(10000);
+    if (!chunk.ok() || chunk->size != (1u << 20)) return 3;
+    const auto* p = static_cast<const uint8_t*>(chunk->data);
+    for (size_t i = 0; i < chunk->size; ++i)
+      if (p[i] != static_cast<uint8_t>(i * 7)) return 4;
+    MappingInfo info = SmapsOf(chunk->data);  // chunk 0: the start of the chunks' mapping
+    return info.kernel_page_size == k2M && info.hugetlb == k2M ? 0 : 5;
+  });
+  ch.AsParent();
+  ASSERT_EQ(ch.Receive(), "joined");
+  auto chunk = pub->Loan(1 << 20, 10000);
+  ASSERT_TRUE(chunk.ok());
+  ASSERT_EQ(chunk->index, 0u);
+  auto* p = static_cast<uint8_t*>(chunk->data);
+  for (size_t i = 0; i < (1u << 20); ++i) p[i] = static_cast<uint8_t>(i * 7);
+  chunk->size = 1 << 20;
+  ASSERT_TRUE(pub->Publish(*chunk, 10000).ok());
+  EXPECT_EQ(WaitChild(pid), 0) << "the subscriber must read the chunk intact from a 2 MiB-page mapping";
 }
 
 }  // namespace

@@ -52,6 +52,12 @@ struct ChannelOptions {
   ChannelMode mode = ChannelMode::kBroadcast;
   WhenFull when_full = WhenFull::kWait;
   bool read_only_chunks = true;     // subscribers map the chunks read-only
+  // The chunks' pages (membroker/client.h): kHugeFirst puts a pool of more
+  // than 1 MiB on 2 MiB pages where the broker has them free (else normal
+  // pages), which reads a few percent faster at memory speed (fewer TLB
+  // misses) and populates faster; kNormalOnly leaves reserved huge pages to
+  // others.
+  PagePolicy page_policy = PagePolicy::kNormalOnly;
   // How the publisher waits for a free chunk or queue space: futex sleeps, or
   // spinning (for latency-critical stages).
   WakeMode wake = WakeMode::kFutex;
