@@ -243,7 +243,9 @@ def median(vals):
     n = len(vals)
     return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 def ratio_text(r):
-    """Two decimals, three where two would show 1.00 for a ratio on either side of 1."""
+    """Two decimals; more near 1, so that no ratio above 1 reads as 1.00."""
+    if 0.9995 <= r < 1.0005:
+        return f"{r:.4f}"
     return f"{r:.3f}" if 0.995 <= r < 1.005 else f"{r:.2f}"
 def paired_ratios(m, i):
     """Each round's membroker / iceoryx: bench/run runs a case of each back to back, so a
