@@ -227,7 +227,7 @@ def median_over_rounds(entries, key, value):
     merged = []
     for xs in groups.values():
         vals = sorted(x[value] for x in xs)
-        m = dict(xs[0], rounds=[x[value] for x in xs])
+        m = dict(xs[0], rounds=[x[value] for x in xs], round_ids=[x.get("round", n) for n, x in enumerate(xs)])
         m[value] = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
         if "gb_per_s" in m and m[value] > 0:
             m["gb_per_s"] = m["size"] / m[value] / 1e3
@@ -250,7 +250,10 @@ def ratio_text(r):
 def paired_ratios(m, i):
     """Each round's membroker / iceoryx: bench/run runs a case of each back to back, so a
     round's two runs share the machine's state of those seconds."""
-    return [a / b for a, b in zip(m["rounds"], i["rounds"]) if b > 0] if i else []
+    if not i:
+        return []
+    theirs = dict(zip(i["round_ids"], i["rounds"]))
+    return [a / theirs[r] for r, a in zip(m["round_ids"], m["rounds"]) if theirs.get(r, 0) > 0]
 if channel:
     rounds_run = max(len(x["rounds"]) for x in channel)
     md += ["", "## Channels against iceoryx publish/subscribe", "",
