@@ -10,14 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "c_api_internal.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 
 using namespace membroker;
+using membroker::c_api::Done;
+using membroker::c_api::Fail;
+using membroker::c_api::Guard;
 
-struct mb_client {
-  Client client;
-};
 struct mb_handle {
   PhysicalHandle handle;
 };
@@ -40,42 +41,9 @@ static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == 
 static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
 
-namespace {
-
-thread_local std::string t_last_error;
-
-int Fail(const Status& st) {
-  t_last_error = st.message();
-  return static_cast<int>(st.code());
-}
-int Fail(int code, const char* message) {
-  t_last_error = message;
-  return code;
-}
-int Done(const Status& st) { return st.ok() ? MB_OK : Fail(st); }
-
-// The C API never lets a C++ exception out (allocation failure included).
-template <typename Fn>
-int Guard(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return Fail(MB_RESOURCE_EXHAUSTED, "out of memory in the client library");
-  } catch (...) {
-    return Fail(MB_INTERNAL, "unexpected exception in the client library");
-  }
-}
-
-#define MB_NEED(cond, what) \
-  do {                      \
-    if (!(cond)) return Fail(MB_PARAM_INVALID, what); \
-  } while (0)
-
-}  // namespace
-
 extern "C" {
 
-const char* mb_last_error_message(void) { return t_last_error.c_str(); }
+const char* mb_last_error_message(void) { return membroker::c_api::t_last_error.c_str(); }
 
 const char* mb_error_name(int code) {
   static thread_local std::string name;

@@ -1,7 +1,8 @@
 /* The C API, compiled as C, between two processes against a real broker:
  * allocation, the VMM path, sharing by token with a pid allow-list, named
- * objects, error codes and messages, and a transfer-engine WRITE into the
- * other process's memory.   c_api_test PATH_TO_membrokerd */
+ * objects, error codes and messages, a transfer-engine WRITE into the
+ * other process's memory, and a channel to a subscriber process.
+ *   c_api_test PATH_TO_membrokerd */
 #define _GNU_SOURCE
 #include <membroker/membroker.h>
 
@@ -118,6 +119,93 @@ static int child(const char* sock, int in, int out) {
   return failures == 0 ? 0 : 1;
 }
 
+/* A channel subscriber process: every byte of kChunks chunks, in order. */
+enum { kChunks = 50, kChunkBytes = 8192 };
+static unsigned char chunk_byte(uint64_t sequence, size_t i) { return (unsigned char)(sequence * 31 + i); }
+
+static int channel_subscriber(const char* sock, int out) {
+  mb_client* c = NULL;
+  MUST(mb_connect(sock, "c-subscriber", 0, &c) == MB_OK);
+  mb_channel_subscriber* sub = NULL;
+  MUST(mb_channel_join(c, "c-api/chan", MB_WAKE_FUTEX, 5000, &sub) == MB_OK);
+  send_line(out, "joined");
+  for (uint64_t n = 1; n <= kChunks; ++n) {
+    mb_chunk ch;
+    MUST(mb_channel_receive(sub, 10000, &ch) == MB_OK);
+    CHECK(ch.sequence == n && ch.size == kChunkBytes);
+    const unsigned char* p = (const unsigned char*)ch.data;
+    for (size_t i = 0; i < ch.size; ++i)
+      if (p[i] != chunk_byte(n, i)) {
+        CHECK(!"a chunk's bytes");
+        break;
+      }
+    CHECK(mb_channel_release(sub, &ch) == MB_OK);
+    CHECK(mb_channel_release(sub, &ch) == MB_PARAM_INVALID); /* once */
+  }
+  mb_chunk none;
+  CHECK(mb_channel_receive(sub, 10000, &none) == MB_NOT_CONNECTED); /* the publisher closed it */
+  mb_channel_leave(sub);
+  mb_client_close(c);
+  return failures == 0 ? 0 : 1;
+}
+
+static void channel_checks(const char* sock, mb_client* c) {
+  mb_channel_options o;
+  mb_channel_options_init(&o);
+  CHECK(o.chunks == 64 && o.chunk_bytes == (1u << 20) && o.queue_depth == 16 && o.read_only_chunks == 1);
+  mb_channel_publisher* pub = NULL;
+  o.mode = 7;
+  CHECK(mb_channel_create(c, "c-api/chan", &o, &pub) == MB_PARAM_INVALID && pub == NULL);
+  o.mode = MB_CHANNEL_BROADCAST;
+  o.queue_depth = 3; /* not a power of two */
+  CHECK(mb_channel_create(c, "c-api/chan", &o, &pub) == MB_PARAM_INVALID);
+  o.chunks = 4;
+  o.chunk_bytes = kChunkBytes;
+  o.queue_depth = 2;
+  MUST(mb_channel_create(c, "c-api/chan", &o, &pub) == MB_OK);
+  mb_channel_publisher* twice = NULL;
+  CHECK(mb_channel_create(c, "c-api/chan", &o, &twice) == MB_ALREADY_EXISTS);
+  mb_channel_subscriber* nobody = NULL;
+  CHECK(mb_channel_join(c, "c-api/no-such-channel", MB_WAKE_FUTEX, 0, &nobody) == MB_NOT_FOUND);
+  mb_chunk big;
+  CHECK(mb_channel_loan(pub, kChunkBytes + 1, 0, &big) == MB_PARAM_INVALID);
+
+  int to_parent[2];
+  MUST(pipe(to_parent) == 0);
+  pid_t kid = fork();
+  if (kid == 0) {
+    g_broker = 0;
+    close(to_parent[0]);
+    _exit(channel_subscriber(sock, to_parent[1]));
+  }
+  close(to_parent[1]);
+  char line[16];
+  recv_line(to_parent[0], line, sizeof(line));
+  CHECK(strcmp(line, "joined") == 0);
+  MUST(mb_channel_wait_for_subscribers(pub, 1, 5000) == MB_OK);
+  for (uint64_t n = 1; n <= kChunks; ++n) {
+    mb_chunk ch;
+    MUST(mb_channel_loan(pub, kChunkBytes, 10000, &ch) == MB_OK);
+    unsigned char* p = (unsigned char*)ch.data;
+    for (size_t i = 0; i < kChunkBytes; ++i) p[i] = chunk_byte(n, i);
+    ch.size = kChunkBytes;
+    MUST(mb_channel_publish(pub, &ch, 10000) == MB_OK);
+    CHECK(ch.sequence == n);
+  }
+  mb_chunk spare;
+  MUST(mb_channel_loan(pub, 16, 10000, &spare) == MB_OK);
+  CHECK(mb_channel_discard(pub, &spare) == MB_OK);
+  CHECK(mb_channel_discard(pub, &spare) == MB_PARAM_INVALID);
+  mb_channel_stats st;
+  MUST(mb_channel_stats_get(pub, &st) == MB_OK);
+  CHECK(st.published == kChunks && st.dropped == 0 && st.subscribers == 1);
+  mb_channel_close(pub); /* the subscriber drains, then sees NOT_CONNECTED */
+  int status = 0;
+  MUST(waitpid(kid, &status, 0) == kid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(to_parent[0]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: c_api_test PATH_TO_membrokerd\n");
@@ -217,6 +305,8 @@ int main(int argc, char** argv) {
   MUST(waitpid(kid, &status, 0) == kid);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   CHECK(p[1] == 0xab);
+
+  channel_checks(sock, c);
 
   CHECK(mb_engine_disconnect(e, remote, 1000) == MB_OK || 1); /* it may have gone already */
   MUST(mb_engine_deregister(e, reg) == MB_OK);

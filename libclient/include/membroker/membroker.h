@@ -139,6 +139,63 @@ MB_C_API int mb_engine_disconnect(mb_engine* engine, const char* remote, int tim
 MB_C_API int mb_engine_transfer_sync(mb_engine* engine, const char* remote, int op,
                                      const mb_transfer_desc* descs, size_t count, int timeout_ms);
 
+/* --- channels: zero-copy publish/subscribe (docs/PIPELINE.md) ----------------
+ * One publisher and up to 63 subscribers over a pool of chunks in broker
+ * memory that each side maps once. A publisher or subscriber is used by one
+ * thread at a time. */
+typedef struct mb_channel_publisher mb_channel_publisher;
+typedef struct mb_channel_subscriber mb_channel_subscriber;
+enum mb_channel_mode { MB_CHANNEL_BROADCAST = 0, MB_CHANNEL_WORK_SHARING = 1 };
+enum mb_when_full { MB_WHEN_FULL_WAIT = 0, MB_WHEN_FULL_DROP_OLDEST = 1 };
+enum mb_wake { MB_WAKE_FUTEX = 0, MB_WAKE_POLL = 1 };
+typedef struct mb_channel_options {
+  uint32_t chunks;       /* in the pool, 1 to 65536 */
+  size_t chunk_bytes;    /* each chunk's capacity */
+  uint32_t queue_depth;  /* per subscriber: a power of two, 1 to 4096 */
+  int mode;              /* enum mb_channel_mode */
+  int when_full;         /* enum mb_when_full: a full queue makes Publish wait, or drops its oldest */
+  int wake;              /* enum mb_wake: how the publisher waits for chunks or room */
+  int read_only_chunks;  /* nonzero: subscribers map the chunks read-only */
+  int page_policy;       /* enum mb_page_policy, for the chunks */
+} mb_channel_options;
+/* A loaned (publisher) or received (subscriber) chunk; data is valid until it
+ * is published, discarded or released. */
+typedef struct mb_chunk {
+  uint32_t index;
+  void* data;
+  size_t capacity;
+  size_t size;       /* publisher: set before mb_channel_publish; subscriber: what was published */
+  uint64_t sequence; /* publication number, from 1 */
+} mb_chunk;
+typedef struct mb_channel_stats {
+  uint64_t published, dropped, unreceived, reaped, reclaimed, redelivered;
+  uint32_t subscribers;
+} mb_channel_stats;
+/* The C++ defaults: 64 chunks of 1 MiB, queue depth 16, broadcast, wait, futex,
+ * read-only chunks, normal pages. */
+MB_C_API void mb_channel_options_init(mb_channel_options* options);
+/* Creates the channel and publishes it as name (options NULL: the defaults);
+ * MB_ALREADY_EXISTS when the name is taken. */
+MB_C_API int mb_channel_create(mb_client* client, const char* name, const mb_channel_options* options,
+                               mb_channel_publisher** out);
+/* Closes the channel: subscribers drain what is queued, then get MB_NOT_CONNECTED. */
+MB_C_API void mb_channel_close(mb_channel_publisher* publisher);
+MB_C_API int mb_channel_loan(mb_channel_publisher* publisher, size_t bytes, int timeout_ms, mb_chunk* out);
+MB_C_API int mb_channel_publish(mb_channel_publisher* publisher, mb_chunk* chunk, int timeout_ms);
+MB_C_API int mb_channel_discard(mb_channel_publisher* publisher, mb_chunk* chunk);
+MB_C_API int mb_channel_wait_for_subscribers(mb_channel_publisher* publisher, uint32_t n, int timeout_ms);
+/* Cleans up after subscribers whose process died; how many. */
+MB_C_API size_t mb_channel_reap(mb_channel_publisher* publisher);
+MB_C_API int mb_channel_stats_get(const mb_channel_publisher* publisher, mb_channel_stats* out);
+/* Waits up to lookup_timeout_ms for the name (0: MB_NOT_FOUND at once). */
+MB_C_API int mb_channel_join(mb_client* client, const char* name, int wake, int lookup_timeout_ms,
+                             mb_channel_subscriber** out);
+/* Releases what it holds, gives its slot back, frees it. */
+MB_C_API void mb_channel_leave(mb_channel_subscriber* subscriber);
+/* MB_TIMEOUT when nothing came; MB_NOT_CONNECTED once the publisher is gone and nothing is queued. */
+MB_C_API int mb_channel_receive(mb_channel_subscriber* subscriber, int timeout_ms, mb_chunk* out);
+MB_C_API int mb_channel_release(mb_channel_subscriber* subscriber, const mb_chunk* chunk);
+
 #ifdef __cplusplus
 }
 #endif
