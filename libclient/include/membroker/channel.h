@@ -54,9 +54,9 @@ struct ChannelOptions {
   bool read_only_chunks = true;     // subscribers map the chunks read-only
   // The chunks' pages (membroker/client.h): kHugeFirst puts a pool of more
   // than 1 MiB on 2 MiB pages where the broker has them free (else normal
-  // pages), which reads a few percent faster at memory speed (fewer TLB
-  // misses) and populates faster; kNormalOnly leaves reserved huge pages to
-  // others.
+  // pages): fewer page-table pages and faults for every process that maps a
+  // large pool (it did not make hand-offs faster: docs/PIPELINE.md);
+  // kNormalOnly leaves reserved huge pages to others.
   PagePolicy page_policy = PagePolicy::kNormalOnly;
   // How the publisher waits for a free chunk or queue space: futex sleeps, or
   // spinning (for latency-critical stages).
