@@ -160,6 +160,37 @@ int mb_import(mb_client* client, const char* token, mb_handle** out) {
   });
 }
 
+int mb_malloc_host(mb_client* client, size_t size, void** out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && out, "client and out must not be NULL");
+    auto p = client->client.MallocHost(size);
+    if (!p.ok()) return Fail(p.status());
+    *out = *p;
+    return MB_OK;
+  });
+}
+
+int mb_free_host(mb_client* client, void* ptr) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr, "client is NULL");
+    return Done(client->client.FreeHost(ptr));
+  });
+}
+
+int mb_host_register(mb_client* client, void* ptr, size_t size, uint32_t flags) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr, "client is NULL");
+    return Done(client->client.HostRegister(ptr, size, flags));
+  });
+}
+
+int mb_host_unregister(mb_client* client, void* ptr) {
+  return Guard([&]() -> int {
+    MB_NEED(client != nullptr, "client is NULL");
+    return Done(client->client.HostUnregister(ptr));
+  });
+}
+
 int mb_publish(mb_client* client, const char* name, const mb_handle* handle, uint32_t flags) {
   return Guard([&]() -> int {
     MB_NEED(client && name && handle, "client, name and handle must not be NULL");

@@ -251,6 +251,23 @@ int main(int argc, char** argv) {
   mb_client* none = NULL;
   CHECK(mb_connect("/nonexistent/membroker.sock", "x", 0, &none) == MB_NOT_CONNECTED);
 
+  /* Host memory: pinned broker memory, and this process's own pages pinned. */
+  void* pinned = NULL;
+  MUST(mb_malloc_host(c, 100000, &pinned) == MB_OK && pinned != NULL);
+  memset(pinned, 0x5a, 100000);
+  CHECK(((unsigned char*)pinned)[99999] == 0x5a);
+  CHECK(mb_free_host(c, pinned) == MB_OK);
+  CHECK(mb_free_host(c, pinned) == MB_INVALID_HANDLE);
+  void* own = NULL;
+  MUST(posix_memalign(&own, 4096, 16 * 4096) == 0);
+  memset(own, 0, 16 * 4096);
+  CHECK(mb_host_register(c, own, 16 * 4096, 0) == MB_OK);
+  CHECK(mb_host_register(c, (char*)own + 4096, 4096, 0) == MB_OVERLAP);
+  CHECK(mb_host_register(c, (char*)own + 1, 4096, 0) == MB_PARAM_INVALID);
+  CHECK(mb_host_unregister(c, own) == MB_OK);
+  CHECK(mb_host_unregister(c, own) == MB_NOT_FOUND);
+  free(own);
+
   mb_handle* h = NULL;
   MUST(mb_malloc_physical(c, kSize, MB_NORMAL_ONLY, 0, &h) == MB_OK);
   CHECK(mb_handle_size(h) == kSize && mb_handle_page_size(h) == 4096);

@@ -83,6 +83,17 @@ MB_C_API size_t mb_handle_size(const mb_handle* handle);
 MB_C_API size_t mb_handle_page_size(const mb_handle* handle);
 MB_C_API int mb_handle_read_only(const mb_handle* handle);
 
+/* --- host memory -------------------------------------------------------- */
+/* Pinned host memory (aclrtMallocHost): a pinned broker allocation, mapped
+ * read-write and pre-faulted. mb_free_host unmaps and releases it. */
+MB_C_API int mb_malloc_host(mb_client* client, size_t size, void** out);
+MB_C_API int mb_free_host(mb_client* client, void* ptr);
+/* Pins this process's own memory (aclrtHostRegister): ptr and size multiples
+ * of 4096, the range mapped; MB_OVERLAP over another registration. */
+MB_C_API int mb_host_register(mb_client* client, void* ptr, size_t size, uint32_t flags);
+/* Forgets the registration made at exactly ptr (MB_NOT_FOUND if none). */
+MB_C_API int mb_host_unregister(mb_client* client, void* ptr);
+
 /* --- the VMM path -------------------------------------------------------- */
 MB_C_API int mb_reserve(mb_client* client, size_t size, size_t alignment, mb_reservation** out);
 MB_C_API void* mb_reservation_base(const mb_reservation* reservation);
