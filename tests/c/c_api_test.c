@@ -1,7 +1,8 @@
 /* The C API, compiled as C, between two processes against a real broker:
  * allocation, the VMM path, sharing by token with a pid allow-list, named
  * objects, error codes and messages, a transfer-engine WRITE into the
- * other process's memory, and a channel to a subscriber process.
+ * other process's memory, a channel to a subscriber process, and a tensor
+ * ring read by another process.
  *   c_api_test PATH_TO_membrokerd */
 #define _GNU_SOURCE
 #include <membroker/membroker.h>
@@ -124,6 +125,7 @@ enum { kChunks = 50, kChunkBytes = 8192 };
 static unsigned char chunk_byte(uint64_t sequence, size_t i) { return (unsigned char)(sequence * 31 + i); }
 
 static int channel_subscriber(const char* sock, int out) {
+  failures = 0; /* this process's own checks only */
   mb_client* c = NULL;
   MUST(mb_connect(sock, "c-subscriber", 0, &c) == MB_OK);
   mb_channel_subscriber* sub = NULL;
@@ -204,6 +206,84 @@ static void channel_checks(const char* sock, mb_client* c) {
   MUST(waitpid(kid, &status, 0) == kid);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   close(to_parent[0]);
+}
+
+/* A tensor ring's consumer process: imports the ring's memory by token and
+ * reads kFrames frames, every byte checked. */
+enum { kFrames = 40, kSlots = 4, kSlotBytes = 4096 };
+static int ring_consumer(const char* sock, const char* token) {
+  failures = 0; /* this process's own checks only */
+  mb_client* c = NULL;
+  MUST(mb_connect(sock, "c-ring-consumer", 0, &c) == MB_OK);
+  mb_handle* h = NULL;
+  MUST(mb_import(c, token, &h) == MB_OK);
+  mb_reservation* r = NULL;
+  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
+  mb_mapping* m = NULL;
+  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  mb_tensor_ring* ring = NULL;
+  MUST(mb_tensor_ring_attach(mb_mapping_data(m), mb_mapping_size(m), &ring) == MB_OK);
+  for (uint64_t n = 1; n <= kFrames; ++n) {
+    mb_ring_slot slot;
+    MUST(mb_tensor_ring_acquire_for_read(ring, 10000, &slot) == MB_OK);
+    CHECK(slot.frame_id == n * 10 && slot.bytes == kSlotBytes);
+    const unsigned char* p = (const unsigned char*)slot.data;
+    for (size_t i = 0; i < slot.bytes; ++i)
+      if (p[i] != chunk_byte(n, i)) {
+        CHECK(!"a frame's bytes");
+        break;
+      }
+    CHECK(mb_tensor_ring_release(ring, &slot) == MB_OK);
+    CHECK(mb_tensor_ring_release(ring, &slot) == MB_PARAM_INVALID); /* not the oldest any more */
+  }
+  mb_tensor_ring_free(ring);
+  mb_unmap(m);
+  mb_reservation_release(r);
+  mb_handle_free(h);
+  mb_client_close(c);
+  return failures == 0 ? 0 : 1;
+}
+
+static void ring_checks(const char* sock, mb_client* c) {
+  const size_t bytes = mb_tensor_ring_bytes_for(kSlots, kSlotBytes);
+  CHECK(bytes >= kSlots * kSlotBytes);
+  mb_handle* h = NULL;
+  MUST(mb_malloc_physical(c, bytes, MB_NORMAL_ONLY, 0, &h) == MB_OK);
+  mb_reservation* r = NULL;
+  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
+  mb_mapping* m = NULL;
+  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  mb_tensor_ring* ring = NULL;
+  memset(mb_mapping_data(m), 0xff, mb_mapping_size(m)); /* not a ring */
+  CHECK(mb_tensor_ring_attach(mb_mapping_data(m), mb_mapping_size(m), &ring) == MB_PARAM_INVALID && ring == NULL);
+  CHECK(mb_tensor_ring_create(mb_mapping_data(m), 64, kSlots, kSlotBytes, &ring) != MB_OK); /* too small */
+  MUST(mb_tensor_ring_create(mb_mapping_data(m), mb_mapping_size(m), kSlots, kSlotBytes, &ring) == MB_OK);
+  CHECK(mb_tensor_ring_last_published_frame(ring) == 0);
+  char token[MB_TOKEN_BYTES];
+  MUST(mb_export(c, h, MB_EXPORT_NO_PID_CHECK, token, sizeof(token)) == MB_OK);
+  pid_t kid = fork();
+  if (kid == 0) {
+    g_broker = 0;
+    _exit(ring_consumer(sock, token));
+  }
+  for (uint64_t n = 1; n <= kFrames; ++n) {
+    mb_ring_slot slot;
+    MUST(mb_tensor_ring_acquire_for_write(ring, 10000, &slot) == MB_OK);
+    unsigned char* p = (unsigned char*)slot.data;
+    for (size_t i = 0; i < kSlotBytes; ++i) p[i] = chunk_byte(n, i);
+    mb_ring_slot stale = slot;
+    stale.sequence += 1;
+    CHECK(mb_tensor_ring_publish(ring, &stale, n * 10, kSlotBytes) == MB_PARAM_INVALID);
+    MUST(mb_tensor_ring_publish(ring, &slot, n * 10, kSlotBytes) == MB_OK);
+  }
+  int status = 0;
+  MUST(waitpid(kid, &status, 0) == kid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(mb_tensor_ring_last_published_frame(ring) == kFrames * 10);
+  mb_tensor_ring_free(ring);
+  mb_unmap(m);
+  mb_reservation_release(r);
+  mb_handle_free(h);
 }
 
 int main(int argc, char** argv) {
@@ -324,6 +404,7 @@ int main(int argc, char** argv) {
   CHECK(p[1] == 0xab);
 
   channel_checks(sock, c);
+  ring_checks(sock, c);
 
   CHECK(mb_engine_disconnect(e, remote, 1000) == MB_OK || 1); /* it may have gone already */
   MUST(mb_engine_deregister(e, reg) == MB_OK);

@@ -207,6 +207,32 @@ MB_C_API void mb_channel_leave(mb_channel_subscriber* subscriber);
 MB_C_API int mb_channel_receive(mb_channel_subscriber* subscriber, int timeout_ms, mb_chunk* out);
 MB_C_API int mb_channel_release(mb_channel_subscriber* subscriber, const mb_chunk* chunk);
 
+/* --- the tensor ring: one producer, one consumer, in a mapped region -------
+ * (docs/PIPELINE.md). The ring lives in memory both processes mapped (any
+ * addresses); a dead consumer's slot stays for its replacement. */
+typedef struct mb_tensor_ring mb_tensor_ring;
+typedef struct mb_ring_slot {
+  uint64_t sequence; /* position in the ring's history */
+  void* data;
+  size_t capacity;
+  uint64_t frame_id; /* set by mb_tensor_ring_publish */
+  size_t bytes;      /* set by mb_tensor_ring_publish */
+} mb_ring_slot;
+/* Bytes a ring of slots slots of slot_bytes each needs. */
+MB_C_API size_t mb_tensor_ring_bytes_for(uint32_t slots, size_t slot_bytes);
+/* Formats [base, base+size) as an empty ring. */
+MB_C_API int mb_tensor_ring_create(void* base, size_t size, uint32_t slots, size_t slot_bytes, mb_tensor_ring** out);
+/* Attaches to a ring another process formatted: MB_PARAM_INVALID when there is
+ * none, MB_PROTOCOL_ERROR when what it wrote is impossible. */
+MB_C_API int mb_tensor_ring_attach(void* base, size_t size, mb_tensor_ring** out);
+MB_C_API void mb_tensor_ring_free(mb_tensor_ring* ring); /* the memory stays as it is */
+MB_C_API int mb_tensor_ring_acquire_for_write(mb_tensor_ring* ring, int timeout_ms, mb_ring_slot* out);
+MB_C_API int mb_tensor_ring_publish(mb_tensor_ring* ring, const mb_ring_slot* slot, uint64_t frame_id, size_t bytes);
+MB_C_API int mb_tensor_ring_acquire_for_read(mb_tensor_ring* ring, int timeout_ms, mb_ring_slot* out);
+MB_C_API int mb_tensor_ring_release(mb_tensor_ring* ring, const mb_ring_slot* slot);
+/* 0 while nothing was published: a restarted producer resumes after it. */
+MB_C_API uint64_t mb_tensor_ring_last_published_frame(const mb_tensor_ring* ring);
+
 #ifdef __cplusplus
 }
 #endif
