@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <new>
@@ -12,6 +14,7 @@
 
 #include "c_api_internal.h"
 #include "membroker/client.h"
+#include "membroker/ipc/protocol.h"
 #include "membroker/transfer_engine.h"
 
 using namespace membroker;
@@ -30,6 +33,9 @@ struct mb_mapping {
 };
 struct mb_engine {
   std::unique_ptr<TransferEngine> engine;
+  // Notifies taken from the engine and not yet handed out (one per mb_engine_get_notify).
+  std::mutex notifies_mu;
+  std::deque<Notify> notifies;
 };
 
 // The wire codes are the C codes.
@@ -40,6 +46,21 @@ static_assert(MB_EXPORT_NO_PID_CHECK == kExportNoPidCheck && MB_EXPORT_READ_ONLY
 static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist);
 static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
+static_assert(MB_TRANSFER_FAILED == static_cast<int>(TransferStatus::FAILED) &&
+              MB_TRANSFER_WAITING == static_cast<int>(TransferStatus::WAITING));
+static_assert(MB_EVENT_HOLDER_DIED == static_cast<int>(NameEventKind::kHolderDied));
+static_assert(MB_MAX_ENGINE_NAME_BYTES >= ipc::kMaxEngineNameBytes && MB_MAX_NOTIFY_NAME_BYTES == ipc::kMaxNotifyNameBytes &&
+              MB_MAX_NOTIFY_MESSAGE_BYTES == ipc::kMaxNotifyMessageBytes && MB_MAX_OBJECT_NAME_BYTES == ipc::kMaxObjectNameBytes);
+
+namespace {
+// A string into a caller's buffer of len bytes, NUL-terminated, truncated to fit.
+void CopyOut(const std::string& s, char* out, size_t len) {
+  if (out == nullptr || len == 0) return;
+  const size_t n = std::min(s.size(), len - 1);
+  std::memcpy(out, s.data(), n);
+  out[n] = '\0';
+}
+}  // namespace
 
 extern "C" {
 
@@ -58,7 +79,9 @@ int mb_connect(const char* socket_path, const char* client_name, uint32_t call_t
     if (call_timeout_ms != 0) o.call_timeout_ms = call_timeout_ms;
     auto c = Client::Connect(o);
     if (!c.ok()) return Fail(c.status());
-    *out = new mb_client{std::move(*c)};
+    auto* made = new mb_client;
+    made->client = std::move(*c);
+    *out = made;
     return MB_OK;
   });
 }
@@ -208,6 +231,36 @@ int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** o
   });
 }
 
+int mb_subscribe(mb_client* client, const char* prefix) {
+  return Guard([&]() -> int {
+    MB_NEED(client && prefix, "client and prefix must not be NULL");
+    return Done(client->client.Subscribe(prefix));
+  });
+}
+
+int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && out, "client and out must not be NULL");
+    std::lock_guard<std::mutex> lk(client->events_mu);
+    if (client->events.empty()) {
+      auto got = client->client.WaitEvents(timeout_ms);
+      if (!got.ok()) return Fail(got.status());
+      client->events_dropped += got->dropped;
+      for (auto& e : got->events) client->events.push_back(std::move(e));
+      if (client->events.empty()) return Fail(MB_TIMEOUT, "no event within the timeout");
+    }
+    const NameEvent& e = client->events.front();
+    *out = mb_name_event{};
+    out->kind = static_cast<int>(e.kind);
+    CopyOut(e.name, out->name, sizeof(out->name));
+    out->allocation = e.allocation;
+    out->pid = e.pid;
+    out->dropped = client->events_dropped;
+    client->events.pop_front();
+    return MB_OK;
+  });
+}
+
 int mb_unpublish(mb_client* client, const char* name) {
   return Guard([&]() -> int {
     MB_NEED(client && name, "client and name must not be NULL");
@@ -243,15 +296,6 @@ int mb_engine_create_with_options(mb_client* client, const char* local_name, con
     return MB_OK;
   });
 }
-
-namespace {
-void CopyOut(const std::string& s, char* out, size_t len) {
-  if (out == nullptr || len == 0) return;
-  const size_t n = std::min(s.size(), len - 1);
-  std::memcpy(out, s.data(), n);
-  out[n] = '\0';
-}
-}  // namespace
 
 int mb_engine_connection_path(mb_engine* engine, const char* remote, char* path, size_t path_len,
                               char* transports, size_t transports_len) {
@@ -308,13 +352,79 @@ int mb_engine_disconnect(mb_engine* engine, const char* remote, int timeout_ms) 
   });
 }
 
+namespace {
+// The descriptors of a C call, checked.
+int ToDescs(int op, const mb_transfer_desc* descs, size_t count, std::vector<TransferOpDesc>* out) {
+  MB_NEED(descs || count == 0, "descs must not be NULL");
+  MB_NEED(op == MB_READ || op == MB_WRITE, "op is MB_READ or MB_WRITE");
+  out->resize(count);
+  for (size_t i = 0; i < count; ++i) (*out)[i] = {descs[i].local_addr, descs[i].remote_addr, descs[i].len};
+  return MB_OK;
+}
+}  // namespace
+
+int mb_engine_transfer_async(mb_engine* engine, const char* remote, int op, const mb_transfer_desc* descs,
+                             size_t count, int timeout_ms, uint64_t* req) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote && req, "engine, remote and req must not be NULL");
+    std::vector<TransferOpDesc> d;
+    if (int rc = ToDescs(op, descs, count, &d); rc != MB_OK) return rc;
+    TransferReq r = 0;
+    if (Status st = engine->engine->TransferAsync(remote, static_cast<TransferOp>(op), d, r, timeout_ms); !st.ok())
+      return Fail(st);
+    *req = r;
+    return MB_OK;
+  });
+}
+
+int mb_engine_transfer_status(mb_engine* engine, uint64_t req, int* status) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && status, "engine and status must not be NULL");
+    TransferStatus s = TransferStatus::WAITING;
+    if (Status st = engine->engine->GetTransferStatus(req, s); !st.ok()) return Fail(st);
+    *status = static_cast<int>(s);
+    if (s == TransferStatus::FAILED || s == TransferStatus::TIMEOUT)
+      c_api::t_last_error = engine->engine->last_error().message();  // why, for the caller
+    return MB_OK;
+  });
+}
+
+int mb_engine_send_notify(mb_engine* engine, const char* remote, const char* name, const void* msg,
+                          size_t msg_len, int timeout_ms) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote && name && (msg || msg_len == 0), "engine, remote, name and msg must not be NULL");
+    NotifyDesc n{name, std::string(static_cast<const char*>(msg), msg_len)};
+    return Done(engine->engine->SendNotify(remote, n, timeout_ms));
+  });
+}
+
+int mb_engine_get_notify(mb_engine* engine, mb_notify* out) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && out, "engine and out must not be NULL");
+    std::lock_guard<std::mutex> lk(engine->notifies_mu);
+    if (engine->notifies.empty()) {
+      std::vector<Notify> got;
+      if (Status st = engine->engine->GetNotifies(got); !st.ok()) return Fail(st);
+      for (auto& n : got) engine->notifies.push_back(std::move(n));
+      if (engine->notifies.empty()) return Fail(MB_NOT_FOUND, "no notify is queued for this engine");
+    }
+    const Notify& n = engine->notifies.front();
+    *out = mb_notify{};
+    CopyOut(n.remote_engine, out->remote_engine, sizeof(out->remote_engine));
+    CopyOut(n.name, out->name, sizeof(out->name));
+    out->msg_len = std::min(n.notify_msg.size(), sizeof(out->msg));
+    std::memcpy(out->msg, n.notify_msg.data(), out->msg_len);
+    engine->notifies.pop_front();
+    return MB_OK;
+  });
+}
+
 int mb_engine_transfer_sync(mb_engine* engine, const char* remote, int op, const mb_transfer_desc* descs,
                             size_t count, int timeout_ms) {
   return Guard([&]() -> int {
-    MB_NEED(engine && remote && (descs || count == 0), "engine, remote and descs must not be NULL");
-    MB_NEED(op == MB_READ || op == MB_WRITE, "op is MB_READ or MB_WRITE");
-    std::vector<TransferOpDesc> d(count);
-    for (size_t i = 0; i < count; ++i) d[i] = {descs[i].local_addr, descs[i].remote_addr, descs[i].len};
+    MB_NEED(engine && remote, "engine and remote must not be NULL");
+    std::vector<TransferOpDesc> d;
+    if (int rc = ToDescs(op, descs, count, &d); rc != MB_OK) return rc;
     return Done(engine->engine->TransferSync(remote, static_cast<TransferOp>(op), d, timeout_ms));
   });
 }

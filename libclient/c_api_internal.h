@@ -3,6 +3,8 @@
 // mb_last_error_message() - with no C++ exception ever crossing into C.
 #pragma once
 
+#include <deque>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -12,6 +14,11 @@
 
 struct mb_client {
   membroker::Client client;
+  // Events taken from the broker and not yet handed out (mb_wait_event
+  // hands them out one at a time).
+  std::mutex events_mu;
+  std::deque<membroker::NameEvent> events;
+  uint64_t events_dropped = 0;
 };
 
 namespace membroker::c_api {

@@ -1,18 +1,20 @@
 /* The C API, compiled as C, between two processes against a real broker:
  * allocation, the VMM path, sharing by token with a pid allow-list, named
- * objects, error codes and messages, a transfer-engine WRITE into the
- * other process's memory, a channel to a subscriber process, and a tensor
- * ring read by another process.
+ * objects and their events, error codes and messages, transfer-engine
+ * WRITEs (sync and async) into the other process's memory and a notify, a
+ * channel to a subscriber process, and a tensor ring read by another process.
  *   c_api_test PATH_TO_membrokerd */
 #define _GNU_SOURCE
 #include <membroker/membroker.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int failures = 0;
@@ -34,6 +36,12 @@ static int failures = 0;
   } while (0)
 
 enum { kSize = 1 << 20 };
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 static pid_t g_broker = 0;
 static void stop_broker_on_failure(void) {
@@ -106,6 +114,18 @@ static int child(const char* sock, int in, int out) {
   recv_line(in, done, sizeof(done)); /* the parent wrote into our memory */
   CHECK(strcmp(done, "written") == 0);
   CHECK(memcmp(mb_mapping_data(om), "hello from C", 12) == 0);
+  CHECK(memcmp((char*)mb_mapping_data(om) + 4096, "async from C", 12) == 0);
+  /* The parent's notify, queued before it said "written". */
+  mb_notify n;
+  int nrc = MB_NOT_FOUND;
+  for (double until = now_s() + 5; nrc == MB_NOT_FOUND && now_s() < until;) {
+    nrc = mb_engine_get_notify(e, &n);
+    if (nrc == MB_NOT_FOUND) sched_yield();
+  }
+  CHECK(nrc == MB_OK);
+  CHECK(strcmp(n.remote_engine, "c-parent") == 0 && strcmp(n.name, "kv-ready") == 0);
+  CHECK(n.msg_len == 7 && memcmp(n.msg, "layer 7", 7) == 0);
+  CHECK(mb_engine_get_notify(e, &n) == MB_NOT_FOUND);
 
   MUST(mb_engine_deregister(e, reg) == MB_OK);
   mb_engine_destroy(e);
@@ -359,6 +379,21 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < kSize; i += 4096) p[i] = (unsigned char)(i / 4096);
   char token[MB_TOKEN_BYTES];
   MUST(mb_export(c, h, 0, token, sizeof(token)) == MB_OK);
+  /* Name events: published and unpublished, then nothing. */
+  MUST(mb_subscribe(c, "c-api/ev/") == MB_OK);
+  mb_handle* evh = NULL;
+  MUST(mb_malloc_physical(c, 4096, MB_NORMAL_ONLY, 0, &evh) == MB_OK);
+  MUST(mb_publish(c, "c-api/ev/x", evh, 0) == MB_OK);
+  mb_name_event ev;
+  MUST(mb_wait_event(c, 5000, &ev) == MB_OK);
+  CHECK(ev.kind == MB_EVENT_PUBLISHED && strcmp(ev.name, "c-api/ev/x") == 0 && ev.pid == getpid());
+  CHECK(ev.allocation == mb_handle_id(evh) && ev.dropped == 0);
+  CHECK(mb_unpublish(c, "c-api/ev/x") == MB_OK);
+  MUST(mb_wait_event(c, 5000, &ev) == MB_OK);
+  CHECK(ev.kind == MB_EVENT_UNPUBLISHED && strcmp(ev.name, "c-api/ev/x") == 0);
+  CHECK(mb_wait_event(c, 50, &ev) == MB_TIMEOUT);
+  mb_handle_free(evh);
+
   mb_handle* small = NULL;
   MUST(mb_malloc_physical(c, 8192, MB_NORMAL_ONLY, 0, &small) == MB_OK);
   MUST(mb_publish(c, "c-api/named", small, MB_PUBLISH_READ_ONLY) == MB_OK);
@@ -397,6 +432,20 @@ int main(int argc, char** argv) {
   CHECK(mb_engine_transfer_sync(e, remote, MB_WRITE, &d, 1, 5000) == MB_OK);
   mb_transfer_desc outside = {(uintptr_t)p, 4096, 4096};
   CHECK(mb_engine_transfer_sync(e, remote, MB_WRITE, &outside, 1, 5000) == MB_PARAM_INVALID);
+  /* An async WRITE, polled to its end (reported once), and a notify. */
+  memcpy(p + 8192, "async from C", 12);
+  mb_transfer_desc ad = {(uintptr_t)(p + 8192), (uintptr_t)strtoul(addr, NULL, 10) + 4096, 4096};
+  uint64_t req = 0;
+  MUST(mb_engine_transfer_async(e, remote, MB_WRITE, &ad, 1, 5000, &req) == MB_OK);
+  int ts = MB_TRANSFER_WAITING;
+  for (double until = now_s() + 10; ts == MB_TRANSFER_WAITING && now_s() < until;) {
+    MUST(mb_engine_transfer_status(e, req, &ts) == MB_OK);
+    if (ts == MB_TRANSFER_WAITING) sched_yield();
+  }
+  CHECK(ts == MB_TRANSFER_COMPLETED);
+  CHECK(mb_engine_transfer_status(e, req, &ts) == MB_PARAM_INVALID);
+  CHECK(mb_engine_transfer_async(e, remote, 7, &ad, 1, 5000, &req) == MB_PARAM_INVALID);
+  CHECK(mb_engine_send_notify(e, remote, "kv-ready", "layer 7", 7, 1000) == MB_OK);
   send_line(to_child[1], "written");
   int status = 0;
   MUST(waitpid(kid, &status, 0) == kid);

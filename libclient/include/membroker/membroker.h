@@ -122,6 +122,20 @@ MB_C_API int mb_publish(mb_client* client, const char* name, const mb_handle* ha
 /* Waits up to timeout_ms for the name (MB_TIMEOUT); 0: MB_NOT_FOUND at once. */
 MB_C_API int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** out);
 MB_C_API int mb_unpublish(mb_client* client, const char* name);
+/* Events for names starting with prefix ("" for all), queued in the broker
+ * (1024 at most per client). */
+#define MB_MAX_OBJECT_NAME_BYTES 256
+enum mb_event_kind { MB_EVENT_PUBLISHED = 0, MB_EVENT_UNPUBLISHED = 1, MB_EVENT_HOLDER_DIED = 2 };
+typedef struct mb_name_event {
+  int kind;                                /* enum mb_event_kind */
+  char name[MB_MAX_OBJECT_NAME_BYTES + 1]; /* NUL-terminated */
+  uint64_t allocation;
+  pid_t pid;        /* the publisher, or the process that died holding the object */
+  uint64_t dropped; /* events lost to a full queue since mb_subscribe */
+} mb_name_event;
+MB_C_API int mb_subscribe(mb_client* client, const char* prefix);
+/* The oldest event; waits up to timeout_ms for one (MB_TIMEOUT). */
+MB_C_API int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out);
 
 /* --- the transfer engine (HIXL's shape; docs/TRANSFER.md) -------------------- */
 enum mb_transfer_op { MB_READ = 0, MB_WRITE = 1 };
@@ -149,6 +163,29 @@ MB_C_API int mb_engine_connect(mb_engine* engine, const char* remote, int timeou
 MB_C_API int mb_engine_disconnect(mb_engine* engine, const char* remote, int timeout_ms);
 MB_C_API int mb_engine_transfer_sync(mb_engine* engine, const char* remote, int op,
                                      const mb_transfer_desc* descs, size_t count, int timeout_ms);
+/* Queues the transfer; *req names it for mb_engine_transfer_status. */
+MB_C_API int mb_engine_transfer_async(mb_engine* engine, const char* remote, int op,
+                                      const mb_transfer_desc* descs, size_t count, int timeout_ms, uint64_t* req);
+enum mb_transfer_status { MB_TRANSFER_WAITING = 0, MB_TRANSFER_COMPLETED = 1, MB_TRANSFER_TIMEOUT = 2,
+                          MB_TRANSFER_FAILED = 3 };
+/* *status: WAITING, or a final status, reported once (then req is unknown:
+ * MB_PARAM_INVALID). After FAILED or TIMEOUT, mb_last_error_message() says why. */
+MB_C_API int mb_engine_transfer_status(mb_engine* engine, uint64_t req, int* status);
+/* Notifies: small messages between connected engines (HIXL's SendNotify). */
+#define MB_MAX_ENGINE_NAME_BYTES 256
+#define MB_MAX_NOTIFY_NAME_BYTES 128
+#define MB_MAX_NOTIFY_MESSAGE_BYTES 1024
+typedef struct mb_notify {
+  char remote_engine[MB_MAX_ENGINE_NAME_BYTES + 1]; /* the sender, NUL-terminated */
+  char name[MB_MAX_NOTIFY_NAME_BYTES + 1];          /* NUL-terminated */
+  char msg[MB_MAX_NOTIFY_MESSAGE_BYTES];            /* msg_len bytes, not terminated */
+  size_t msg_len;
+} mb_notify;
+/* MB_RESOURCE_EXHAUSTED when the remote's queue (256) is full. */
+MB_C_API int mb_engine_send_notify(mb_engine* engine, const char* remote, const char* name, const void* msg,
+                                   size_t msg_len, int timeout_ms);
+/* The oldest notify queued for this engine; MB_NOT_FOUND when there is none. */
+MB_C_API int mb_engine_get_notify(mb_engine* engine, mb_notify* out);
 
 /* --- channels: zero-copy publish/subscribe (docs/PIPELINE.md) ----------------
  * One publisher and up to 63 subscribers over a pool of chunks in broker
