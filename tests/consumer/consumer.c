@@ -19,6 +19,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   memset(mb_mapping_data(m), 7, 4096);
+  /* A channel, as the installed header and library have them: one chunk out, to nobody. */
+  mb_channel_options o;
+  mb_channel_options_init(&o);
+  o.chunks = 2;
+  o.chunk_bytes = 4096;
+  mb_channel_publisher* pub = NULL;
+  mb_chunk chunk;
+  if (mb_channel_create(c, "consumer/chan", &o, &pub) != MB_OK || mb_channel_loan(pub, 64, 1000, &chunk) != MB_OK) {
+    fprintf(stderr, "channel: %s\n", mb_last_error_message());
+    return 1;
+  }
+  chunk.size = 64;
+  if (mb_channel_publish(pub, &chunk, 1000) != MB_OK || chunk.sequence != 1) {
+    fprintf(stderr, "publish: %s\n", mb_last_error_message());
+    return 1;
+  }
+  mb_channel_close(pub);
   mb_unmap(m);
   mb_reservation_release(r);
   mb_handle_free(h);

@@ -28,7 +28,8 @@ if [ -n "$site" ] && [ "$site" != . ]; then
   PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c "import membroker, sys
 c = membroker.connect(sys.argv[1], 'py-consumer'); t = c.new_tensor((4, 4), 'float32'); t.numpy()[:] = 1; c.ping()" "$tmp/b.sock"
 fi
-"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 4'
+# One allocation from each consumer, and the C consumer's channel's two (control block and chunks).
+"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 6'
 kill -TERM "$broker"
 wait "$broker"
-echo "installed package consumed via find_package and pkg-config, from C, and from Python"
+echo "installed package consumed via find_package and pkg-config, from C (a channel too), and from Python"
