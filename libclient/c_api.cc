@@ -245,7 +245,7 @@ int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out) {
     if (client->events.empty()) {
       auto got = client->client.WaitEvents(timeout_ms);
       if (!got.ok()) return Fail(got.status());
-      client->events_dropped += got->dropped;
+      client->events_dropped = got->dropped;  // the broker counts since Subscribe
       for (auto& e : got->events) client->events.push_back(std::move(e));
       if (client->events.empty()) return Fail(MB_TIMEOUT, "no event within the timeout");
     }
