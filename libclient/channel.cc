@@ -163,17 +163,26 @@ void Wake(std::atomic<uint32_t>* word) {
 enum Waiting : uint32_t { kNobody = 0, kSleeper = 1, kSpinner = 2 };
 uint32_t WaiterFor(WakeMode wake) { return wake == WakeMode::kFutex ? kSleeper : kSpinner; }
 
-// Tells whoever waits on *word that something changed. The first signal
-// takes the waiter's mark, so the signals that follow while it wakes up
-// (microseconds, when its CPU was idle) cost no more system calls: a waiter
-// marks itself again before it next sleeps or spins. Each word has one waiter.
-void Signal(std::atomic<uint32_t>* word, std::atomic<uint32_t>& waiting) {
-  if (waiting.load() == kNobody) return;  // the common case: a plain read
-  const uint32_t who = waiting.exchange(kNobody);
+// Takes the waiter's mark from `waiting`: who waited, or kNobody (nobody
+// did, or an earlier signal took the mark). The first signal takes it, so the
+// signals that follow while the waiter wakes up (microseconds, when its CPU
+// was idle) cost no more system calls: a waiter marks itself again before it
+// next sleeps or spins. Each mark has one waiter.
+uint32_t TakeWaiter(std::atomic<uint32_t>& waiting) {
+  if (waiting.load() == kNobody) return kNobody;  // the common case: a plain read
+  return waiting.exchange(kNobody);
+}
+
+// Moves *word for the waiter `who` (TakeWaiter's): a sleeper needs the futex
+// wake too, a spinner only the word to move.
+void Nudge(std::atomic<uint32_t>* word, uint32_t who) {
   if (who == kNobody) return;
   word->fetch_add(1);
   if (who == kSleeper) detail::FutexWakeAll(word);
 }
+
+// Tells whoever waits on *word that something changed.
+void Signal(std::atomic<uint32_t>* word, std::atomic<uint32_t>& waiting) { Nudge(word, TakeWaiter(waiting)); }
 
 // Tells the subscribers in `targets` that their queues have more. The
 // sleepers of a broadcast channel share one word, so a single system call
@@ -185,15 +194,9 @@ void SignalSubscribers(const View& v, uint64_t targets) {
   bool wake_sleepers = false;
   for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
     SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
-    if (q.subscriber_waiting.load() == kNobody) continue;  // the common case: a plain read
-    const uint32_t who = q.subscriber_waiting.exchange(kNobody);
-    if (who == kNobody) continue;
-    if (who == kSleeper && v.broadcast) {
-      wake_sleepers = true;
-      continue;
-    }
-    q.data_signal.fetch_add(1);
-    if (who == kSleeper) detail::FutexWakeAll(&q.data_signal);
+    const uint32_t who = TakeWaiter(q.subscriber_waiting);
+    if (who == kSleeper && v.broadcast) wake_sleepers = true;
+    else Nudge(&q.data_signal, who);
   }
   if (wake_sleepers) Wake(&v.header()->sleepers_signal);
 }
