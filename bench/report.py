@@ -218,17 +218,21 @@ for c in (x for x in load if x["bench"] == "iceoryx_crash_cleanup"):
     md += ["", f"Peer: iceoryx's RouDi (default monitoring), a publisher killed holding {c['chunks']} chunks:",
            f"{c['ms']:.1f} ms until another process could loan them all again (one run). RouDi finds",
            "dead processes by missed keep-alives; membroker sees the socket close."]
+def median(vals):
+    vals = sorted(vals)
+    n = len(vals)
+    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 def median_over_rounds(entries, key, value):
     """One entry per key: the first round's, carrying the median of `value` over the rounds
-    (bench/run runs the channel benches three times) and the rounds' values."""
+    (bench/run measures each channel hand-off in 5 or 9 rounds, the rates in 3), the rounds'
+    values and their round numbers."""
     groups = {}
     for x in entries:
         groups.setdefault(key(x), []).append(x)
     merged = []
     for xs in groups.values():
-        vals = sorted(x[value] for x in xs)
         m = dict(xs[0], rounds=[x[value] for x in xs], round_ids=[x.get("round", n) for n, x in enumerate(xs)])
-        m[value] = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+        m[value] = median(m["rounds"])
         if "gb_per_s" in m and m[value] > 0:
             m["gb_per_s"] = m["size"] / m[value] / 1e3
         merged.append(m)
@@ -238,10 +242,6 @@ channel = median_over_rounds([x for x in load if x["bench"] == "channel"],
                              "median_us")
 channel_rates = median_over_rounds([x for x in load if x["bench"] == "channel_rate"],
                                    lambda x: (x["method"], x["wake"]), "per_s")
-def median(vals):
-    vals = sorted(vals)
-    n = len(vals)
-    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 def ratio_text(r):
     """Two decimals; more near 1, so that no ratio above 1 reads as 1.00."""
     if 0.9995 <= r < 1.0005:
