@@ -59,6 +59,23 @@ static void recv_line(int fd, char* buf, size_t cap) {
   MUST(0);
 }
 
+/* Maps all of handle h at the start of a fresh reservation of its size. */
+static void map_whole(mb_client* c, const mb_handle* h, mb_reservation** r, mb_mapping** m) {
+  MUST(mb_reserve(c, mb_handle_size(h), 0, r) == MB_OK);
+  MUST(mb_map(c, *r, 0, 0, 0, h, m) == MB_OK);
+}
+
+/* The bytes of publication (or frame) `sequence`, written and checked. */
+static unsigned char pattern_byte(uint64_t sequence, size_t i) { return (unsigned char)(sequence * 31 + i); }
+static void fill_pattern(void* data, size_t n, uint64_t sequence) {
+  for (size_t i = 0; i < n; ++i) ((unsigned char*)data)[i] = pattern_byte(sequence, i);
+}
+static int holds_pattern(const void* data, size_t n, uint64_t sequence) {
+  for (size_t i = 0; i < n; ++i)
+    if (((const unsigned char*)data)[i] != pattern_byte(sequence, i)) return 0;
+  return 1;
+}
+
 /* The child: imports by token, checks the named object, and offers its own
  * memory to the parent's engine. */
 static char g_secret[300]; /* the engines' secret_file, written by main */
@@ -71,9 +88,8 @@ static int child(const char* sock, int in, int out) {
   mb_handle* h = NULL;
   MUST(mb_import(c, token, &h) == MB_OK);
   mb_reservation* r = NULL;
-  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
   mb_mapping* m = NULL;
-  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  map_whole(c, h, &r, &m);
   const unsigned char* p = (const unsigned char*)mb_mapping_data(m);
   for (size_t i = 0; i < kSize; i += 4096) CHECK(p[i] == (unsigned char)(i / 4096));
   ((unsigned char*)mb_mapping_data(m))[1] = 0xab; /* seen by the parent: the same pages */
@@ -142,7 +158,6 @@ static int child(const char* sock, int in, int out) {
 
 /* A channel subscriber process: every byte of kChunks chunks, in order. */
 enum { kChunks = 50, kChunkBytes = 8192 };
-static unsigned char chunk_byte(uint64_t sequence, size_t i) { return (unsigned char)(sequence * 31 + i); }
 
 static int channel_subscriber(const char* sock, int out) {
   failures = 0; /* this process's own checks only */
@@ -155,12 +170,7 @@ static int channel_subscriber(const char* sock, int out) {
     mb_chunk ch;
     MUST(mb_channel_receive(sub, 10000, &ch) == MB_OK);
     CHECK(ch.sequence == n && ch.size == kChunkBytes);
-    const unsigned char* p = (const unsigned char*)ch.data;
-    for (size_t i = 0; i < ch.size; ++i)
-      if (p[i] != chunk_byte(n, i)) {
-        CHECK(!"a chunk's bytes");
-        break;
-      }
+    CHECK(holds_pattern(ch.data, ch.size, n));
     CHECK(mb_channel_release(sub, &ch) == MB_OK);
     CHECK(mb_channel_release(sub, &ch) == MB_PARAM_INVALID); /* once */
   }
@@ -208,8 +218,7 @@ static void channel_checks(const char* sock, mb_client* c) {
   for (uint64_t n = 1; n <= kChunks; ++n) {
     mb_chunk ch;
     MUST(mb_channel_loan(pub, kChunkBytes, 10000, &ch) == MB_OK);
-    unsigned char* p = (unsigned char*)ch.data;
-    for (size_t i = 0; i < kChunkBytes; ++i) p[i] = chunk_byte(n, i);
+    fill_pattern(ch.data, kChunkBytes, n);
     ch.size = kChunkBytes;
     MUST(mb_channel_publish(pub, &ch, 10000) == MB_OK);
     CHECK(ch.sequence == n);
@@ -238,21 +247,15 @@ static int ring_consumer(const char* sock, const char* token) {
   mb_handle* h = NULL;
   MUST(mb_import(c, token, &h) == MB_OK);
   mb_reservation* r = NULL;
-  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
   mb_mapping* m = NULL;
-  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  map_whole(c, h, &r, &m);
   mb_tensor_ring* ring = NULL;
   MUST(mb_tensor_ring_attach(mb_mapping_data(m), mb_mapping_size(m), &ring) == MB_OK);
   for (uint64_t n = 1; n <= kFrames; ++n) {
     mb_ring_slot slot;
     MUST(mb_tensor_ring_acquire_for_read(ring, 10000, &slot) == MB_OK);
     CHECK(slot.frame_id == n * 10 && slot.bytes == kSlotBytes);
-    const unsigned char* p = (const unsigned char*)slot.data;
-    for (size_t i = 0; i < slot.bytes; ++i)
-      if (p[i] != chunk_byte(n, i)) {
-        CHECK(!"a frame's bytes");
-        break;
-      }
+    CHECK(holds_pattern(slot.data, slot.bytes, n));
     CHECK(mb_tensor_ring_release(ring, &slot) == MB_OK);
     CHECK(mb_tensor_ring_release(ring, &slot) == MB_PARAM_INVALID); /* not the oldest any more */
   }
@@ -270,9 +273,8 @@ static void ring_checks(const char* sock, mb_client* c) {
   mb_handle* h = NULL;
   MUST(mb_malloc_physical(c, bytes, MB_NORMAL_ONLY, 0, &h) == MB_OK);
   mb_reservation* r = NULL;
-  MUST(mb_reserve(c, mb_handle_size(h), 0, &r) == MB_OK);
   mb_mapping* m = NULL;
-  MUST(mb_map(c, r, 0, 0, 0, h, &m) == MB_OK);
+  map_whole(c, h, &r, &m);
   mb_tensor_ring* ring = NULL;
   memset(mb_mapping_data(m), 0xff, mb_mapping_size(m)); /* not a ring */
   CHECK(mb_tensor_ring_attach(mb_mapping_data(m), mb_mapping_size(m), &ring) == MB_PARAM_INVALID && ring == NULL);
@@ -289,8 +291,7 @@ static void ring_checks(const char* sock, mb_client* c) {
   for (uint64_t n = 1; n <= kFrames; ++n) {
     mb_ring_slot slot;
     MUST(mb_tensor_ring_acquire_for_write(ring, 10000, &slot) == MB_OK);
-    unsigned char* p = (unsigned char*)slot.data;
-    for (size_t i = 0; i < kSlotBytes; ++i) p[i] = chunk_byte(n, i);
+    fill_pattern(slot.data, kSlotBytes, n);
     mb_ring_slot stale = slot;
     stale.sequence += 1;
     CHECK(mb_tensor_ring_publish(ring, &stale, n * 10, kSlotBytes) == MB_PARAM_INVALID);
