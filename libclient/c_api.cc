@@ -241,11 +241,14 @@ int mb_subscribe(mb_client* client, const char* prefix) {
 int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out) {
   return Guard([&]() -> int {
     MB_NEED(client && out, "client and out must not be NULL");
-    std::lock_guard<std::mutex> lk(client->events_mu);
+    std::unique_lock<std::mutex> lk(client->events_mu);
     if (client->events.empty()) {
+      // Not under the lock: another thread's call must not wait out this one's timeout.
+      lk.unlock();
       auto got = client->client.WaitEvents(timeout_ms);
       if (!got.ok()) return Fail(got.status());
-      client->events_dropped = got->dropped;  // the broker counts since Subscribe
+      lk.lock();
+      client->events_dropped = std::max(client->events_dropped, got->dropped);  // the broker counts since Subscribe
       for (auto& e : got->events) client->events.push_back(std::move(e));
       if (client->events.empty()) return Fail(MB_TIMEOUT, "no event within the timeout");
     }

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <membroker/membroker.h>
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,6 +58,22 @@ static void recv_line(int fd, char* buf, size_t cap) {
     if (buf[n++] == '\0') return;
   }
   MUST(0);
+}
+
+/* A thread waiting for a name event on a client another thread also waits on. */
+struct event_waiter {
+  mb_client* c;
+  int rc;
+  mb_name_event ev;
+  int started; /* set just before its mb_wait_event */
+  int done;    /* set when its mb_wait_event returned */
+};
+static void* wait_for_event(void* arg) {
+  struct event_waiter* w = (struct event_waiter*)arg;
+  __atomic_store_n(&w->started, 1, __ATOMIC_SEQ_CST);
+  w->rc = mb_wait_event(w->c, 30000, &w->ev);
+  __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
 }
 
 /* Maps all of handle h at the start of a fresh reservation of its size. */
@@ -393,6 +410,22 @@ int main(int argc, char** argv) {
   MUST(mb_wait_event(c, 5000, &ev) == MB_OK);
   CHECK(ev.kind == MB_EVENT_UNPUBLISHED && strcmp(ev.name, "c-api/ev/x") == 0);
   CHECK(mb_wait_event(c, 50, &ev) == MB_TIMEOUT);
+  /* One thread's long wait does not hold up another's short one: the short
+   * one times out while the long one still waits, which the next event ends. */
+  struct event_waiter w = {c, -1, {0}, 0, 0};
+  pthread_t waiter;
+  MUST(pthread_create(&waiter, NULL, wait_for_event, &w) == 0);
+  /* Let it get into its call first where it can (yields, not a sleep: when
+   * this thread gets there first anyway, the checks below still hold, they
+   * only stop telling the two behaviours apart). */
+  while (!__atomic_load_n(&w.started, __ATOMIC_SEQ_CST)) sched_yield();
+  for (int i = 0; i < 1000; ++i) sched_yield();
+  CHECK(mb_wait_event(c, 50, &ev) == MB_TIMEOUT);
+  CHECK(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST) == 0);
+  MUST(mb_publish(c, "c-api/ev/y", evh, 0) == MB_OK);
+  MUST(pthread_join(waiter, NULL) == 0);
+  CHECK(w.rc == MB_OK && w.ev.kind == MB_EVENT_PUBLISHED && strcmp(w.ev.name, "c-api/ev/y") == 0);
+  CHECK(mb_unpublish(c, "c-api/ev/y") == MB_OK);
   mb_handle_free(evh);
 
   mb_handle* small = NULL;
