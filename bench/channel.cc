@@ -340,11 +340,12 @@ int main(int argc, char** argv) {
             only.wake == "poll" ? WakeMode::kPoll : WakeMode::kFutex, only.subscribers);
     return 0;
   }
-  for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
-    for (size_t subscribers : {size_t{1}, size_t{8}})
-      for (size_t size : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20})
-        if (handoffs && (!placed || subscribers == (spread ? 8 : 1)))
-          HandOff(*c, size, bench::HandOffIterations(size, quick), wake, subscribers);
+  if (handoffs)
+    for (WakeMode wake : {WakeMode::kFutex, WakeMode::kPoll})
+      for (size_t subscribers : {size_t{1}, size_t{8}})
+        for (size_t size : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20})
+          if (!placed || subscribers == (spread ? 8 : 1))
+            HandOff(*c, size, bench::HandOffIterations(size, quick), wake, subscribers);
   if (!again && !spread)
     for (int gap_us : {0, 20}) FutexFloor(gap_us, quick ? 500 : 5000);
   if (placed) return 0;

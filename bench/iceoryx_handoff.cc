@@ -310,17 +310,17 @@ int main(int argc, char** argv) {
     return WakingCase(only.size, iterations(only.size), only.wake == "poll" ? Wake::kPoll : Wake::kWaitSet,
                       only.subscribers);
   if (one_cpu || cross_cpu || spread) {
-    for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
-      for (size_t size : sizes)
-        if (handoffs) rc |= WakingCase(size, iterations(size), wake, spread ? 8 : 1);
+    if (handoffs)
+      for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
+        for (size_t size : sizes) rc |= WakingCase(size, iterations(size), wake, spread ? 8 : 1);
     return rc;
   }
   if (!again)
     for (size_t size : sizes) rc |= WakingCase(size, iterations(size), Wake::kSocket, 1);
-  for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
-    for (size_t subscribers : {size_t{1}, size_t{8}})
-      for (size_t size : sizes)
-        if (handoffs) rc |= WakingCase(size, iterations(size), wake, subscribers);
+  if (handoffs)
+    for (Wake wake : {Wake::kWaitSet, Wake::kPoll})
+      for (size_t subscribers : {size_t{1}, size_t{8}})
+        for (size_t size : sizes) rc |= WakingCase(size, iterations(size), wake, subscribers);
   for (Wake wake : {Wake::kWaitSet, Wake::kPoll}) rc |= MessageRate(wake, quick ? 50000 : 500000);
   if (!again) rc |= CrashCleanup();
   return rc;
