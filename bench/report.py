@@ -569,7 +569,7 @@ for n in (64, 256):
          None if r is None else f"{r:.2f}x ({tn['broker_p99_us']:.0f} / {tn['echo_p99_us']:.0f} µs)",
          r is not None and r <= 1.2,
          "" if tn is None else
-         f"sessions are served in turns (a turn ends with the first answered request, broker/sessions.cc), "
+         f"sessions are served in turns (a turn ends with the first answered request, broker/server/session_io.cc), "
          f"so the p99 follows the cost of a request, not the order of service: at {n} clients the broker "
          f"serves {tn['broker_rps'] / tn['echo_rps']:.2f}x the echo's requests/s, so each of the {n} queued "
          f"requests takes {tn['echo_rps'] / tn['broker_rps']:.2f}x as long (p50 ratio "

@@ -1,9 +1,11 @@
 // Dispatch: every inbound frame is decoded (verified) here and handed to the
 // Handle overload of its message type (messages.h lists them); the Answer
 // it returns is sent here, so each request gets exactly one reply, or none
-// for a successful one-way request.
+// for a successful one-way request. Also the handshake, and the answers to
+// requests that waited in the broker (waiters.h).
 #include "broker.h"
 #include "log.h"
+#include "membroker/ipc/escape.h"
 
 namespace membroker::broker {
 
@@ -42,11 +44,12 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   const bool first_hello = !s.hello_done && std::holds_alternative<ipc::HelloRequest>(env.body);
   // Every request has its Handle overload (a missing one does not compile);
   // a reply type sent by a client is out of protocol.
-  request_fds_ = &frame.fds;
   Answer answer = std::visit(
       [&](const auto& m) -> Answer {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (ipc::kIsRequest<T>) {
+        if constexpr (std::is_same_v<T, ipc::ReattachRequest>) {
+          return Handle(s, rid, m, frame.fds);  // the only request whose fds its handler takes
+        } else if constexpr (ipc::kIsRequest<T>) {
           return Handle(s, rid, m);
         } else {
           ++counters_.protocol_errors;
@@ -55,7 +58,6 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
         }
       },
       env.body);
-  request_fds_ = nullptr;
   if (!answer.status.ok()) {
     if (answer.status.code() == ErrorCode::kQuotaExceeded) ++counters_.quota_rejections;
     SendError(s, rid, answer.status);
@@ -70,11 +72,71 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
     Send(s, rid, std::move(answer.reply));
 }
 
+Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
+  if (s.hello_done) return Status(ErrorCode::kProtocolError, "handshake already done");
+  if (!s.admitted) {
+    ++counters_.clients_refused;
+    return Status(ErrorCode::kPermissionDenied,
+                  "uid " + std::to_string(s.cred.uid) + " (gid " + std::to_string(s.cred.gid) +
+                      ") is not admitted by this broker (see --allow-uid, --allow-gid)");
+  }
+  if (m.protocol_version != ipc::kProtocolVersion)
+    return Status(ErrorCode::kVersionMismatch, "broker speaks protocol " + std::to_string(ipc::kProtocolVersion) +
+                                                   ", client speaks " + std::to_string(m.protocol_version));
+  if (!m.client_name.empty())
+    MB_RETURN_IF_ERROR(ipc::CheckName(m.client_name, ipc::kMaxClientNameBytes, "the client name"));
+  if (sessions_.Handshaken() >= options_.max_clients) {
+    admission_.CountRefusal();
+    return Status(ErrorCode::kResourceExhausted, "the broker serves " + std::to_string(options_.max_clients) +
+                                                     " clients already (--max-clients); try again later");
+  }
+  sessions_.HelloDone(s);
+  s.name = m.client_name;
+  if (m.features & ipc::kFeatureReattach) {
+    s.reattaching = true;
+    ++counters_.clients_reattached;
+    MB_INFO("client_reattaching", "client=%llu pid=%d name=\"%s\"", static_cast<unsigned long long>(s.id),
+            static_cast<int>(s.cred.pid), LogText(s.name).c_str());
+  }
+  ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}};
+  for (auto p : {ipc::PagePolicy::kNormalOnly, ipc::PagePolicy::kHugeFirst, ipc::PagePolicy::kHugeOnly,
+                 ipc::PagePolicy::kHuge1GOnly})
+    reply.granularities.push_back(holdings_.backend().Granularity(p));
+  return reply;
+}
+
 Answer Broker::Handle(Session&, uint64_t, const ipc::PingRequest&) { return Status::Ok(); }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::GoodbyeRequest&) {
   s.said_goodbye = true;
   return Deferred{};  // never answered: the client is closing
+}
+
+void Broker::AnswerWaiters(Waiter::Kind kind, const std::string& key,
+                           const std::function<Status(Session&, uint64_t)>& answer) {
+  for (const Waiter& w : waiters_.Take(kind, key)) {
+    Session* s = sessions_.Find(w.session_id);
+    if (s == nullptr) continue;
+    Status st = answer(*s, w.request_id);
+    if (!st.ok()) SendError(*s, w.request_id, st);
+  }
+}
+
+void Broker::OnWaiterTimeout(const Waiter& w) {
+  Session* s = sessions_.Find(w.session_id);
+  if (s == nullptr) return;
+  switch (w.kind) {
+    case Waiter::Kind::kConnect:
+      SendError(*s, w.request_id, Status(ErrorCode::kTimeout, "no engine named \"" + w.key + "\" appeared in time"));
+      break;
+    case Waiter::Kind::kLookup:
+      SendError(*s, w.request_id,
+                Status(ErrorCode::kTimeout, "nothing was published as \"" + w.key + "\" in time"));
+      break;
+    case Waiter::Kind::kEvents:
+      SendEvents(*s, w.request_id);  // an empty list: the wait ended
+      break;
+  }
 }
 
 }  // namespace membroker::broker

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "accounting.h"
+#include "memory/accounting.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
 
@@ -25,7 +25,7 @@ struct Options {
   // The key that tags the broker's memory and how far its ids have gone
   // (identity.h), for the next broker on this socket; default: PATH.state.
   std::string state_file;
-  // Start by taking over the broker serving socket_path (takeover.cc): its
+  // Start by taking over the broker serving socket_path (restart/takeover.h): its
   // listening socket, memory and state, through socket_path + ".takeover".
   bool take_over = false;
   // Keep memory and state in systemd's fd store (FileDescriptorStoreMax=);

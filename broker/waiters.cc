@@ -1,96 +1,102 @@
-// Requests that wait in the broker (waiter.h): one timer each, answered when
-// what they wait for happens or when the timer fires.
+// Waiters (waiters.h): one libuv timer each, closed when the waiter is
+// answered, times out or its session ends.
+#include "waiters.h"
+
 #include <algorithm>
 
-#include "broker.h"
 #include "uv_status.h"
 
 namespace membroker::broker {
 
-Status Broker::AddWaiter(Session& s, uint64_t rid, Waiter::Kind kind, const std::string& key,
-                         uint32_t timeout_ms) {
+struct Waiters::Entry {
+  uv_timer_t timer{};
+  Waiters* owner = nullptr;
+  Waiter waiter;
+};
+
+Waiters::~Waiters() { CloseAll(); }
+
+Status Waiters::Add(Waiter w, uint32_t timeout_ms) {
   if (timeout_ms > kMaxWaitMs) return Status(ErrorCode::kParamInvalid, "timeout above 10 minutes");
-  if (WaitersOf(s.id).size() >= kMaxWaitersPerClient)
+  if (CountFor(w.session_id) >= kMaxWaitersPerClient)
     return Status(ErrorCode::kResourceExhausted,
                   "this client already has " + std::to_string(kMaxWaitersPerClient) +
                       " requests waiting in the broker");
-  auto* w = new Waiter();
-  w->broker = this;
-  w->kind = kind;
-  w->session_id = s.id;
-  w->request_id = rid;
-  w->key = key;
-  w->timer.data = w;
-  if (Status st = UvStatus("uv_timer_init", uv_timer_init(&loop_, &w->timer)); !st.ok()) {
-    delete w;  // never initialised: nothing for libuv to close
+  auto* e = new Entry();
+  e->owner = this;
+  e->waiter = std::move(w);
+  e->timer.data = e;
+  if (Status st = UvStatus("uv_timer_init", uv_timer_init(loop_, &e->timer)); !st.ok()) {
+    delete e;  // never initialised: nothing for libuv to close
     return st;
   }
-  if (Status st = UvStatus("uv_timer_start", uv_timer_start(&w->timer, &Broker::OnWaiterTimeout,
-                                                           timeout_ms, 0));
+  if (Status st = UvStatus("uv_timer_start", uv_timer_start(&e->timer, &Waiters::OnTimer, timeout_ms, 0));
       !st.ok()) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
-             [](uv_handle_t* h) { delete static_cast<Waiter*>(h->data); });
+    Close(e);
     return st;  // a wait without its timeout would be unbounded
   }
-  waiters_.push_back(w);
+  entries_.push_back(e);
   return Status::Ok();
 }
 
-void Broker::OnWaiterTimeout(uv_timer_t* t) {
-  auto* w = static_cast<Waiter*>(t->data);
-  Broker* b = w->broker;
-  if (Session* s = b->FindSession(w->session_id)) {
-    switch (w->kind) {
-      case Waiter::Kind::kConnect:
-        b->SendError(*s, w->request_id,
-                     Status(ErrorCode::kTimeout, "no engine named \"" + w->key + "\" appeared in time"));
-        break;
-      case Waiter::Kind::kLookup:
-        b->SendError(*s, w->request_id,
-                     Status(ErrorCode::kTimeout, "nothing was published as \"" + w->key + "\" in time"));
-        break;
-      case Waiter::Kind::kEvents:
-        b->SendEvents(*s, w->request_id);  // an empty list: the wait ended
-        break;
-    }
-  }
-  b->CloseWaiter(w);
+void Waiters::OnTimer(uv_timer_t* t) {
+  auto* e = static_cast<Entry*>(t->data);
+  Waiters* self = e->owner;
+  auto it = std::find(self->entries_.begin(), self->entries_.end(), e);
+  if (it == self->entries_.end()) return;
+  self->entries_.erase(it);
+  const Waiter w = std::move(e->waiter);
+  Close(e);
+  self->on_timeout_(w);
 }
 
-std::vector<Waiter*> Broker::WaitersFor(Waiter::Kind kind, const std::string& key) {
-  std::vector<Waiter*> out;
-  for (Waiter* w : waiters_)
-    if (w->kind == kind && w->key == key) out.push_back(w);
+void Waiters::Close(Entry* e) {
+  uv_timer_stop(&e->timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(&e->timer), [](uv_handle_t* h) { delete static_cast<Entry*>(h->data); });
+}
+
+std::vector<Waiter> Waiters::TakeIf(const std::function<bool(const Waiter&)>& pick) {
+  std::vector<Waiter> out;
+  std::vector<Entry*> kept;
+  for (Entry* e : entries_) {
+    if (pick(e->waiter)) {
+      out.push_back(e->waiter);
+      Close(e);
+    } else {
+      kept.push_back(e);
+    }
+  }
+  entries_ = std::move(kept);
   return out;
 }
 
-void Broker::AnswerWaiters(Waiter::Kind kind, const std::string& key,
-                           const std::function<Status(Session&, uint64_t)>& answer) {
-  for (Waiter* w : WaitersFor(kind, key)) {
-    if (Session* s = FindSession(w->session_id)) {
-      Status st = answer(*s, w->request_id);
-      if (!st.ok()) SendError(*s, w->request_id, st);
-    }
-    CloseWaiter(w);
-  }
+std::vector<Waiter> Waiters::Take(Waiter::Kind kind, const std::string& key) {
+  return TakeIf([&](const Waiter& w) { return w.kind == kind && w.key == key; });
 }
 
-std::vector<Waiter*> Broker::WaitersOf(uint64_t session_id) {
-  std::vector<Waiter*> out;
-  for (Waiter* w : waiters_)
-    if (w->session_id == session_id) out.push_back(w);
-  return out;
+std::vector<Waiter> Waiters::TakeEvents(uint64_t session_id) {
+  return TakeIf([&](const Waiter& w) { return w.kind == Waiter::Kind::kEvents && w.session_id == session_id; });
 }
 
-void Broker::CloseWaiter(Waiter* w) {
-  // Idempotent: answering a waiter can close its session (a slow reader),
-  // which closes the session's waiters, this one included.
-  auto it = std::find(waiters_.begin(), waiters_.end(), w);
-  if (it == waiters_.end()) return;
-  waiters_.erase(it);
-  uv_timer_stop(&w->timer);
-  uv_close(reinterpret_cast<uv_handle_t*>(&w->timer),
-           [](uv_handle_t* h) { delete static_cast<Waiter*>(h->data); });
+void Waiters::OnSessionEnd(uint64_t session_id) {
+  (void)TakeIf([&](const Waiter& w) { return w.session_id == session_id; });
+}
+
+void Waiters::CloseAll() {
+  (void)TakeIf([](const Waiter&) { return true; });
+}
+
+size_t Waiters::CountFor(uint64_t session_id) const {
+  return static_cast<size_t>(
+      std::count_if(entries_.begin(), entries_.end(), [&](const Entry* e) { return e->waiter.session_id == session_id; }));
+}
+
+Status Waiters::Check(const std::function<bool(uint64_t)>& session_alive) const {
+  for (const Entry* e : entries_)
+    if (!session_alive(e->waiter.session_id))
+      return Status(ErrorCode::kInternal,
+                    "tables disagree: a waiter outlived client " + std::to_string(e->waiter.session_id));
+  return Status::Ok();
 }
 
 }  // namespace membroker::broker

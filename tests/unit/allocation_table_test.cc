@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "allocation_table.h"
-#include "ledger.h"
+#include "memory/allocation_table.h"
+#include "memory/ledger.h"
 
 namespace membroker::broker {
 namespace {

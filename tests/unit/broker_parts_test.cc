@@ -2,8 +2,8 @@
 // same-address window, accounting limits, settings.
 #include <gtest/gtest.h>
 
-#include "accounting.h"
-#include "address_window.h"
+#include "memory/accounting.h"
+#include "memory/address_window.h"
 #include "options.h"
 #include "size_text.h"
 

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fd_store.h"
+#include "restart/fd_store.h"
 
 namespace membroker::broker {
 namespace {

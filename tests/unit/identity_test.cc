@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include "address_window.h"
-#include "identity.h"
-#include "siphash.h"
+#include "memory/address_window.h"
+#include "restart/identity.h"
+#include "restart/siphash.h"
 
 namespace membroker::broker {
 namespace {

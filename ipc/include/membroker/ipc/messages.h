@@ -12,7 +12,7 @@
 
 // X(Type, Direction, fds): Direction is Request (client -> broker) or Reply;
 // fds kOneFdPerEntry: one per element of the message's `handles`. The
-// TakeOver messages pass between two brokers (takeover.cc), never on the
+// TakeOver messages pass between two brokers (broker/restart/takeover.h), never on the
 // client socket: they are "replies" so that no client may send them.
 #define MEMBROKER_MESSAGES(X)           \
   X(HelloRequest, Request, 0)           \

@@ -319,7 +319,7 @@ struct AllowedPid {
   uint64_t start_time = 0;
   bool operator==(const AllowedPid&) const = default;
 };
-// Between two brokers, at a take-over (takeover.cc).
+// Between two brokers, at a take-over (broker/restart/takeover.h).
 struct TakeOverHello {
   int32_t pid = 0;
   bool operator==(const TakeOverHello&) const = default;

@@ -1,0 +1,294 @@
+// The admin records: what `stats`, `list ...` and `show ...` print, and the
+// Prometheus text of `metrics`, read from the components.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "admin/admin_format.h"
+#include "broker.h"
+#include "log.h"
+#include "membroker/ipc/admin_commands.h"
+
+namespace membroker::broker {
+
+namespace {
+size_t OpenFdCount() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+    --n;  // the directory stream's own fd
+  }
+  return n;
+}
+
+// Stats whose values only grow: Prometheus counters.
+bool IsCounter(const std::string& key) {
+  static const char* kCounters[] = {
+      "clients_total", "clients_crashed", "clients_kicked", "clients_refused", "connections_refused",
+      "allocations_created", "allocations_freed", "exports_created", "imports",
+      "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
+      "protocol_errors", "huge_fallbacks", "clients_reattached", "handles_reattached",
+      "handles_adopted", "reattach_refused", "exports_restored", "fd_store_stored", "fd_store_states",
+      "fd_store_failures", "fd_store_restored"};
+  return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
+}
+
+const char* const kPolicyNames[] = {"normal", "huge-first", "huge", "huge1g"};
+
+}  // namespace
+
+Record Broker::StatsRecord() const {
+  // Engines' connections to other hosts by the path taken, as their clients reported them.
+  uint64_t net_ucx = 0, net_same_host = 0, net_refused = 0;
+  for (const auto& [name, e] : engines_.all()) {
+    net_refused += e.network.refused;
+    for (const auto& c : e.network.connections) (c.path == "ucx" ? net_ucx : net_same_host) += 1;
+  }
+  Record r;
+  const AllocationTable& table = holdings_.table();
+  const TableCounters& t = table.counters();
+  uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
+  for (const auto& [id, a] : table.all())
+    ++by_page[a.page_size == ipc::kHuge1GPageSize ? 2 : a.page_size == ipc::kHuge2MPageSize ? 1 : 0];
+  uint64_t host_registered = 0;
+  for (const auto& [id, s] : sessions_.all())
+    for (const auto& [addr, size] : s->host_regs) host_registered += size;
+  r.Num("pid", static_cast<uint64_t>(::getpid()))
+      .Num("clients_connected", sessions_.size())
+      .Num("clients_total", counters_.clients_total)
+      .Num("clients_crashed", sessions_.Ends(CloseReason::kCrash))
+      .Num("clients_kicked", sessions_.Ends(CloseReason::kProtocolViolation) +
+                                 sessions_.Ends(CloseReason::kSlowReader) + sessions_.Ends(CloseReason::kKicked))
+      .Num("clients_refused", counters_.clients_refused)
+      .Num("clients_handshaking", sessions_.Handshaking())
+      .Num("connections_refused", admission_.refused())
+      .Num("allocations_live", table.all().size())
+      .Num("allocations_4k", by_page[0])
+      .Num("allocations_2m", by_page[1])
+      .Num("allocations_1g", by_page[2])
+      .Num("huge_fallbacks", t.huge_fallbacks)
+      .Num("free_hugepages_2m", ipc::FreeHugePages(ipc::kHuge2MPageSize))
+      .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
+      .Num("bytes_allocated", t.bytes_live)
+      .Num("bytes_pending", counters_.bytes_pending)
+      .Num("bytes_returning", workers_.bytes_returning())
+      .Num("bytes_budget", options_.max_bytes)
+      .Str("bytes_budget_source", holdings_.accounting().budget_source)
+      .Num("pinned_bytes", holdings_.accounting().total().pinned_bytes)
+      .Num("pinned_budget", options_.max_pinned_bytes)
+      .Str("pinned_budget_source", holdings_.accounting().pinned_budget_source)
+      .Num("host_registered_bytes", host_registered)
+      .Num("same_address_bytes", holdings_.window().used())
+      .Num("engines", engines_.size())
+      .Num("engine_connections_ucx", net_ucx)
+      .Num("engine_connections_same_host_by_address", net_same_host)
+      .Num("engine_network_refused", net_refused)
+      .Num("waiters", waiters_.size())
+      .Num("named_objects", names_.size())
+      .Num("allocations_created", t.allocations_created)
+      .Num("allocations_freed", t.allocations_freed)
+      .Num("exports_live", table.export_count())
+      .Num("exports_created", t.exports_created)
+      .Num("imports", t.imports)
+      .Num("released_on_disconnect", counters_.released_on_disconnect)
+      .Num("quota_rejections", counters_.quota_rejections)
+      .Num("clients_reattached", counters_.clients_reattached)
+      .Num("handles_reattached", counters_.handles_reattached)
+      .Num("handles_adopted", counters_.handles_adopted)
+      .Num("reattach_refused", counters_.reattach_refused)
+      .Num("exports_restored", counters_.exports_restored)
+      .Num("fd_store_stored", fd_store_.counters().stored)
+      .Num("fd_store_states", fd_store_.counters().states)
+      .Num("fd_store_failures", fd_store_.counters().failures)
+      .Num("fd_store_restored", fd_store_.counters().restored)
+      .Num("requests", counters_.requests)
+      .Num("errors_sent", counters_.errors_sent)
+      .Num("protocol_errors", counters_.protocol_errors)
+      .Num("bytes_queued", sessions_.queued_bytes())
+      .Num("open_fds", OpenFdCount())
+      .Num("fd_limit", FdLimit());
+  return r;
+}
+
+Record Broker::ClientRecord(const Session& s) const {
+  uint64_t bytes = 0, allocations = 0, imports = 0;
+  for (uint64_t aid : s.ledger.Ids()) {
+    const Allocation* a = holdings_.Find(aid);
+    if (a == nullptr) continue;
+    bytes += a->size;
+    (a->creator == s.id ? allocations : imports) += 1;
+  }
+  auto now = std::chrono::system_clock::now();
+  Record r;
+  r.Num("id", s.id)
+      .Num("pid", static_cast<uint64_t>(s.cred.pid))
+      .Num("uid", s.cred.uid)
+      .Str("name", s.name)
+      .Num("connected_since",
+           std::chrono::duration_cast<std::chrono::seconds>(s.connected_since.time_since_epoch()).count())
+      .Num("connected_s",
+           std::chrono::duration_cast<std::chrono::seconds>(now - s.connected_since).count())
+      .Num("bytes_held", bytes)
+      .Num("allocations", allocations)
+      .Num("imports", imports)
+      .Num("pinned_bytes", s.usage.pinned_bytes)
+      .Num("host_registrations", s.host_regs.size());
+  return r;
+}
+
+Record Broker::AllocationRecord(const Allocation& a) const {
+  bool read_only = false;
+  for (const std::string& t : a.tokens)
+    if (const ExportEntry* e = holdings_.table().FindExport(t); e && e->read_only_fd.valid()) read_only = true;
+  Record r;
+  r.Num("id", a.id)
+      .Num("size", a.size)
+      .Num("page_size", a.page_size)
+      .Bool("pinned", a.pinned)
+      .Num("owner", a.creator)
+      .Num("holders", a.holders)
+      .Bool("exported", !a.tokens.empty())
+      .Bool("read_only", read_only)
+      .Bool("fell_back", a.fell_back)
+      .Bool("from_pool", a.pool >= 0)
+      .Num("fixed_address", a.fixed_address)
+      .Num("age_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - a.created)
+                         .count());
+  return r;
+}
+
+std::string Broker::MetricsText() const {
+  std::string out;
+  const Record stats = StatsRecord();
+  for (const auto& f : stats.fields()) {
+    if (f.key == "pid" || f.quoted) continue;  // not a number
+    bool counter = IsCounter(f.key);
+    std::string name = "membroker_" + f.key + (counter ? "_total" : "");
+    if (f.key == "clients_total") name = "membroker_clients_total";
+    out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
+  }
+  return out;
+}
+
+std::vector<Record> Broker::PoolRecords() const {
+  std::vector<Record> rows;
+  for (size_t i = 0; i < pools_.all().size(); ++i) {
+    const Pool& p = pools_.all()[i];
+    Record r;
+    r.Num("pool", i)
+        .Num("size", p.spec.size)
+        .Num("page_size", ipc::GranularityFor(p.spec.policy).minimum)
+        .Num("capacity", p.spec.count)
+        .Num("ready", p.ready.size())
+        .Num("refilling", p.refilling)
+        .Num("in_use", p.in_use)
+        .Num("hits", p.hits)
+        .Num("misses", p.misses)
+        .Num("refills", p.refills)
+        .Num("refill_failures", p.refill_failures);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::vector<Record> Broker::EngineRecords() const {
+  std::vector<Record> rows;
+  for (const auto& [name, e] : engines_.all()) {
+    uint64_t registered = 0;
+    for (const auto& [addr, r] : e.regions) registered += r.length;
+    Record r;
+    r.Str("engine", name)
+        .Num("client", e.session_id)
+        .Num("regions", e.regions.size())
+        .Num("registered_bytes", registered)
+        .Num("peers", e.peers.size())
+        .Num("notifies_queued", e.notifies.size())
+        .Num("notifies_refused", e.notifies_dropped);
+    // Its network side: what it listens on, and each connection it made by ip:port with the path taken.
+    std::string paths;
+    for (const auto& c : e.network.connections)
+      paths += (paths.empty() ? "" : " ") + c.remote + "=" + c.path + "(" + c.transports + ")";
+    r.Str("listen", e.network.listen_address.empty() ? "-" : e.network.listen_address)
+        .Num("net_in", e.network.inbound)
+        .Num("net_refused", e.network.refused)
+        .Str("net_connections", paths.empty() ? "-" : paths);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::vector<Record> Broker::NameRecords() const {
+  std::vector<Record> rows;
+  for (const auto& [name, e] : names_.all()) {
+    const Allocation* a = holdings_.Find(e.allocation);
+    Record r;
+    r.Str("name", name)
+        .Num("allocation", e.allocation)
+        .Num("size", a ? a->size : 0)
+        .Bool("read_only", e.read_only)
+        .Bool("persist", e.persist)
+        .Num("publisher_pid", static_cast<uint64_t>(e.publisher_pid))
+        .Bool("publisher_connected", e.publisher_session != 0);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::vector<Record> Broker::QuotaRecords() const {
+  std::vector<Record> rows;
+  auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
+    Record r;
+    r.Str("who", who)
+        .Num("bytes", u.bytes)
+        .Num("pinned_bytes", u.pinned_bytes)
+        .Num("allocations", u.allocations)
+        .Num("imports", u.imports)
+        .Str("limits", l.ToString());
+    rows.push_back(std::move(r));
+  };
+  const Accounting& accounting = holdings_.accounting();
+  for (const auto& [uid, u] : accounting.by_uid()) row("uid:" + std::to_string(uid), u, accounting.LimitsFor(uid));
+  for (const auto& [sid, s] : sessions_.all()) row("client:" + std::to_string(sid), s->usage, accounting.client_limits);
+  return rows;
+}
+
+Record Broker::ConfigRecord() const {
+  Record r;
+  r.Str("socket", options_.socket_path)
+      .Str("admin-socket", options_.admin_socket_path)
+      .Num("max-bytes", options_.max_bytes)
+      .Num("max-pinned-bytes", options_.max_pinned_bytes)
+      .Num("max-clients", options_.max_clients)
+      .Str("quota-client", options_.quota_client.ToString())
+      .Str("quota-uid default", options_.quota_uid_default.ToString());
+  for (const auto& [uid, l] : options_.quota_uid)
+    r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
+  std::string pools;
+  for (const auto& p : options_.pools)
+    pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
+             kPolicyNames[static_cast<int>(p.policy)] + ":" + std::to_string(p.count);
+  std::string uids, gids;
+  for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
+  for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
+  char window[64];
+  std::snprintf(window, sizeof(window), "0x%llx:%llu",
+                static_cast<unsigned long long>(options_.va_window_base),
+                static_cast<unsigned long long>(options_.va_window_size));
+  r.Str("pool", pools)
+      .Str("va-window", window)
+      .Str("allow-uid", uids)
+      .Str("allow-gid", gids)
+      .Str("socket-group", options_.socket_group)
+      .Num("log-level", static_cast<uint64_t>(options_.log_level));
+  return r;
+}
+
+}  // namespace membroker::broker

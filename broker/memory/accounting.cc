@@ -1,0 +1,116 @@
+#include "memory/accounting.h"
+
+#include "size_text.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace membroker::broker {
+
+namespace {
+uint64_t SatSub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// "in use + request > limit" without overflow.
+bool Passes(uint64_t used, uint64_t add, uint64_t limit) {
+  return add > limit || used > limit - add;
+}
+
+Status Over(ErrorCode code, const std::string& who, const char* what, uint64_t limit, uint64_t used,
+            uint64_t add) {
+  return Status(code, who + " " + what + " limit " + std::to_string(limit) + ": in use " +
+                          std::to_string(used) + ", this request needs " + std::to_string(add));
+}
+
+Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, const QuotaLimits& l,
+                   const Usage& d) {
+  if (d.bytes && Passes(used.bytes, d.bytes, l.bytes))
+    return Over(code, who, "bytes", l.bytes, used.bytes, d.bytes);
+  if (d.pinned_bytes && Passes(used.pinned_bytes, d.pinned_bytes, l.pinned_bytes))
+    return Over(code, who, "pinned bytes", l.pinned_bytes, used.pinned_bytes, d.pinned_bytes);
+  if (d.allocations && Passes(used.allocations, d.allocations, l.allocations))
+    return Over(code, who, "allocations", l.allocations, used.allocations, d.allocations);
+  if (d.imports && Passes(used.imports, d.imports, l.imports))
+    return Over(code, who, "imports", l.imports, used.imports, d.imports);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Usage& Usage::operator+=(const Usage& o) {
+  bytes += o.bytes;
+  pinned_bytes += o.pinned_bytes;
+  allocations += o.allocations;
+  imports += o.imports;
+  return *this;
+}
+
+Usage& Usage::operator-=(const Usage& o) {
+  bytes = SatSub(bytes, o.bytes);
+  pinned_bytes = SatSub(pinned_bytes, o.pinned_bytes);
+  allocations = SatSub(allocations, o.allocations);
+  imports = SatSub(imports, o.imports);
+  return *this;
+}
+
+Status QuotaLimits::Parse(const std::string& spec) {
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t eq = item.find('=');
+    std::string text = eq == std::string::npos ? "" : item.substr(eq + 1);
+    uint64_t v = kUnlimited;
+    if (text != "unlimited" && !ParseSize(text, &v))
+      return Status(ErrorCode::kParamInvalid,
+                    "bad quota item '" + item + "' (want key=SIZE or key=unlimited)");
+    std::string key = item.substr(0, eq);
+    if (key == "bytes") bytes = v;
+    else if (key == "pinned") pinned_bytes = v;
+    else if (key == "allocations") allocations = v;
+    else if (key == "imports") imports = v;
+    else
+      return Status(ErrorCode::kParamInvalid,
+                    "unknown quota key '" + key + "' (bytes, pinned, allocations, imports)");
+  }
+  return Status::Ok();
+}
+
+std::string QuotaLimits::ToString() const {
+  auto f = [](uint64_t v) { return v == kUnlimited ? std::string("unlimited") : std::to_string(v); };
+  return "bytes=" + f(bytes) + ",pinned=" + f(pinned_bytes) + ",allocations=" + f(allocations) +
+         ",imports=" + f(imports);
+}
+
+const QuotaLimits& Accounting::LimitsFor(uid_t uid) const {
+  auto it = uid_limits.find(uid);
+  return it == uid_limits.end() ? uid_default : it->second;
+}
+
+Status Accounting::Check(const Usage& client, uid_t uid, const Usage& d) const {
+  if (d.bytes && Passes(total_.bytes, d.bytes, max_bytes))
+    return Over(ErrorCode::kResourceExhausted, "broker", "byte budget (--max-bytes)", max_bytes,
+                total_.bytes, d.bytes);
+  if (d.pinned_bytes && Passes(total_.pinned_bytes, d.pinned_bytes, max_pinned_bytes))
+    return Over(ErrorCode::kResourceExhausted, "broker", "pinned budget (--max-pinned-bytes)",
+                max_pinned_bytes, total_.pinned_bytes, d.pinned_bytes);
+  MB_RETURN_IF_ERROR(CheckLimits(ErrorCode::kQuotaExceeded, "client", client, client_limits, d));
+  auto it = by_uid_.find(uid);
+  Usage none;
+  return CheckLimits(ErrorCode::kQuotaExceeded, "uid " + std::to_string(uid),
+                     it == by_uid_.end() ? none : it->second, LimitsFor(uid), d);
+}
+
+void Accounting::ChargeUid(uid_t uid, const Usage& delta) {
+  by_uid_[uid] += delta;
+  total_ += delta;
+}
+
+void Accounting::ReleaseUid(uid_t uid, const Usage& delta) {
+  auto it = by_uid_.find(uid);
+  if (it != by_uid_.end()) {
+    it->second -= delta;
+    const Usage& u = it->second;
+    if (!u.bytes && !u.pinned_bytes && !u.allocations && !u.imports) by_uid_.erase(it);
+  }
+  total_ -= delta;
+}
+
+}  // namespace membroker::broker

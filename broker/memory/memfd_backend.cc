@@ -1,0 +1,40 @@
+// The memfd backend (backend.h): host memory as sealed memfds.
+#include "memory/backend.h"
+
+namespace membroker::broker {
+
+namespace {
+
+class Memfd final : public PhysicalBackend {
+ public:
+  std::string_view name() const override { return "memfd"; }
+  ipc::Granularity Granularity(ipc::PagePolicy policy) const override {
+    return ipc::GranularityFor(policy);
+  }
+  uint64_t MaxBytes(uint64_t size, ipc::PagePolicy policy) const override {
+    return ipc::RoundUp(size, ipc::PreferredPageSize(policy, size));
+  }
+  Result<ipc::PhysicalMemory> Create(const MemorySpec& spec) override {
+    MB_ASSIGN_OR_RETURN(ipc::PhysicalMemory mem,
+                        ipc::CreatePhysicalMemory(spec.name, spec.size, spec.policy));
+    if (spec.pinned) MB_RETURN_IF_ERROR(ipc::Pin(&mem));
+    return mem;
+  }
+  Result<ipc::UniqueFd> ReadOnlyFd(const ipc::PhysicalMemory& mem) const override {
+    return ipc::ReopenReadOnly(mem.fd.get());
+  }
+  void Release(ipc::PhysicalMemory mem) override {
+    // Unlocking and closing the last fd gives the pages back to the kernel.
+    mem.lock = ipc::LockedMapping();
+    mem.fd.reset();
+  }
+};
+
+}  // namespace
+
+PhysicalBackend& MemfdBackend() {
+  static Memfd backend;
+  return backend;
+}
+
+}  // namespace membroker::broker

@@ -1,0 +1,126 @@
+// Named-object requests over the NameRegistry: Publish, Lookup (waiting in the
+// broker for a name that is not there yet), Unpublish, ListNames, Subscribe,
+// WaitEvents; and the events they post.
+#include "broker.h"
+#include "log.h"
+#include "membroker/ipc/escape.h"
+#include "membroker/ipc/memfd.h"
+
+namespace membroker::broker {
+
+namespace {
+Status CheckName(const std::string& name) { return ipc::CheckName(name, ipc::kMaxObjectNameBytes, "a name"); }
+}  // namespace
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
+  MB_RETURN_IF_ERROR(CheckName(m.name));
+  if (m.flags & ~ipc::kPublishKnownFlags)
+    return Status(ErrorCode::kParamInvalid, "unknown publish flags " + std::to_string(m.flags));
+  const Allocation* a = holdings_.Find(m.allocation);
+  if (!s.ledger.Holds(m.allocation) || a == nullptr)
+    return Status(ErrorCode::kInvalidHandle,
+                  "allocation " + std::to_string(m.allocation) + " is not held by this client");
+  if (NamedEntry* e = names_.Find(m.name); e != nullptr && s.reattaching && e->publisher_session == 0 &&
+                                           e->allocation == m.allocation && e->uid == s.cred.uid) {
+    // Its publisher, reattaching after a take-over (or a persistent object's
+    // publisher back): the name is its own again, as it was.
+    e->publisher_session = s.id;
+    e->publisher_pid = s.cred.pid;
+    e->awaiting_publisher = false;
+    return Status::Ok();
+  }
+  if (const NamedEntry* e = names_.Find(m.name)) {
+    const uint64_t publisher = e->publisher_session;
+    if (!(publisher != 0 && !e->persist && ReapIfExited(publisher)))
+      return Status(ErrorCode::kAlreadyExists, "\"" + m.name + "\" is already published");
+  }
+  const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
+  NamedEntry e;
+  if (read_only) {
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, holdings_.backend().ReadOnlyFd(a->memory));
+  }
+  e.allocation = m.allocation;
+  e.publisher_session = s.id;
+  e.publisher_pid = s.cred.pid;
+  e.uid = s.cred.uid;
+  e.read_only = read_only;
+  e.persist = m.flags & ipc::kPublishPersist;
+  e.metadata = m.metadata;
+  MB_ASSIGN_OR_RETURN(NamedEntry * entry, names_.Add(m.name, std::move(e)));
+  holdings_.AddReference(m.allocation);  // the publication's own
+  fd_store_.StateChanged();
+  MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d", static_cast<unsigned long long>(s.id),
+           LogText(m.name).c_str(), static_cast<unsigned long long>(m.allocation), entry->persist ? 1 : 0);
+  PostEvent(ipc::NameEventKind::kPublished, m.name, m.allocation, s.cred.pid);
+  AnswerWaiters(Waiter::Kind::kLookup, m.name,
+                [&](Session& waiting, uint64_t rid) { return GrantNamed(waiting, rid, m.name, *entry); });
+  return Status::Ok();
+}
+
+Status Broker::GrantNamed(Session& s, uint64_t rid, const std::string& name, const NamedEntry& e) {
+  if (e.uid != s.cred.uid)
+    return Status(ErrorCode::kPermissionDenied,
+                  "\"" + name + "\" was published by another user (uid " + std::to_string(e.uid) + ")");
+  const Allocation* a = holdings_.Find(e.allocation);
+  if (a == nullptr) return Status(ErrorCode::kNotFound, "\"" + name + "\" is gone");
+  return Grant(s, rid, *a, e.read_only ? e.read_only_fd.get() : a->memory.fd.get(), e.read_only, Holding::kLedger,
+               e.metadata);
+}
+
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::LookupRequest& m) {
+  MB_RETURN_IF_ERROR(CheckName(m.name));
+  if (const NamedEntry* e = names_.Find(m.name)) return SentOnSuccess(GrantNamed(s, rid, m.name, *e));
+  if (m.timeout_ms == 0) return Status(ErrorCode::kNotFound, "nothing is published as \"" + m.name + "\"");
+  return SentOnSuccess(waiters_.Add({Waiter::Kind::kLookup, s.id, rid, m.name}, m.timeout_ms));
+}
+
+void Broker::Unpublish(const std::string& name, int32_t pid) {
+  const uint64_t allocation = names_.Remove(name);
+  fd_store_.StateChanged();
+  holdings_.DropReference(allocation);
+  PostEvent(ipc::NameEventKind::kUnpublished, name, allocation, pid);
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::UnpublishRequest& m) {
+  const NamedEntry* e = names_.Find(m.name);
+  if (e == nullptr) return Status(ErrorCode::kNotFound, "nothing is published as \"" + m.name + "\"");
+  if (e->uid != s.cred.uid) return Status(ErrorCode::kPermissionDenied, "\"" + m.name + "\" belongs to another user");
+  Unpublish(m.name, s.cred.pid);
+  return Status::Ok();
+}
+
+Answer Broker::Handle(Session&, uint64_t, const ipc::ListNamesRequest& m) {
+  ipc::ListNamesReply r;
+  for (const auto& [name, e] : names_.List(m.prefix, ipc::kMaxNamesPerReply, &r.truncated)) {
+    const Allocation* a = holdings_.Find(e->allocation);
+    r.objects.push_back({name, e->allocation, a ? a->size : 0, e->read_only, e->persist, e->publisher_pid});
+  }
+  return r;
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::SubscribeRequest& m) {
+  return names_.Subscribe(s.id, m.prefix);  // "" subscribes to every name
+}
+
+void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid) {
+  // Every subscriber that got it and waits for events is answered now.
+  for (uint64_t id : names_.Post(ipc::NameEvent{kind, name, allocation, pid})) {
+    Session* s = sessions_.Find(id);
+    if (s == nullptr) continue;
+    for (const Waiter& w : waiters_.TakeEvents(id)) SendEvents(*s, w.request_id);
+  }
+}
+
+void Broker::SendEvents(Session& s, uint64_t rid) { Send(s, rid, names_.TakeEvents(s.id)); }
+
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::WaitEventsRequest& m) {
+  if (!names_.Subscribed(s.id))
+    return Status(ErrorCode::kParamInvalid, "this client has no subscriptions (Subscribe first)");
+  if (names_.HasEvents(s.id) || m.timeout_ms == 0) {
+    SendEvents(s, rid);
+    return Deferred{};
+  }
+  return SentOnSuccess(waiters_.Add({Waiter::Kind::kEvents, s.id, rid, ""}, m.timeout_ms));
+}
+
+}  // namespace membroker::broker
