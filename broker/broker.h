@@ -1,14 +1,10 @@
-// Broker: the loop, the options, the counters and the components, as
-// iceoryx's RouDi holds its managers. Each component owns its state and lives
-// in the folder of its role (docs/ARCHITECTURE.md has the map):
-//   server/   Admission (the listening socket and its limits), Sessions
-//   memory/   Holdings (table, charges, window), Pools, Workers, the backend
-//   restart/  TakeOver, FdStoreSync, the state file (identity.h)
-//   admin/    the admin socket, its records and the consistency check
-//   engine_registry, name_registry, waiters: what clients find each other by.
-// Broker's own members are the loop's callbacks and the request handlers:
-// check, call a component, answer. One thread runs the loop; slow work runs
-// on libuv's worker pool (Workers) so the loop keeps serving.
+// Broker: the loop, the options, the counters and one object per component,
+// as iceoryx's RouDi holds its managers. Each component owns its state and
+// lives in the folder of its role: server/ (Admission, Sessions), memory/
+// (Holdings, Pools, Workers, the backend), restart/ (TakeOver, FdStoreSync,
+// the state file), admin/, and the registries (engines, names, waiters);
+// docs/ARCHITECTURE.md has the map. Broker's members are the loop's callbacks
+// and the request handlers: check, call a component, answer.
 #pragma once
 
 #include <uv.h>
@@ -22,6 +18,7 @@
 #include "admin/admin_format.h"
 #include "admin/admin_socket.h"
 #include "answer.h"
+#include "counters.h"
 #include "engine_registry.h"
 #include "memory/holdings.h"
 #include "membroker/ipc/protocol.h"
@@ -37,22 +34,6 @@
 
 namespace membroker::broker {
 
-struct BrokerCounters {
-  uint64_t clients_total = 0;
-  uint64_t clients_refused = 0;  // not admitted by the uid/gid policy
-  uint64_t released_on_disconnect = 0;
-  uint64_t requests = 0;
-  uint64_t errors_sent = 0;
-  uint64_t protocol_errors = 0;
-  uint64_t bytes_pending = 0;  // reserved for allocations being created
-  uint64_t quota_rejections = 0;
-  uint64_t clients_reattached = 0;  // hellos with the reattach feature
-  uint64_t handles_reattached = 0;  // handles given back to reattaching clients
-  uint64_t handles_adopted = 0;     // of those, memory a previous broker created
-  uint64_t reattach_refused = 0;    // handles refused (not ours, wrong id, ...)
-  uint64_t exports_restored = 0;
-};
-
 class Broker {
  public:
   static Result<std::unique_ptr<Broker>> Create(Options options);
@@ -60,19 +41,15 @@ class Broker {
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
 
-  // Runs until SIGTERM/SIGINT, then releases everything and unlinks sockets.
-  Status Run();
-  // One non-blocking turn of the loop, for embedding and for the fuzzer.
-  void RunOnce() { uv_run(&loop_, UV_RUN_NOWAIT); }
+  Status Run();  // until SIGTERM/SIGINT; then releases everything and unlinks sockets
+  void RunOnce() { uv_run(&loop_, UV_RUN_NOWAIT); }  // for embedding and the fuzzer
   size_t live_allocations() const { return holdings_.table().all().size(); }
   size_t live_sessions() const { return sessions_.size(); }
   // True when nothing is held, charged, pending or returning (the fuzzer checks it after each input).
   bool Idle() const;
-  // Walks every table and checks they agree: each component's own check, then
-  // holders against ledgers and names, charges against owners (consistency.cc).
+  // Each component's own Check, then the tables against each other (consistency.cc).
   Status CheckTables() const;
-  // Admin commands ("stats", "list clients", ... with optional --json).
-  std::string AdminCommand(const std::string& line);
+  std::string AdminCommand(const std::string& line);  // "stats", "list clients", ... [--json]
   // Disconnects a client and releases everything it held, as a crash would.
   Status KickClient(uint64_t id);
   // Stops exporting an allocation and drops every holder's reference.
@@ -99,8 +76,7 @@ class Broker {
   void CloseAfterReply(Session& s, CloseReason reason = CloseReason::kProtocolViolation);
   // The one end of a session, whatever the reason: each component's OnSessionEnd in order.
   void CloseSession(Session& s, CloseReason reason, const std::string& detail = "");
-  // True if the session's process has exited: its remaining frames and the
-  // end of its socket are read now, so the names it held are free at once.
+  // True if the session's process has exited (its end is read now, so what it held is free at once).
   bool ReapIfExited(uint64_t session_id);
 
   // Requests (dispatch.cc; memory/memory_requests.cc, engine_requests.cc,
@@ -113,17 +89,9 @@ class Broker {
   Answer Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds);
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
   void ReserveIds();  // after ids were handed out: the next block in the state file
-  struct PendingMalloc {
-    uint64_t session_id = 0;
-    uint64_t request_id = 0;
-    ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
-    uint32_t flags = 0;
-    uint32_t export_flags = 0;  // with ipc::kMallocExport
-    Usage charged;              // up front; settled here
-    uid_t uid = 0;
-  };
+  struct PendingMalloc;  // memory_requests.cc
   void FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem, int pool);
-  // Gives s one more reference to a in `where` and sends the ImportReply carrying fd.
+  // One more reference to a for s in `where`, and the ImportReply carrying fd.
   Status Grant(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Holding where,
                const std::string& metadata = "");
   Status ConnectPeer(Session& peer, uint64_t rid, const std::string& name);

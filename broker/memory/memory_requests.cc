@@ -18,6 +18,17 @@
 
 namespace membroker::broker {
 
+// A MallocRequest whose memory is being created (or taken from a pool).
+struct Broker::PendingMalloc {
+  uint64_t session_id = 0;
+  uint64_t request_id = 0;
+  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+  uint32_t flags = 0;
+  uint32_t export_flags = 0;  // with ipc::kMallocExport
+  Usage charged;              // up front; settled by FinishMalloc
+  uid_t uid = 0;
+};
+
 namespace {
 constexpr uint64_t kHostRegisterAlign = 4096;
 
