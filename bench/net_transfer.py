@@ -48,7 +48,7 @@ def tcp_stream(hosts, total):
     return {"bench": "net_tcp", "bytes": received, "seconds": seconds, "bw_Bps": received / seconds}
 
 
-# ucx_perftest runs with the TCP settings the engine gives UCX (libclient/ucx_transport.cc):
+# ucx_perftest runs with the TCP settings the engine gives UCX (libclient/transfer/ucx/ucx_transport.cc):
 # the same transport configuration on both sides of the comparison.
 ENGINE_UCX_ENV = {"UCX_TCP_TX_SEG_SIZE": "128k", "UCX_TCP_RX_SEG_SIZE": "512k"}
 

@@ -481,3 +481,27 @@ def test_transfer_engine_by_address_between_two_brokers(tmp_path):
         finish(p)
         intruder.finalize()
         eng.finalize()
+
+
+def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):
+    """import membroker and a transfer engine on this host only load no UCX (its
+    signal handlers would replace Python's faulthandler): a crash of the user's
+    own shows Python's traceback. The network module loads with the first
+    listen_address (tested from C++ too: NetModule.LoadedOnlyWhenAnEngineAsksForTheNetwork)."""
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent("""
+        import ctypes, sys, membroker
+        a = membroker.connect(sys.argv[1], "local-a")
+        b = membroker.connect(sys.argv[1], "local-b")
+        src = a.new_tensor((1 << 16,), "uint8")
+        ea = membroker.TransferEngine(a, "local-a")
+        eb = membroker.TransferEngine(b, "local-b")
+        ea.register_mem(src.mapping)
+        eb.connect("local-a", 5000)
+        print("libucs" in open("/proc/self/maps").read(), flush=True)
+        ctypes.string_at(0)  # the user's own crash
+    """), mb.socket], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGSEGV, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.strip() == "False", p.stdout
+    assert "Fatal Python error: Segmentation fault" in p.stderr, p.stderr
+    assert 'File "<string>", line 11 in <module>' in p.stderr, p.stderr
+    assert "ucs_handle_error" not in p.stderr, p.stderr

@@ -24,12 +24,22 @@ LD_LIBRARY_PATH="$lib" "$tmp/consumer_via_pkgconfig" "$tmp/b.sock"
 LD_LIBRARY_PATH="$lib" "$tmp/c_consumer" "$tmp/b.sock"
 # The installed Python package finds its library by itself (RPATH), from the prefix's dist-packages.
 site=$(dirname "$(find "$tmp/prefix" -path '*dist-packages/membroker/__init__.py' | head -1)")
+freed=6  # one allocation from each consumer, and the C consumer's channel's two (control block and chunks)
 if [ -n "$site" ] && [ "$site" != . ]; then
   PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c "import membroker, sys
 c = membroker.connect(sys.argv[1], 'py-consumer'); t = c.new_tensor((4, 4), 'float32'); t.numpy()[:] = 1; c.ping()" "$tmp/b.sock"
+  # The network module is installed beside the library, where it is loaded from.
+  if [ -f "$lib/libmembroker-ucx.so" ]; then
+    printf 'consumer-secret\n' >"$tmp/secret" && chmod 600 "$tmp/secret"
+    PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c "import membroker, sys
+c = membroker.connect(sys.argv[1], 'py-net')
+e = membroker.TransferEngine(c, 'py-net', {'listen_address': '127.0.0.1:0', 'secret_file': sys.argv[2]})
+assert e.network_stats()['listen_address'].startswith('127.0.0.1:'), e.network_stats()
+e.finalize()" "$tmp/b.sock" "$tmp/secret"
+    freed=7  # and the engine's control block
+  fi
 fi
-# One allocation from each consumer, and the C consumer's channel's two (control block and chunks).
-"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q 'allocations_freed: 6'
+"$tmp/prefix/bin/membrokerctl" --admin-socket "$tmp/b.sock.admin" stats | grep -q "allocations_freed: $freed\$"
 kill -TERM "$broker"
 wait "$broker"
-echo "installed package consumed via find_package and pkg-config, from C (a channel too), and from Python"
+echo "installed package consumed via find_package and pkg-config, from C (a channel too), and from Python (the network module too where built)"

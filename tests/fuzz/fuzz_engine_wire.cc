@@ -1,5 +1,5 @@
 // libFuzzer: arbitrary bytes into the decoder of what engines on two hosts
-// say to each other (libclient/engine_wire.h) - the bytes a remote, possibly
+// say to each other (libclient/transfer/ucx/engine_wire.h) - the bytes a remote, possibly
 // hostile, host controls, and into the decoder of data messages' headers.
 // The format is canonical: whatever decodes must
 // encode back to exactly the same bytes.
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "engine_wire.h"
+#include "transfer/ucx/engine_wire.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace membroker::detail::wire;

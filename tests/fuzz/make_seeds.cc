@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine_wire.h"
+#include "transfer/ucx/engine_wire.h"
 #include "membroker/ipc/protocol.h"
 
 using namespace membroker::ipc;

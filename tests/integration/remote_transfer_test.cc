@@ -48,8 +48,15 @@ std::string SecretFile(const std::string& dir, const std::string& text, mode_t m
   return path;
 }
 
+// Skipped where the build has no network module (no UCX); where it has one,
+// UNSUPPORTED (the module failed to load) is a failure.
+#ifdef MEMBROKER_TEST_HAVE_NET_MODULE
+#define MB_UCX_OR_SKIP(st) \
+  ASSERT_NE((st).code(), ErrorCode::kUnsupported) << "the network module did not load: " << (st).ToString()
+#else
 #define MB_UCX_OR_SKIP(st)                                                                   \
   if ((st).code() == ErrorCode::kUnsupported) GTEST_SKIP() << "built without UCX: " << (st).ToString()
+#endif
 
 class RemoteTransfer : public ::testing::Test {
  protected:
@@ -238,6 +245,26 @@ TEST_F(RemoteTransfer, DeregistrationWhileConnectorThreadsTransfer) {
   EXPECT_EQ(other.load(), 0);
   for (int i = 0; i < 2; ++i)
     for (size_t j = 0; j < (1 << 20); j += 4096) ASSERT_EQ(ranges[i].data()[j], 0) << "range " << i << " written after DeregisterMem";
+}
+
+// UCX is loaded only when an engine asks for the network (a listen address or
+// Connect("ip:port")): a process that moves bytes on its host only never maps
+// libucs, whose signal handlers would replace the program's own. Checked in a
+// process of its own (net_module_probe), since this one may have listened in
+// another test.
+TEST(NetModule, LoadedOnlyWhenAnEngineAsksForTheNetwork) {
+  BrokerProcess broker;
+  const std::string secret = SecretFile(broker.dir(), "probe-secret");
+  RunResult r = RunProgram({BinaryPath("net_module_probe"), broker.socket(), secret});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("start libucs=0 module=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("same_host libucs=0 module=0"), std::string::npos) << r.output;
+#ifdef MEMBROKER_TEST_HAVE_NET_MODULE
+  EXPECT_NE(r.output.find("network ok"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("network libucs=1 module=1"), std::string::npos) << r.output;
+#else
+  EXPECT_NE(r.output.find("network UNSUPPORTED"), std::string::npos) << r.output;
+#endif
 }
 
 }  // namespace

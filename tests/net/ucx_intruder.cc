@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "engine_wire.h"
-#include "net_address.h"
+#include "transfer/ucx/engine_wire.h"
+#include "transfer/net_address.h"
 
 using namespace membroker::detail;
 using Clock = std::chrono::steady_clock;
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   const size_t length = std::strtoull(argv[4], nullptr, 0);
   std::vector<char> bytes(length, static_cast<char>(0xee));
 
-  // The engine's segment sizes (libclient/ucx_transport.cc): UCX's TCP
+  // The engine's segment sizes (libclient/transfer/ucx/ucx_transport.cc): UCX's TCP
   // transport needs the peer's segments to fit its own receive segments.
   ::setenv("UCX_TCP_TX_SEG_SIZE", "128k", 0);
   ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", 0);

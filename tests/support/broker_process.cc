@@ -77,6 +77,7 @@ std::string BinaryPath(const char* name) {
   std::string dir = MEMBROKER_BIN_DIR;
   if (!std::strcmp(name, "membrokerd")) return dir + "/broker/membrokerd";
   if (!std::strcmp(name, "membrokerctl")) return dir + "/tools/membrokerctl";
+  if (!std::strcmp(name, "net_module_probe")) return dir + "/tests/net_module_probe";
   return dir + "/examples/" + name;
 }
 
@@ -211,6 +212,29 @@ RunResult RunBrokerExpectingExit(const std::vector<std::string>& args) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) std::abort();
   pid_t pid = SpawnBroker(args, -1, out[1]);
+  ::close(out[1]);
+  RunResult r;
+  r.output = ReadAllFromFd(out[0]);
+  ::close(out[0]);
+  r.exit_code = WaitChild(pid);
+  return r;
+}
+
+RunResult RunProgram(const std::vector<std::string>& args) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) std::abort();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    std::vector<std::string> copy = args;
+    std::vector<char*> argv;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
   ::close(out[1]);
   RunResult r;
   r.output = ReadAllFromFd(out[0]);

@@ -65,6 +65,10 @@ struct RunResult {
 };
 RunResult RunBrokerExpectingExit(const std::vector<std::string>& args);
 
+// Runs a program (argv[0] is its path) to its end; its exit code and its
+// stdout and stderr together.
+RunResult RunProgram(const std::vector<std::string>& argv);
+
 // Runs fn in a forked child that exits with fn's return value.
 pid_t ForkChild(const std::function<int()>& fn);
 // Waits for a child; returns its exit code, or 128+signal.
@@ -89,6 +93,8 @@ class Channel {
 };
 
 // Path of a binary built in this tree (set by CMake).
+// membrokerd, membrokerctl, tests/NAME for the test helpers (net_module_probe),
+// examples/NAME otherwise.
 std::string BinaryPath(const char* name);
 
 }  // namespace membroker::testing

@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
-#include "engine_wire.h"
-#include "net_address.h"
+#include "transfer/ucx/engine_wire.h"
+#include "transfer/net_address.h"
 
 namespace membroker::detail {
 namespace {

@@ -1,5 +1,6 @@
-// The transfer engine's path to engines on other hosts: one UCX context and
-// worker per engine, driven by one progress thread that owns every UCX
+// The transfer engine's path to engines on other hosts over UCX (the
+// NetTransport of transfer/net_transport.h, in libmembroker-ucx.so): one UCX
+// context and worker per engine, driven by one progress thread that owns every UCX
 // object (the worker is single-threaded; callers hand it commands and wait
 // for the answer, each until their own deadline).
 //
@@ -33,74 +34,43 @@
 
 #include "membroker/status.h"
 #include "membroker/transfer_engine.h"
-#include "net_address.h"
+#include "transfer/net_transport.h"
 
 namespace membroker::detail {
 
-struct UcxOptions {
-  std::string engine_name;
-  std::array<uint8_t, 16> identity{};
-  std::string listen;  // "ip:port"; empty: accepts no connections
-  std::string secret;  // empty: none (then only allow_from admits anyone)
-  std::vector<AddressPrefix> allow_from;
-  std::chrono::milliseconds handshake_timeout{5000};
-};
-
-struct UcxPeerInfo {
-  std::string engine;                 // the name the acceptor registered
-  std::array<uint8_t, 16> identity{};
-  std::string address;                // "ip:port" connected to
-  std::string transports;             // what UCX chose, e.g. "tcp/veth-b"
-};
-
-struct UcxStats {
-  uint64_t accepted = 0;    // connections that passed the handshake
-  uint64_t refused = 0;     // connections refused (wrong secret, address not allowed, no hello)
-  uint64_t connections = 0; // open now, both directions
-  std::string last_refusal;
-};
-
-struct UcxNotify {
-  std::string from;  // the sender's engine name, as it said in Hello
-  std::string name;
-  std::string message;
-};
-
-class UcxTransport {
+class UcxTransport final : public NetTransport {
  public:
-  using Clock = std::chrono::steady_clock;
-
-  static Result<std::unique_ptr<UcxTransport>> Start(UcxOptions options);
-  ~UcxTransport();  // closes every connection and unmaps every range
+  static Result<std::unique_ptr<UcxTransport>> Start(NetOptions options);
+  ~UcxTransport() override;  // closes every connection and unmaps every range
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;
 
   // The address actually bound ("" without a listener), its port chosen
   // by the kernel where the option said 0.
-  std::string listen_address() const;
+  std::string listen_address() const override;
 
   // Makes [address, address+length) reachable by connectors' pieces and
   // announces it to those connected.
-  Status AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only);
+  Status AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only) override;
   // Announces it gone and forgets it once no connector uses it (and no answer
   // is still sent from it); TIMEOUT at deadline (still served: a later call
   // waits again).
-  Status RemoveRegion(uint64_t handle, Clock::time_point deadline);
+  Status RemoveRegion(uint64_t handle, Clock::time_point deadline) override;
 
   // Connects and shakes hands; the connection's id.
-  Result<uint64_t> Connect(const std::string& address, Clock::time_point deadline, UcxPeerInfo* info);
+  Result<uint64_t> Connect(const std::string& address, Clock::time_point deadline, NetPeerInfo* info) override;
   // Waits for the connection's transfers (until deadline), then closes it.
-  Status Close(uint64_t conn, Clock::time_point deadline);
+  Status Close(uint64_t conn, Clock::time_point deadline) override;
   // Checks every descriptor against the remote's ranges first
   // (PARAM_INVALID naming the index), then moves the bytes.
   Status Transfer(uint64_t conn, TransferOp op, const std::vector<TransferOpDesc>& descs,
-                  Clock::time_point deadline);
+                  Clock::time_point deadline) override;
   Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
-                    Clock::time_point deadline);
-  std::vector<UcxNotify> TakeNotifies();
-  UcxStats stats();
+                    Clock::time_point deadline) override;
+  std::vector<NetNotify> TakeNotifies() override;
+  NetStats stats() override;
   // Bumped whenever a connection opens, closes or is refused (cheap to poll).
-  uint64_t changes() const;
+  uint64_t changes() const override;
 
   class Worker;  // the progress thread and everything it owns (ucx_transport.cc)
 

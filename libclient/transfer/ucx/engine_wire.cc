@@ -1,4 +1,4 @@
-#include "engine_wire.h"
+#include "transfer/ucx/engine_wire.h"
 
 #include <cstring>
 #include <type_traits>

@@ -1,11 +1,11 @@
-#include "hangup_watcher.h"
+#include "client/hangup_watcher.h"
 
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <future>
 
-#include "client_core.h"
+#include "client/client_core.h"
 #include "membroker/ipc/syscall.h"
 
 namespace membroker::detail {

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "futex.h"
+#include "shm/futex.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/unique_fd.h"
 

@@ -1,5 +1,5 @@
 // The tensor ring in the C API (membroker/membroker.h) over membroker/tensor_ring.h.
-#include "c_api_internal.h"
+#include "c_api/c_api_internal.h"
 #include "membroker/membroker.h"
 #include "membroker/tensor_ring.h"
 

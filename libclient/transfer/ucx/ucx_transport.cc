@@ -1,4 +1,4 @@
-#include "ucx_transport.h"
+#include "transfer/ucx/ucx_transport.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -19,7 +19,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "engine_wire.h"
+#include "transfer/ucx/engine_wire.h"
+
+static_assert(membroker::detail::kMaxNetSecretBytes == membroker::detail::wire::kMaxSecretBytes);
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/unique_fd.h"
 
@@ -125,7 +127,7 @@ struct Conn {
   Status broken;        // why it is broken
   // Connector side.
   std::shared_ptr<Waiter> connect_waiter;
-  UcxPeerInfo* connect_info = nullptr;
+  NetPeerInfo* connect_info = nullptr;
   std::map<uint64_t, RemoteRegion> regions;  // by remote address
   std::set<Job*> jobs;
   std::unordered_map<uint64_t, Piece*> pieces;  // in flight, by tag
@@ -189,7 +191,7 @@ class UcxTransport::Worker {
  public:
   ~Worker() { Stop(); }
 
-  Status Init(UcxOptions options);
+  Status Init(NetOptions options);
   std::string listen_address() const { return listen_address_; }
 
   // Runs fn on the progress thread.
@@ -212,20 +214,20 @@ class UcxTransport::Worker {
   void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, std::shared_ptr<Waiter> w);
   void RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w);
   void Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
-               UcxPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w);
+               NetPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w);
   void Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w);
   void Transfer(uint64_t id, TransferOp op, const std::vector<TransferOpDesc>* descs, Clock::time_point deadline,
                 std::shared_ptr<Waiter> w);
   void SendNotify(uint64_t id, const std::string& name, const std::string& message, Clock::time_point deadline,
                   std::shared_ptr<Waiter> w);
 
-  std::vector<UcxNotify> TakeNotifies() {
+  std::vector<NetNotify> TakeNotifies() {
     std::lock_guard<std::mutex> lk(mu_);
-    std::vector<UcxNotify> out(notifies_.begin(), notifies_.end());
+    std::vector<NetNotify> out(notifies_.begin(), notifies_.end());
     notifies_.clear();
     return out;
   }
-  UcxStats stats() {
+  NetStats stats() {
     std::lock_guard<std::mutex> lk(mu_);
     return stats_;
   }
@@ -302,7 +304,7 @@ class UcxTransport::Worker {
   std::string Transports(ucp_ep_h ep);
   std::vector<wire::Region> Advertised() const;
 
-  UcxOptions options_;
+  NetOptions options_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
@@ -314,8 +316,8 @@ class UcxTransport::Worker {
   std::mutex mu_;  // commands_, stopping_, notifies_, stats_
   std::deque<std::function<void()>> commands_;
   bool stopping_ = false;
-  std::deque<UcxNotify> notifies_;
-  UcxStats stats_;
+  std::deque<NetNotify> notifies_;
+  NetStats stats_;
   std::atomic<uint64_t> changes_{0};
 
   // Progress thread only.
@@ -328,7 +330,7 @@ class UcxTransport::Worker {
   std::set<void*> closing_;  // ucp_ep_close_nbx requests not yet done
 };
 
-Status UcxTransport::Worker::Init(UcxOptions options) {
+Status UcxTransport::Worker::Init(NetOptions options) {
   options_ = std::move(options);
   // UCX reads its transports' options from the environment only, when the
   // worker is made; an operator's own settings win (setenv does not overwrite).
@@ -816,7 +818,7 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
         ack.code = static_cast<int32_t>(ErrorCode::kResourceExhausted);
         ack.message = "the engine's notify queue is full (256)";
       } else {
-        notifies_.push_back(UcxNotify{c.engine, std::move(n->name), std::move(n->message)});
+        notifies_.push_back(NetNotify{c.engine, std::move(n->name), std::move(n->message)});
       }
     }
     return Send(c, ack);
@@ -1034,7 +1036,7 @@ void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadl
 }
 
 void UcxTransport::Worker::Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
-                                   UcxPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w) {
+                                   NetPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w) {
   auto c = std::make_unique<Conn>();
   c->id = next_id_++;
   c->outgoing = true;
@@ -1414,7 +1416,7 @@ void UcxTransport::Worker::SendNotify(uint64_t id, const std::string& name, cons
 
 // --- UcxTransport ----------------------------------------------------------
 
-Result<std::unique_ptr<UcxTransport>> UcxTransport::Start(UcxOptions options) {
+Result<std::unique_ptr<UcxTransport>> UcxTransport::Start(NetOptions options) {
   auto worker = std::make_unique<Worker>();
   MB_RETURN_IF_ERROR(worker->Init(std::move(options)));
   return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(worker)));
@@ -1435,10 +1437,10 @@ Status UcxTransport::RemoveRegion(uint64_t handle, Clock::time_point deadline) {
   return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) { worker_->RemoveRegion(handle, deadline, std::move(w)); });
 }
 
-Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, UcxPeerInfo* info) {
+Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, NetPeerInfo* info) {
   MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(address));
   auto id = std::make_shared<uint64_t>(0);
-  auto out = std::make_shared<UcxPeerInfo>();
+  auto out = std::make_shared<NetPeerInfo>();
   Status st = worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
     worker_->Connect(addr, address, deadline, out.get(), id.get(), std::move(w));
   });
@@ -1470,8 +1472,8 @@ Status UcxTransport::SendNotify(uint64_t conn, const std::string& name, const st
   });
 }
 
-std::vector<UcxNotify> UcxTransport::TakeNotifies() { return worker_->TakeNotifies(); }
-UcxStats UcxTransport::stats() { return worker_->stats(); }
+std::vector<NetNotify> UcxTransport::TakeNotifies() { return worker_->TakeNotifies(); }
+NetStats UcxTransport::stats() { return worker_->stats(); }
 uint64_t UcxTransport::changes() const { return worker_->changes(); }
 
 }  // namespace membroker::detail

@@ -1,4 +1,4 @@
-#include "net_address.h"
+#include "transfer/net_address.h"
 
 #include <arpa/inet.h>
 

@@ -1,4 +1,4 @@
-#include "connection.h"
+#include "client/connection.h"
 
 #include <poll.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
-#include "client_core.h"
-#include "hangup_watcher.h"
+#include "client/client_core.h"
+#include "client/hangup_watcher.h"
 
 #include <sys/mman.h>
 

@@ -18,8 +18,8 @@
 
 #include <atomic>
 
-#include "process_id.h"
-#include "connection.h"
+#include "client/process_id.h"
+#include "client/connection.h"
 #include "membroker/client.h"
 #include "membroker/ipc/protocol.h"
 

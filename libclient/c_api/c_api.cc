@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "c_api_internal.h"
+#include "c_api/c_api_internal.h"
 #include "membroker/client.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/transfer_engine.h"

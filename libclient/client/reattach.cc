@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "client_core.h"
-#include "hangup_watcher.h"
+#include "client/client_core.h"
+#include "client/hangup_watcher.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/syscall.h"
 

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "futex.h"
+#include "shm/futex.h"
 
 namespace membroker {
 

@@ -1,5 +1,5 @@
 // Client calls for named objects and their events (docs/NAMES.md).
-#include "client_core.h"
+#include "client/client_core.h"
 #include "membroker/client.h"
 #include "membroker/ipc/escape.h"
 

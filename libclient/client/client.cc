@@ -1,6 +1,6 @@
 #include "membroker/client.h"
 
-#include "client_core.h"
+#include "client/client_core.h"
 #include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"

@@ -1,7 +1,7 @@
 // Channels in the C API (membroker/membroker.h) over membroker/channel.h.
 #include <memory>
 
-#include "c_api_internal.h"
+#include "c_api/c_api_internal.h"
 #include "membroker/channel.h"
 #include "membroker/membroker.h"
 

@@ -41,13 +41,10 @@
 #include <thread>
 #include <unordered_map>
 
-#include "client_core.h"
-#include "futex.h"
-#include "net_address.h"
-#ifdef MEMBROKER_HAVE_UCX
-#include "engine_wire.h"
-#include "ucx_transport.h"
-#endif
+#include "client/client_core.h"
+#include "shm/futex.h"
+#include "transfer/net_address.h"
+#include "transfer/net_transport.h"
 #include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/pidfd.h"
@@ -169,8 +166,8 @@ struct Peer {
   std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
   std::atomic<bool> lost{false};
   uint64_t epoch = 0;  // the client's reattach count when this connection was made (under mu)
-  // Reached over UCX (another host): the transport's connection, and what it said.
-  uint64_t ucx_conn = 0;
+  // Reached over the network (another host): the transport's connection, and what it said.
+  uint64_t net_conn = 0;
   std::string address, transports;
 };
 
@@ -225,18 +222,18 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
                           const std::map<std::string, std::string>& options);
   // Starts the listener that ConfigureNetwork asked for (after the broker took the name).
   Status StartListening();
-#ifdef MEMBROKER_HAVE_UCX
-  Result<detail::UcxTransport*> Transport();  // started on first use
-  detail::UcxTransport* CurrentTransport() {    // nullptr before the first use
+  // The network transport (transfer/net_transport.h): loaded and started on
+  // first use, so a process that never asks for the network never maps UCX.
+  Result<detail::NetTransport*> Transport();
+  detail::NetTransport* CurrentTransport() {  // nullptr before the first use
     std::lock_guard<std::mutex> lk(transport_mu_);
     return transport_.get();
   }
   std::mutex transport_mu_;
-  detail::UcxOptions net_options_;
-  std::unique_ptr<detail::UcxTransport> transport_;
+  detail::NetOptions net_options_;
+  std::unique_ptr<detail::NetTransport> transport_;
   // What the broker was last told of the network side (admin list engines).
   uint64_t reported_changes_ = ~0ull;
-#endif
   // Tells the broker the network side (one-way): always after this engine's own
   // connects and disconnects by ip:port (force), else when the transport says
   // connections opened, closed or were refused since the last report.
@@ -355,15 +352,13 @@ void TransferEngine::Impl::Finalize() {
     for (const auto& [n, p] : peers_) names.push_back(n);
   }
   for (const auto& n : names) (void)Disconnect(n, 60'000);
-#ifdef MEMBROKER_HAVE_UCX
   {
-    // Connectors on other hosts lose us now: UCX closes their connections and
-    // unmaps our ranges before they are deregistered below.
+    // Connectors on other hosts lose us now: the transport closes their
+    // connections and unmaps our ranges before they are deregistered below.
     std::lock_guard<std::mutex> tlk(transport_mu_);
     transport_.reset();
     net_options_ = {};
   }
-#endif
   std::unique_lock<std::shared_mutex> lk(local_mu_);
   // Who may still be inside our memory: asked before the broker forgets them.
   auto peers = ConnectedPeers();
@@ -444,17 +439,15 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   }
   core_->SetEngineRegion(mem.addr, r->region);
   const uint64_t h = next_handle_++;
-#ifdef MEMBROKER_HAVE_UCX
-  // Known to the UCX transport too where the engine has one: a listener
+  // Known to the network transport too where the engine has one: a listener
   // announces it to its connectors and serves their pieces in it.
-  if (detail::UcxTransport* t = CurrentTransport()) {
+  if (detail::NetTransport* t = CurrentTransport()) {
     if (Status st = t->AddRegion(h, mem.addr, mem.len, where.read_only); !st.ok()) {
       (void)core_->conn().Call(ipc::EngineDeregisterRequest{r->region});
       core_->ForgetEngineRange(mem.addr);
       return st;
     }
   }
-#endif
   local_[mem.addr] = LocalRegion{mem.addr, mem.len, h, where.read_only};
   handle = reinterpret_cast<MemHandle>(static_cast<uintptr_t>(h));
   return Status::Ok();
@@ -475,10 +468,8 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
     core_->SetEngineRegion(it->first, 0);
     it->second.draining = true;  // gone at the broker; ours until the peers drain
   }
-#ifdef MEMBROKER_HAVE_UCX
   // Connectors on other hosts stop using it (or are gone) before it is unmapped.
-  if (detail::UcxTransport* t = CurrentTransport()) MB_RETURN_IF_ERROR(t->RemoveRegion(h, Clock::now() + drain_timeout_));
-#endif
+  if (detail::NetTransport* t = CurrentTransport()) MB_RETURN_IF_ERROR(t->RemoveRegion(h, Clock::now() + drain_timeout_));
   // Peers' transfers into it finish; later ones refresh and miss it.
   MB_ASSIGN_OR_RETURN(std::vector<ConnectedPeer> peers, ConnectedPeers());
   MB_RETURN_IF_ERROR(WaitForPeers(peers, Clock::now() + drain_timeout_));
@@ -621,9 +612,8 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
     peer = it->second;
     peers_.erase(it);
   }
-#ifdef MEMBROKER_HAVE_UCX
-  if (peer->ucx_conn != 0) {
-    Status st = transport_->Close(peer->ucx_conn, DeadlineAfter(timeout_ms));
+  if (peer->net_conn != 0) {
+    Status st = transport_->Close(peer->net_conn, DeadlineAfter(timeout_ms));
     if (st.code() == ErrorCode::kTimeout) {
       std::lock_guard<std::mutex> plk(peers_mu_);
       peers_.emplace(remote, peer);
@@ -632,7 +622,6 @@ Status TransferEngine::Impl::Disconnect(const std::string& remote, int32_t timeo
     return st;
   }
   if (!peer->address.empty()) ReportNetwork(/*force=*/true);  // a same-host engine connected by ip:port
-#endif
   // Our transfers to it finish first (new ones no longer find it).
   std::unique_lock<std::shared_timed_mutex> lk(peer->mu, std::defer_lock);
   if (!lk.try_lock_for(std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0)))) {
@@ -694,14 +683,12 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (op != READ && op != WRITE) return Status(ErrorCode::kParamInvalid, "op must be READ or WRITE");
   std::shared_ptr<Peer> peer = FindPeer(remote);
   if (peer == nullptr) return NotConnected(remote);
-#ifdef MEMBROKER_HAVE_UCX
-  if (peer->ucx_conn != 0) {
+  if (peer->net_conn != 0) {
     // Local ranges stay registered (and mapped) until the transfer is over.
     std::shared_lock<std::shared_mutex> local_lk(local_mu_);
     MB_RETURN_IF_ERROR(CheckLocal(op, descs));
-    return transport_->Transfer(peer->ucx_conn, op, descs, deadline);
+    return transport_->Transfer(peer->net_conn, op, descs, deadline);
   }
-#endif
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
   {
     std::shared_lock<std::shared_timed_mutex> lk(peer->mu);  // (a reconnect replaces pid and pidfd)
@@ -913,10 +900,8 @@ Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyD
   if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
     return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
   if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");
-#ifdef MEMBROKER_HAVE_UCX
-  if (peer->ucx_conn != 0)
-    return transport_->SendNotify(peer->ucx_conn, notify.name, notify.notify_msg, DeadlineAfter(timeout_ms));
-#endif
+  if (peer->net_conn != 0)
+    return transport_->SendNotify(peer->net_conn, notify.name, notify.notify_msg, DeadlineAfter(timeout_ms));
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, DeadlineAfter(timeout_ms)));
   return core_->conn().Call(ipc::EngineNotifyRequest{peer->name, notify.name, notify.notify_msg}).status();
 }
@@ -924,7 +909,6 @@ Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyD
 Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
   if (!initialized_) return NotInitialized();
   notifies.clear();
-#ifdef MEMBROKER_HAVE_UCX
   {
     std::lock_guard<std::mutex> lk(transport_mu_);
     if (transport_)
@@ -932,7 +916,6 @@ Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
         notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
   }
   ReportNetwork();
-#endif
   // Notifies from other hosts were taken above: they are returned even when
   // the broker (which queues this host's) cannot be asked, never dropped.
   const size_t from_other_hosts = notifies.size();
@@ -956,12 +939,7 @@ Status TransferEngine::Impl::ConfigureNetwork(const std::string& name, const uin
   };
   const std::string listen = get("listen_address"), secret_file = get("secret_file"), allow = get("allow_from");
   if (listen.empty() && secret_file.empty() && allow.empty()) return Status::Ok();
-#ifndef MEMBROKER_HAVE_UCX
-  (void)name, (void)identity;
-  return Status(ErrorCode::kUnsupported, "this libmembroker was built without UCX: engines on other hosts cannot "
-                                         "be reached (options listen_address, secret_file, allow_from)");
-#else
-  detail::UcxOptions o;
+  detail::NetOptions o;
   o.engine_name = name;
   std::memcpy(o.identity.data(), identity, sizeof(identity));
   if (!listen.empty()) {
@@ -980,31 +958,27 @@ Status TransferEngine::Impl::ConfigureNetwork(const std::string& name, const uin
       return Status(ErrorCode::kParamInvalid, "secret_file \"" + ipc::EscapeText(secret_file) + "\": " + std::strerror(errno));
     if (std::string problem = ipc::PrivateFileProblem(fd.get()); !problem.empty())
       return Status(ErrorCode::kPermissionDenied, "secret_file \"" + ipc::EscapeText(secret_file) + "\" " + problem);
-    char buf[detail::wire::kMaxSecretBytes + 2];
+    char buf[detail::kMaxNetSecretBytes + 2];
     ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n < 0) return Status(ErrorCode::kParamInvalid, "secret_file: " + std::string(std::strerror(errno)));
     std::string secret(buf, static_cast<size_t>(n));
     while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-    if (secret.empty() || secret.size() > detail::wire::kMaxSecretBytes)
+    if (secret.empty() || secret.size() > detail::kMaxNetSecretBytes)
       return Status(ErrorCode::kParamInvalid, "secret_file must hold 1 to 4096 bytes of secret");
     o.secret = std::move(secret);
   }
   net_options_ = std::move(o);
   return Status::Ok();
-#endif
 }
 
 Status TransferEngine::Impl::StartListening() {
-#ifdef MEMBROKER_HAVE_UCX
   if (net_options_.listen.empty()) return Status::Ok();
   MB_RETURN_IF_ERROR(Transport().status());
   ReportNetwork();
-#endif
   return Status::Ok();
 }
 
-#ifdef MEMBROKER_HAVE_UCX
-Result<detail::UcxTransport*> TransferEngine::Impl::Transport() {
+Result<detail::NetTransport*> TransferEngine::Impl::Transport() {
   // Ranges registered before the transport existed are mapped for it now
   // (RegisterMem, exclusive on local_mu_, maps the later ones).
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
@@ -1014,27 +988,22 @@ Result<detail::UcxTransport*> TransferEngine::Impl::Transport() {
       net_options_.engine_name = name_;
       std::memcpy(net_options_.identity.data(), control_->identity, sizeof(control_->identity));
     }
-    MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::UcxTransport> t, detail::UcxTransport::Start(net_options_));
+    MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::NetTransport> t, detail::StartNetTransport(net_options_));
     for (const auto& [addr, r] : local_)
       if (!r.draining) MB_RETURN_IF_ERROR(t->AddRegion(r.handle, r.addr, r.len, r.read_only));
     transport_ = std::move(t);
   }
   return transport_.get();
 }
-#endif
 
 Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_t timeout_ms) {
-#ifndef MEMBROKER_HAVE_UCX
-  (void)timeout_ms;
-  return Status(ErrorCode::kUnsupported, "this libmembroker was built without UCX: cannot connect to " + address);
-#else
   if (auto old = FindPeer(address)) {
     if (!old->lost.load()) return Status(ErrorCode::kAlreadyConnected, "already connected to " + address);
     (void)Disconnect(address, timeout_ms);
   }
   const auto deadline = DeadlineAfter(timeout_ms);
-  MB_ASSIGN_OR_RETURN(detail::UcxTransport * t, Transport());
-  detail::UcxPeerInfo info;
+  MB_ASSIGN_OR_RETURN(detail::NetTransport * t, Transport());
+  detail::NetPeerInfo info;
   MB_ASSIGN_OR_RETURN(uint64_t conn, t->Connect(address, deadline, &info));
   auto peer = std::make_shared<Peer>();
   peer->name = info.engine;
@@ -1077,7 +1046,7 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
     peer->name = info.engine;
     peer->address = info.address;
   }
-  peer->ucx_conn = conn;
+  peer->net_conn = conn;
   peer->transports = info.transports;
   {
     std::lock_guard<std::mutex> lk(peers_mu_);
@@ -1085,11 +1054,9 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
   }
   ReportNetwork(/*force=*/true);
   return Status::Ok();
-#endif
 }
 
 void TransferEngine::Impl::ReportNetwork(bool force) {
-#ifdef MEMBROKER_HAVE_UCX
   ipc::EngineNetworkRequest r;
   {
     std::lock_guard<std::mutex> lk(transport_mu_);
@@ -1097,7 +1064,7 @@ void TransferEngine::Impl::ReportNetwork(bool force) {
     const uint64_t changes = transport_->changes();
     if (changes == reported_changes_ && !force) return;
     reported_changes_ = changes;
-    const detail::UcxStats u = transport_->stats();
+    const detail::NetStats u = transport_->stats();
     r.listen_address = transport_->listen_address();
     r.accepted = u.accepted;
     r.refused = u.refused;
@@ -1105,15 +1072,14 @@ void TransferEngine::Impl::ReportNetwork(bool force) {
     std::lock_guard<std::mutex> plk(peers_mu_);
     for (const auto& [key, p] : peers_) {
       if (p->address.empty() || r.connections.size() >= ipc::kMaxNetConnections) continue;  // connected by name
-      outbound += p->ucx_conn != 0;
-      r.connections.push_back({key, p->name, p->ucx_conn != 0 ? "ucx" : "same-host",
-                               (p->ucx_conn != 0 ? p->transports : "memcpy").substr(0, ipc::kMaxNetTransportsBytes)});
+      outbound += p->net_conn != 0;
+      r.connections.push_back({key, p->name, p->net_conn != 0 ? "ucx" : "same-host",
+                               (p->net_conn != 0 ? p->transports : "memcpy").substr(0, ipc::kMaxNetTransportsBytes)});
     }
     r.inbound = u.connections > outbound ? u.connections - outbound : 0;
   }
   // Sent with no lock held; the broker only records it, and a failure loses nothing.
   (void)core_->conn().Notify(std::move(r));
-#endif
 }
 
 Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) {
@@ -1121,27 +1087,25 @@ Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, Connec
   auto peer = FindPeer(remote);
   if (peer == nullptr) return NotConnected(remote);
   info.engine = peer->name;
-  info.address = peer->ucx_conn != 0 ? peer->address : "";
-  info.path = peer->ucx_conn != 0 ? "ucx" : "same-host";
-  info.transports = peer->ucx_conn != 0 ? peer->transports : "memcpy";
+  info.address = peer->net_conn != 0 ? peer->address : "";
+  info.path = peer->net_conn != 0 ? "ucx" : "same-host";
+  info.transports = peer->net_conn != 0 ? peer->transports : "memcpy";
   return Status::Ok();
 }
 
 Status TransferEngine::Impl::GetNetworkStats(NetworkStats& stats) {
   if (!initialized_) return NotInitialized();
   stats = NetworkStats{};
-#ifdef MEMBROKER_HAVE_UCX
   ReportNetwork();
   std::lock_guard<std::mutex> lk(transport_mu_);
   if (transport_) {
-    const detail::UcxStats u = transport_->stats();
+    const detail::NetStats u = transport_->stats();
     stats.listen_address = transport_->listen_address();
     stats.accepted = u.accepted;
     stats.refused = u.refused;
     stats.connections = u.connections;
     stats.last_refusal = u.last_refusal;
   }
-#endif
   return Status::Ok();
 }
 

@@ -16,7 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "process_id.h"
+#include "client/process_id.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/unique_fd.h"
