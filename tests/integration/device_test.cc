@@ -42,8 +42,9 @@ TEST(Device, RequestsSayWhyDeviceMemoryIsUnavailableAndChangeNothing) {
   const int missing = driver.device_count() + 3;
   auto none = c->MallocPhysical(4096, OnDevice(missing));
   EXPECT_EQ(none.code(), ErrorCode::kUnsupported);
-  if (driver.Available().ok())
+  if (driver.Available().ok()) {
     EXPECT_NE(none.status().message().find("no CUDA device " + std::to_string(missing)), std::string::npos);
+  }
   EXPECT_EQ(c->MallocPhysical(4096, OnDevice(-5)).code(), ErrorCode::kParamInvalid);
   // Nothing was made, nothing is charged, and host memory works as before.
   EXPECT_EQ(b.Stat("allocations_live"), 0u);

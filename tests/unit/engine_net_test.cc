@@ -25,7 +25,9 @@ TEST(NetAddress, RejectsWhatIsNotANumericAddressAndPort) {
                           "host.example:80", "fd00::1:80", "[fd00::1]80", "[fd00::1", "10.0.0.256:1"}) {
     auto r = ParseHostPort(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_EQ(r.status().code(), ErrorCode::kParamInvalid) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), ErrorCode::kParamInvalid) << bad;
+    }
     EXPECT_FALSE(LooksLikeHostPort(bad)) << bad;
   }
   EXPECT_TRUE(LooksLikeHostPort("10.0.0.1:80"));
