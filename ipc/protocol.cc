@@ -11,8 +11,17 @@ namespace membroker::ipc {
 namespace fb = flatbuffers;
 namespace w = membroker::wire;
 
-static_assert(static_cast<int>(w::ErrorCode_MAX) == static_cast<int>(ErrorCode::kAddressInUse),
-              "status.h and the schema's ErrorCode must list the same codes");
+// Every code of status.h's list is the schema's code of the same name and
+// value, and the schema has no other.
+#define MEMBROKER_ERROR_MATCHES_SCHEMA(value, enumerator, wire, py)                                   \
+  static_assert(static_cast<int>(w::ErrorCode_##wire) == value && static_cast<int>(ErrorCode::enumerator) == value, \
+                "status.h's " #enumerator " is not the schema's " #wire);
+MEMBROKER_ERROR_CODES(MEMBROKER_ERROR_MATCHES_SCHEMA)
+#undef MEMBROKER_ERROR_MATCHES_SCHEMA
+#define MEMBROKER_ERROR_COUNT(value, enumerator, wire, py) +1
+static_assert(static_cast<int>(w::ErrorCode_MAX) + 1 == 0 MEMBROKER_ERROR_CODES(MEMBROKER_ERROR_COUNT),
+              "the schema's ErrorCode has codes status.h does not list");
+#undef MEMBROKER_ERROR_COUNT
 static_assert(static_cast<int>(w::PagePolicy_MAX) == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(w::PagePolicy_HUGE_FIRST) == static_cast<int>(PagePolicy::kHugeFirst));
 static_assert(static_cast<int>(w::NameEventKind_MAX) == static_cast<int>(NameEventKind::kHolderDied));

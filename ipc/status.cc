@@ -4,26 +4,11 @@ namespace membroker {
 
 std::string_view ErrorCodeName(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return "OK";
-    case ErrorCode::kParamInvalid: return "PARAM_INVALID";
-    case ErrorCode::kInvalidHandle: return "INVALID_HANDLE";
-    case ErrorCode::kNotFound: return "NOT_FOUND";
-    case ErrorCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case ErrorCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case ErrorCode::kProtocolError: return "PROTOCOL_ERROR";
-    case ErrorCode::kVersionMismatch: return "VERSION_MISMATCH";
-    case ErrorCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case ErrorCode::kTimeout: return "TIMEOUT";
-    case ErrorCode::kNotConnected: return "NOT_CONNECTED";
-    case ErrorCode::kAlreadyConnected: return "ALREADY_CONNECTED";
-    case ErrorCode::kUnsupported: return "UNSUPPORTED";
-    case ErrorCode::kInternal: return "INTERNAL";
-    case ErrorCode::kBusy: return "BUSY";
-    case ErrorCode::kNotMapped: return "NOT_MAPPED";
-    case ErrorCode::kOverlap: return "OVERLAP";
-    case ErrorCode::kOutOfRange: return "OUT_OF_RANGE";
-    case ErrorCode::kQuotaExceeded: return "QUOTA_EXCEEDED";
-    case ErrorCode::kAddressInUse: return "ADDRESS_IN_USE";
+#define MEMBROKER_ERROR_NAME(value, enumerator, wire, py) \
+  case ErrorCode::enumerator:                             \
+    return #wire;
+    MEMBROKER_ERROR_CODES(MEMBROKER_ERROR_NAME)
+#undef MEMBROKER_ERROR_NAME
   }
   return "UNKNOWN";
 }

@@ -38,10 +38,11 @@ struct mb_engine {
   std::deque<Notify> notifies;
 };
 
-// The wire codes are the C codes.
-static_assert(MB_ADDRESS_IN_USE == static_cast<int>(ErrorCode::kAddressInUse));
-static_assert(MB_TIMEOUT == static_cast<int>(ErrorCode::kTimeout) &&
-              MB_NOT_CONNECTED == static_cast<int>(ErrorCode::kNotConnected));
+// membroker.h's mb_error is status.h's list, code by code.
+#define MB_C_ERROR_MATCHES(value, enumerator, wire, py) \
+  static_assert(MB_##wire == value, "membroker.h's MB_" #wire " is not wire code " #value);
+MEMBROKER_ERROR_CODES(MB_C_ERROR_MATCHES)
+#undef MB_C_ERROR_MATCHES
 static_assert(MB_EXPORT_NO_PID_CHECK == kExportNoPidCheck && MB_EXPORT_READ_ONLY == kExportReadOnly);
 static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist);
 static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));

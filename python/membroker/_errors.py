@@ -22,14 +22,8 @@ class Error(Exception):
         return f"{self.code_name}: {self.message}"
 
 
-# (code, class name) - the codes never change, only new ones are appended.
-_CODES = [
-    (1, "ParamInvalid"), (2, "InvalidHandle"), (3, "NotFound"), (4, "PermissionDenied"),
-    (5, "ResourceExhausted"), (6, "ProtocolError"), (7, "VersionMismatch"), (8, "AlreadyExists"),
-    (9, "Timeout"), (10, "NotConnected"), (11, "AlreadyConnected"), (12, "Unsupported"),
-    (13, "Internal"), (14, "Busy"), (15, "NotMapped"), (16, "Overlap"), (17, "OutOfRange"),
-    (18, "QuotaExceeded"), (19, "AddressInUse"),
-]
+# (code, class name) from the library's one list of codes (membroker/status.h).
+_CODES = [(code, py_name) for code, _wire, py_name in _membroker.error_codes()]
 
 CLASSES: dict[int, type] = {}
 for _code, _name in _CODES:

@@ -302,6 +302,15 @@ PYBIND11_MODULE(_membroker, mod) {
     }
   });
   mod.def("error_code_name", [](int code) { return std::string(ErrorCodeName(static_cast<ErrorCode>(code))); });
+  // The one list of error codes (status.h): (code, wire name, Python class name).
+  mod.def("error_codes", [] {
+    std::vector<std::tuple<int, std::string, std::string>> codes;
+#define MEMBROKER_PY_ERROR(value, enumerator, wire, py) \
+  if (value != 0) codes.emplace_back(value, #wire, #py);
+    MEMBROKER_ERROR_CODES(MEMBROKER_PY_ERROR)
+#undef MEMBROKER_PY_ERROR
+    return codes;
+  });
 
   py::class_<PyClient, std::shared_ptr<PyClient>>(mod, "Client")
       .def_static(

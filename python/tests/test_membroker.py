@@ -25,6 +25,14 @@ def finish(p: subprocess.Popen, timeout: float = 30) -> str:
 
 
 def test_every_error_class_carries_its_wire_code(mb):
+    codes = membroker._membroker.error_codes()
+    assert [c for c, _, _ in codes] == list(range(1, len(codes) + 1))  # every code, none skipped
+    stubs = open(os.path.join(os.path.dirname(membroker.__file__), "__init__.pyi")).read()
+    for code, wire_name, class_name in codes:
+        cls = membroker.error_class(code)
+        assert cls.__name__ == class_name and cls.code_name == wire_name
+        assert getattr(membroker, class_name) is cls
+        assert f"class {class_name}(Error): ..." in stubs, f"__init__.pyi lacks {class_name}"
     for code, cls in membroker._errors.CLASSES.items():
         assert issubclass(cls, membroker.Error)
         assert cls.code == code and membroker.error_class(code) is cls

@@ -15,27 +15,37 @@
 
 namespace membroker {
 
+// The one list of error codes: X(value, enumerator, wire name, Python class).
+// It makes the enum and ErrorCodeName here, a per-code check against the
+// schema (ipc/protocol.cc) and against the C header's mb_error (c_api.cc),
+// and Python's error classes (membroker._errors, through _membroker). Codes
+// are never renumbered; new ones are appended here and in schemas/membroker.fbs.
+#define MEMBROKER_ERROR_CODES(X)                                    \
+  X(0, kOk, OK, Ok)                                                 \
+  X(1, kParamInvalid, PARAM_INVALID, ParamInvalid)                  \
+  X(2, kInvalidHandle, INVALID_HANDLE, InvalidHandle)               \
+  X(3, kNotFound, NOT_FOUND, NotFound)                              \
+  X(4, kPermissionDenied, PERMISSION_DENIED, PermissionDenied)      \
+  X(5, kResourceExhausted, RESOURCE_EXHAUSTED, ResourceExhausted)   \
+  X(6, kProtocolError, PROTOCOL_ERROR, ProtocolError)               \
+  X(7, kVersionMismatch, VERSION_MISMATCH, VersionMismatch)         \
+  X(8, kAlreadyExists, ALREADY_EXISTS, AlreadyExists)               \
+  X(9, kTimeout, TIMEOUT, Timeout)                                  \
+  X(10, kNotConnected, NOT_CONNECTED, NotConnected)                 \
+  X(11, kAlreadyConnected, ALREADY_CONNECTED, AlreadyConnected)     \
+  X(12, kUnsupported, UNSUPPORTED, Unsupported)                     \
+  X(13, kInternal, INTERNAL, Internal)                              \
+  X(14, kBusy, BUSY, Busy)                                          \
+  X(15, kNotMapped, NOT_MAPPED, NotMapped)                          \
+  X(16, kOverlap, OVERLAP, Overlap)                                 \
+  X(17, kOutOfRange, OUT_OF_RANGE, OutOfRange)                      \
+  X(18, kQuotaExceeded, QUOTA_EXCEEDED, QuotaExceeded)              \
+  X(19, kAddressInUse, ADDRESS_IN_USE, AddressInUse)
+
 enum class ErrorCode : int32_t {
-  kOk = 0,
-  kParamInvalid = 1,
-  kInvalidHandle = 2,
-  kNotFound = 3,
-  kPermissionDenied = 4,
-  kResourceExhausted = 5,
-  kProtocolError = 6,
-  kVersionMismatch = 7,
-  kAlreadyExists = 8,
-  kTimeout = 9,
-  kNotConnected = 10,
-  kAlreadyConnected = 11,
-  kUnsupported = 12,
-  kInternal = 13,
-  kBusy = 14,
-  kNotMapped = 15,
-  kOverlap = 16,
-  kOutOfRange = 17,
-  kQuotaExceeded = 18,
-  kAddressInUse = 19,
+#define MEMBROKER_ERROR_ENUM(value, enumerator, wire, py) enumerator = value,
+  MEMBROKER_ERROR_CODES(MEMBROKER_ERROR_ENUM)
+#undef MEMBROKER_ERROR_ENUM
 };
 
 // "PARAM_INVALID" etc.; "UNKNOWN" for codes this build does not know.
