@@ -17,22 +17,28 @@ constexpr AdminCommand kCommands[] = {
      "The stats in the Prometheus text exposition format (membroker_*; counters end in _total). "
      "It has no JSON form: stats --json has the same values."},
     {kListClients, "list clients", AdminArg::kNone, true, "connected clients",
-     "Connected clients: id, pid, uid, name, connected since, bytes held, allocations, imports, "
-     "pinned bytes, host registrations."},
+     "Connected clients, one row each: its identity, since when, and what it holds (bytes held, "
+     "allocations it created, imports, pinned bytes, host registrations).",
+     "id pid uid name connected_since connected_s bytes_held allocations imports pinned_bytes host_registrations"},
     {kListAllocations, "list allocations", AdminArg::kNone, true, "live allocations",
-     "Live allocations: id, size, page size, pinned, owner, holders, exported, read-only, "
-     "fell back, from a pool, fixed address, age."},
+     "Live allocations, one row each: size and pages, who made and who holds it, how it is "
+     "shared, where it came from, its age.",
+     "id size page_size pinned owner holders exported read_only fell_back from_pool fixed_address age_ms"},
     {kListPools, "list pools", AdminArg::kNone, true, "pools and their refills",
-     "Pools: size, page size, capacity, ready, refilling, in use, hits, misses, refills, "
-     "refill failures."},
+     "Pools, one row each: the size class, what is ready and being refilled, and how takes "
+     "fared.",
+     "pool size page_size capacity ready refilling in_use hits misses refills refill_failures"},
     {kListQuotas, "list quotas", AdminArg::kNone, true, "usage and limits per uid and client",
-     "Usage and limits, one row per uid and per client."},
+     "Usage and limits, one row per uid and per client.",
+     "who bytes pinned_bytes allocations imports limits"},
     {kListEngines, "list engines", AdminArg::kNone, true, "transfer engines",
-     "Transfer engines: name, client, regions, registered bytes, connected peers, queued and "
-     "refused notifies."},
+     "Transfer engines, one row each: its client, registered ranges, peers, notifies, and its "
+     "side towards other hosts (docs/TRANSFER.md).",
+     "engine client regions registered_bytes peers notifies_queued notifies_refused listen net_in net_refused net_connections"},
     {kListNames, "list names", AdminArg::kNone, true, "named objects",
-     "Named objects: name, allocation, size, read-only, persistent, publisher pid, whether the "
-     "publisher is still connected."},
+     "Named objects, one row each: the allocation, its size, how it is published, and its "
+     "publisher.",
+     "name allocation size read_only persist publisher_pid publisher_connected"},
     {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
      "One client, with the ids of the allocations it holds."},
     {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",
@@ -159,6 +165,7 @@ std::string AdminHelpText() {
     std::string usage = AdminUsage(c);
     out += "  " + usage + std::string(usage.size() < 22 ? 22 - usage.size() : 1, ' ') +
            std::string(c.summary) + "\n";
+    if (!c.columns.empty()) out += std::string(24, ' ') + "columns: " + std::string(c.columns) + "\n";
   }
   return out;
 }

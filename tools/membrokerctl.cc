@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
     const auto& c = *found;
     std::printf("membrokerctl --admin-socket PATH%s %s\n\n%.*s\n", c.has_json ? " [--json]" : "",
                 AdminUsage(c).c_str(), static_cast<int>(c.details.size()), c.details.data());
+    if (!c.columns.empty())
+      std::printf("\nColumns: %.*s\n", static_cast<int>(c.columns.size()), c.columns.data());
     return 0;
   }
   auto req = membroker::ipc::ParseAdminLine(line);

@@ -135,6 +135,27 @@ TEST(Cli, EveryCommandIsDocumented) {
         << "docs/OPERATIONS.md does not list `" << ipc::AdminUsage(c) << "`";
 }
 
+// A list's columns are written once (the command table): the broker's records
+// keep to them (it says INTERNAL otherwise), help prints them, and
+// docs/OPERATIONS.md shows them, checked here word for word.
+TEST(Cli, EveryListsColumnsAreTheTablesInHelpAndInTheDocs) {
+  std::string ops = ReadFile(std::string(MEMBROKER_SOURCE_DIR) + "/docs/OPERATIONS.md");
+  for (char& ch : ops)
+    if (ch == '\n') ch = ' ';
+  BrokerProcess b;
+  const std::string help = b.Admin("help");
+  size_t lists = 0;
+  for (const ipc::AdminCommand& c : ipc::AdminCommands()) {
+    if (c.columns.empty()) continue;
+    ++lists;
+    const std::string columns(c.columns);
+    EXPECT_NE(ops.find("`" + ipc::AdminUsage(c) + "`: `" + columns + "`"), std::string::npos)
+        << "docs/OPERATIONS.md does not show `" << ipc::AdminUsage(c) << "`: `" << columns << "`";
+    EXPECT_NE(help.find("columns: " + columns), std::string::npos) << help;
+  }
+  EXPECT_EQ(lists, 6u);
+}
+
 TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
   BrokerProcess b({"--pool", "64K:normal:1"});
   const std::string admin = b.admin_socket();
@@ -195,6 +216,14 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
     Output text = run(cmd, e->second.arg, false);
     EXPECT_EQ(text.code, 0) << text.err;
     EXPECT_NE(text.out.find(e->second.text_has), std::string::npos) << text.out;
+    if (!cmd.columns.empty()) {  // a list's header is its table's columns
+      std::string header = text.out.substr(0, text.out.find('\n')), want(cmd.columns);
+      std::istringstream got(header);
+      std::string joined;
+      for (std::string w; got >> w;) joined += (joined.empty() ? "" : " ") + w;
+      std::transform(want.begin(), want.end(), want.begin(), ::toupper);
+      EXPECT_EQ(joined, want);
+    }
     Output json = run(cmd, e->second.arg, true);
     if (cmd.has_json) {
       EXPECT_EQ(json.code, 0) << json.err;

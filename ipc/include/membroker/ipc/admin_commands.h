@@ -42,6 +42,9 @@ struct AdminCommand {
   bool has_json;             // answers --json
   std::string_view summary;  // one line, for the help lists
   std::string_view details;  // membrokerctl COMMAND --help
+  // A list's columns, in order (its records' keys; docs/OPERATIONS.md shows
+  // them, `help` prints them); empty for the other commands.
+  std::string_view columns = {};
 };
 
 // Every command, in the order the help lists them.
