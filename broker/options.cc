@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "membroker/ipc/memfd.h"
+#include "membroker/ipc/page_policy_names.h"
 #include "size_text.h"
 
 namespace membroker::broker {
@@ -54,12 +55,9 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
 }
 
 bool ParsePolicy(const std::string& s, ipc::PagePolicy* out) {
-  if (s == "normal") *out = ipc::PagePolicy::kNormalOnly;
-  else if (s == "huge-first") *out = ipc::PagePolicy::kHugeFirst;
-  else if (s == "huge") *out = ipc::PagePolicy::kHugeOnly;
-  else if (s == "huge1g") *out = ipc::PagePolicy::kHuge1GOnly;
-  else return false;
-  return true;
+  const std::optional<ipc::PagePolicy> p = ipc::PagePolicyFromName(s);
+  if (p) *out = *p;
+  return p.has_value();
 }
 
 std::string Trim(const std::string& s) {

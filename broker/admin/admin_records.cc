@@ -13,6 +13,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/admin_commands.h"
+#include "membroker/ipc/page_policy_names.h"
 
 namespace membroker::broker {
 
@@ -39,8 +40,6 @@ bool IsCounter(const std::string& key) {
       "fd_store_failures", "fd_store_restored"};
   return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
 }
-
-const char* const kPolicyNames[] = {"normal", "huge-first", "huge", "huge1g"};
 
 }  // namespace
 
@@ -274,7 +273,7 @@ Record Broker::ConfigRecord() const {
   std::string pools;
   for (const auto& p : options_.pools)
     pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
-             kPolicyNames[static_cast<int>(p.policy)] + ":" + std::to_string(p.count);
+             std::string(ipc::PagePolicyName(p.policy)) + ":" + std::to_string(p.count);
   std::string uids, gids;
   for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
   for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);

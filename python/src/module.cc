@@ -25,6 +25,7 @@
 #include "membroker/channel.h"
 #include "membroker/tensor_ring.h"
 #include "membroker/transfer_engine.h"
+#include "membroker/ipc/page_policy_names.h"
 
 namespace py = pybind11;
 using namespace membroker;
@@ -59,12 +60,9 @@ T Take(Result<T> r) {
 }
 
 PagePolicy PolicyFrom(const std::string& name) {
-  if (name == "normal") return PagePolicy::kNormalOnly;
-  if (name == "huge-first") return PagePolicy::kHugeFirst;
-  if (name == "huge") return PagePolicy::kHugeOnly;
-  if (name == "huge1g") return PagePolicy::kHuge1GOnly;
+  if (auto p = ipc::PagePolicyFromName(name)) return static_cast<PagePolicy>(*p);  // the same values (client.cc)
   Raise(Status(ErrorCode::kParamInvalid,
-               "unknown page policy '" + name + "' (normal, huge-first, huge, huge1g)"));
+               "unknown page policy '" + name + "' (" + ipc::PagePolicyNameList() + ")"));
 }
 
 struct PyClient {
