@@ -78,34 +78,45 @@ bool ClientCore::HoldsUnfreed(uint64_t id) {
 }
 
 Status ClientCore::FreeHandle(uint64_t id) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = handles_.find(id);
-  if (it == handles_.end() || it->second.user_released)
-    return Status(ErrorCode::kInvalidHandle,
-                  "handle " + std::to_string(id) + " is not held (already freed?)");
-  it->second.user_released = true;
-  if (it->second.mappings > 0) return Status::Ok();  // released with the last mapping
-  return ForgetHandle(it);
+  Frees frees;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = handles_.find(id);
+    if (it == handles_.end() || it->second.user_released)
+      return Status(ErrorCode::kInvalidHandle, "handle " + std::to_string(id) + " is not held (already freed?)");
+    it->second.user_released = true;
+    if (it->second.mappings > 0) return Status::Ok();  // released with the last mapping
+    ForgetHandle(it, &frees);
+  }
+  return SendFrees(frees);
 }
 
-Status ClientCore::ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it) {
+void ClientCore::ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it, Frees* frees) {
   const uint64_t id = it->first;
   const bool detached = it->second.detached;
   handles_.erase(it);
-  if (detached) return Status::Ok();  // the broker does not know it
-  Status st = conn_.Notify(ipc::FreeRequest{id});
-  // No broker now: the next one, if it takes this handle back, hears of it.
-  if (st.code() == ErrorCode::kNotConnected && options_.reattach) {
-    lost_frees_.push_back(id);
-    return Status::Ok();
-  }
-  return st;
+  if (!detached) frees->push_back(id);  // (a detached handle the broker does not know)
 }
 
-void ClientCore::DropMappingRef(uint64_t handle) {
+void ClientCore::DropMappingRef(uint64_t handle, Frees* frees) {
   auto it = handles_.find(handle);
   if (it == handles_.end()) return;
-  if (--it->second.mappings == 0 && it->second.user_released) (void)ForgetHandle(it);
+  if (--it->second.mappings == 0 && it->second.user_released) ForgetHandle(it, frees);
+}
+
+Status ClientCore::SendFrees(const Frees& frees) {
+  Status first = Status::Ok();
+  for (uint64_t id : frees) {
+    Status st = conn_.Notify(ipc::FreeRequest{id});
+    if (st.code() == ErrorCode::kNotConnected && options_.reattach) {
+      // No broker now: the next one, if it takes this handle back, hears of it.
+      std::lock_guard<std::mutex> lk(mu_);
+      lost_frees_.push_back(id);
+      continue;
+    }
+    if (first.ok()) first = st;
+  }
+  return first;
 }
 
 Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected, uint32_t flags) {
@@ -155,7 +166,13 @@ Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected,
 }
 
 Status ClientCore::Release(void* base_ptr, bool force) {
-  uintptr_t base = reinterpret_cast<uintptr_t>(base_ptr);
+  Frees frees;
+  MB_RETURN_IF_ERROR(ReleaseReservation(reinterpret_cast<uintptr_t>(base_ptr), force, &frees));
+  return SendFrees(frees);
+}
+
+Status ClientCore::ReleaseReservation(uintptr_t base, bool force, Frees* frees) {
+  void* base_ptr = reinterpret_cast<void*>(base);
   std::lock_guard<std::mutex> lk(mu_);
   auto it = reservations_.find(base);
   if (it == reservations_.end())
@@ -171,7 +188,7 @@ Status ClientCore::Release(void* base_ptr, bool force) {
     return ::munmap(base_ptr, it->second.size);
   }));
   reservations_.erase(it);
-  for (uint64_t h : handles) DropMappingRef(h);
+  for (uint64_t h : handles) DropMappingRef(h, frees);
   return Status::Ok();
 }
 
@@ -228,17 +245,20 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
 
 Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
   uintptr_t va = reinterpret_cast<uintptr_t>(va_ptr);
-  std::lock_guard<std::mutex> lk(mu_);
-  ReservationState* r = FindReservation(va, 1);
-  auto m = r ? r->mappings.find(va) : decltype(r->mappings.end()){};
-  if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
-    return Status(ErrorCode::kNotMapped, "nothing is mapped at " + ipc::Hex(va));
-  MB_RETURN_IF_ERROR(CheckNotEngineRange(va, m->second.size, "unmapped"));
-  MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
-  uint64_t handle = m->second.handle;
-  r->mappings.erase(m);
-  DropMappingRef(handle);
-  return Status::Ok();
+  Frees frees;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ReservationState* r = FindReservation(va, 1);
+    auto m = r ? r->mappings.find(va) : decltype(r->mappings.end()){};
+    if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
+      return Status(ErrorCode::kNotMapped, "nothing is mapped at " + ipc::Hex(va));
+    MB_RETURN_IF_ERROR(CheckNotEngineRange(va, m->second.size, "unmapped"));
+    MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
+    uint64_t handle = m->second.handle;
+    r->mappings.erase(m);
+    DropMappingRef(handle, &frees);
+  }
+  return SendFrees(frees);
 }
 
 Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {

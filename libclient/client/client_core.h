@@ -1,8 +1,8 @@
 // ClientCore: the state behind a Client and every handle, reservation and
 // mapping made through it - the broker connection, the fds of held
 // allocations, and this process's reservations and mappings. One mutex guards
-// the local state; map, unmap and set-access are system calls here, never
-// round trips.
+// the local state, and nothing is sent to the broker while it is held; map,
+// unmap and set-access are system calls here, never round trips.
 #pragma once
 
 #include <cstdint>
@@ -161,11 +161,18 @@ class ClientCore {
   // Sends a Free for handles freed while no broker was there.
   void SendLostFrees(const std::set<uint64_t>& taken);
 
-  // Both called with mu_ held.
-  // Erases a freed handle and tells the broker (or the next one).
-  Status ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it);
+  // Handles whose Free is sent once mu_ is released: no broker I/O happens
+  // under the lock, so a broker that reads slowly never holds up this
+  // process's local calls (Map, Unmap, SetAccess are system calls only).
+  using Frees = std::vector<uint64_t>;
+  Status SendFrees(const Frees& frees);
+  // Release without the Frees: takes mu_ itself and adds them to *frees.
+  Status ReleaseReservation(uintptr_t base, bool force, Frees* frees);
+  // Called with mu_ held.
+  // Erases a freed handle; its Free joins *frees (unless the broker never knew it).
+  void ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it, Frees* frees);
   ReservationState* FindReservation(uintptr_t va, size_t size);
-  void DropMappingRef(uint64_t handle);
+  void DropMappingRef(uint64_t handle, Frees* frees);
   Status CheckNotEngineRange(uintptr_t va, size_t size, const char* what) const;
 
   const ConnectOptions options_;
