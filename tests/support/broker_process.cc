@@ -208,16 +208,22 @@ size_t BrokerProcess::FdCount() const {
   return n;
 }
 
-RunResult RunBrokerExpectingExit(const std::vector<std::string>& args) {
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) std::abort();
-  pid_t pid = SpawnBroker(args, -1, out[1]);
+namespace {
+// A child started with its output on out[1]: everything it writes, then its exit code.
+RunResult Collect(pid_t pid, int out[2]) {
   ::close(out[1]);
   RunResult r;
   r.output = ReadAllFromFd(out[0]);
   ::close(out[0]);
   r.exit_code = WaitChild(pid);
   return r;
+}
+}  // namespace
+
+RunResult RunBrokerExpectingExit(const std::vector<std::string>& args) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) std::abort();
+  return Collect(SpawnBroker(args, -1, out[1]), out);
 }
 
 RunResult RunProgram(const std::vector<std::string>& args) {
@@ -235,12 +241,7 @@ RunResult RunProgram(const std::vector<std::string>& args) {
     ::execv(argv[0], argv.data());
     _exit(127);
   }
-  ::close(out[1]);
-  RunResult r;
-  r.output = ReadAllFromFd(out[0]);
-  ::close(out[0]);
-  r.exit_code = WaitChild(pid);
-  return r;
+  return Collect(pid, out);
 }
 
 pid_t ForkChild(const std::function<int()>& fn) {

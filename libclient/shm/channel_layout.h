@@ -1,0 +1,128 @@
+// A channel's shared layout (membroker/channel.h; shm/channel.cc uses it), as
+// the engine's control block has ipc/engine_control.h. The control block,
+// shared writable by the publisher and every subscriber:
+//
+//   Header       geometry (checked once at Join and kept locally), the
+//                publisher's pid, the active-subscriber mask, futex words
+//                (one that every sleeping subscriber of a broadcast channel
+//                waits on, so one system call wakes them all)
+//   ChunkMeta[N] per chunk: `waiting`, one bit per subscriber slot the chunk
+//                is queued to or held by, plus kLoaned while the publisher
+//                has it; size and sequence of its last publication
+//   Slot[63]     per subscriber: state, pid, and a queue of chunk indices
+//                (head: taken, by CAS - the subscriber taking, or the
+//                publisher dropping the oldest; tail: pushed by the publisher)
+//
+// A chunk is free when `waiting` is 0. Each release clears one bit, so
+// whoever cleans up after a dead subscriber clears that subscriber's bit on
+// every chunk and gets back exactly what it held, wherever it died.
+//
+// Nothing read from it is trusted before it is checked: the geometry is
+// checked once at Join and kept locally; positions come from Layout, computed
+// from the geometry alone.
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "membroker/channel.h"
+
+namespace membroker::detail::channel {
+
+inline constexpr uint64_t kMagic = 0x4d424348414e4e32ull;  // "MBCHANN2": layout 2 (the shared sleepers' word)
+inline constexpr uint64_t kLoaned = uint64_t{1} << 63;
+inline constexpr size_t kLine = 64;
+inline constexpr uint32_t kMaxChunks = 65536;
+inline constexpr uint32_t kMaxQueueDepth = 4096;
+enum SlotState : uint32_t { kFree = 0, kJoining = 1, kActive = 2, kLeaving = 3 };
+
+inline size_t AlignUp(size_t v) { return (v + kLine - 1) / kLine * kLine; }
+
+struct Header {
+  std::atomic<uint64_t> magic;  // stored last by the publisher
+  uint32_t chunks;
+  uint32_t queue_depth;
+  uint64_t chunk_bytes;
+  uint32_t mode;
+  uint32_t when_full;
+  int32_t publisher_pid;
+  alignas(kLine) std::atomic<uint64_t> active;  // bit s: slot s receives
+  std::atomic<uint32_t> closed;                 // the publisher has gone
+  std::atomic<uint32_t> free_signal;            // futex: bumped when a chunk frees while the publisher waits
+  std::atomic<uint32_t> publisher_waiting;
+  std::atomic<uint64_t> publishing;             // odd while a Publish is under way
+  // futex: a broadcast channel's sleeping subscribers all wait here (those
+  // that poll watch their own slot's data_signal).
+  alignas(kLine) std::atomic<uint32_t> sleepers_signal;
+};
+
+struct ChunkMeta {
+  std::atomic<uint64_t> waiting;
+  uint64_t size;
+  uint64_t sequence;
+  uint64_t pad;
+};
+
+struct SlotHeader {
+  std::atomic<uint32_t> state;
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> generation;
+  alignas(kLine) std::atomic<uint64_t> head;
+  std::atomic<uint32_t> space_signal;  // futex: bumped on a take while the publisher waits for room
+  std::atomic<uint32_t> publisher_waiting;
+  alignas(kLine) std::atomic<uint64_t> tail;
+  std::atomic<uint32_t> data_signal;  // futex: bumped on a push while the subscriber waits
+  std::atomic<uint32_t> subscriber_waiting;
+  alignas(kLine) std::atomic<uint32_t> entries[1];  // queue_depth of them
+};
+
+// Where everything is, computed from the geometry alone (never read from
+// the shared block).
+struct Layout {
+  uint32_t chunks = 0, queue_depth = 0;
+  size_t chunk_bytes = 0;
+  size_t metas = 0, slots = 0, slot_stride = 0, control_bytes = 0, data_bytes = 0;
+
+  static Layout For(uint32_t chunks, size_t chunk_bytes, uint32_t queue_depth) {
+    Layout l;
+    l.chunks = chunks;
+    l.queue_depth = queue_depth;
+    l.chunk_bytes = AlignUp(chunk_bytes);
+    l.metas = AlignUp(sizeof(Header));
+    l.slots = AlignUp(l.metas + sizeof(ChunkMeta) * chunks);
+    l.slot_stride = AlignUp(offsetof(SlotHeader, entries) + sizeof(uint32_t) * queue_depth);
+    l.control_bytes = l.slots + l.slot_stride * kMaxChannelSubscribers;
+    l.data_bytes = l.chunk_bytes * chunks;
+    return l;
+  }
+};
+
+inline bool Valid(uint32_t chunks, size_t chunk_bytes, uint32_t queue_depth) {
+  return chunks >= 1 && chunks <= kMaxChunks && chunk_bytes >= 1 && chunk_bytes <= (size_t{1} << 40) &&
+         queue_depth >= 1 && queue_depth <= kMaxQueueDepth && std::has_single_bit(queue_depth);
+}
+
+// The shared block as this process sees it.
+struct View {
+  Layout layout;
+  bool broadcast = true;  // the channel's mode, read once (a sleeper's word depends on it)
+  char* control = nullptr;
+  char* data = nullptr;
+  Header* header() const { return reinterpret_cast<Header*>(control); }
+  ChunkMeta& meta(uint32_t i) const { return reinterpret_cast<ChunkMeta*>(control + layout.metas)[i]; }
+  SlotHeader& slot(uint32_t s) const {
+    return *reinterpret_cast<SlotHeader*>(control + layout.slots + layout.slot_stride * s);
+  }
+  std::atomic<uint32_t>& entry(SlotHeader& q, uint64_t position) const {
+    return q.entries[position & (layout.queue_depth - 1)];
+  }
+  char* chunk(uint32_t i) const { return data + layout.chunk_bytes * i; }
+  // The word slot q's subscriber waits on for data.
+  std::atomic<uint32_t>* data_word(SlotHeader& q, WakeMode wake) const {
+    return wake == WakeMode::kFutex && broadcast ? &header()->sleepers_signal : &q.data_signal;
+  }
+};
+
+}  // namespace membroker::detail::channel
