@@ -76,10 +76,10 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "state-file") {
     o->state_file = value;
   } else if (key == "reattach-grace-ms") {
-    if (!ParseSize(value, &n) || n > 3600000) return Bad(key, value, "milliseconds, at most an hour");
+    if (!ParseCount(value, &n) || n > 3600000) return Bad(key, value, "milliseconds, at most an hour");
     o->reattach_grace_ms = static_cast<uint32_t>(n);
   } else if (key == "ready-fd") {
-    if (!ParseSize(value, &n) || n > 1 << 20) return Bad(key, value, "an fd number");
+    if (!ParseCount(value, &n) || n > 1 << 20) return Bad(key, value, "an fd number");
     o->ready_fd = static_cast<int>(n);
   } else if (key == "max-bytes") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 8G");
@@ -88,10 +88,10 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 1G");
     o->max_pinned_bytes = n;
   } else if (key == "max-clients") {
-    if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a positive count");
+    if (!ParseCount(value, &n) || n == 0) return Bad(key, value, "a positive count");
     o->max_clients = n;
   } else if (key == "handshake-timeout-ms") {
-    if (!ParseSize(value, &n) || n == 0 || n > 600000) return Bad(key, value, "milliseconds, 1 to 600000");
+    if (!ParseCount(value, &n) || n == 0 || n > 600000) return Bad(key, value, "milliseconds, 1 to 600000");
     o->handshake_timeout_ms = static_cast<uint32_t>(n);
   } else if (key == "max-outbound-bytes") {
     if (!ParseSize(value, &n) || n < 65536) return Bad(key, value, "a size of at least 64K");
@@ -100,7 +100,7 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     if (!ParseSize(value, &n) || n < 65536) return Bad(key, value, "a size of at least 64K");
     o->max_outbound_total_bytes = n;
   } else if (key == "background-delay-ms") {
-    if (!ParseSize(value, &n) || n > 60000) return Bad(key, value, "milliseconds, 0 to 60000");
+    if (!ParseCount(value, &n) || n > 60000) return Bad(key, value, "milliseconds, 0 to 60000");
     o->background_delay_ms = static_cast<uint32_t>(n);
   } else if (key == "quota-client") {
     return o->quota_client.Parse(value);
@@ -113,7 +113,7 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     if (who == "default") {
       o->quota_uid_default = limits;
     } else {
-      if (!ParseSize(who, &n)) return Bad(key, value, "UID:SPEC or default:SPEC");
+      if (!ParseCount(who, &n) || n >= UINT32_MAX) return Bad(key, value, "UID:SPEC or default:SPEC");
       o->quota_uid.emplace_back(static_cast<uid_t>(n), limits);
     }
   } else if (key == "pool") {
@@ -122,7 +122,7 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     uint64_t count = 0;
     if (a == std::string::npos || a == b || !ParseSize(value.substr(0, a), &p.size) ||
         !ParsePolicy(value.substr(a + 1, b - a - 1), &p.policy) ||
-        !ParseSize(value.substr(b + 1), &count) || p.size == 0 || count == 0 || count > 65536)
+        !ParseCount(value.substr(b + 1), &count) || p.size == 0 || count == 0 || count > 65536)
       return Bad(key, value, "SIZE:POLICY:COUNT, e.g. 2M:normal:16");
     if (p.policy == ipc::PagePolicy::kHugeFirst) return Bad(key, value, "pools take normal, huge or huge1g");
     p.size = ipc::RoundUp(p.size, ipc::GranularityFor(p.policy).minimum);
@@ -140,10 +140,10 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "socket-group") {
     o->socket_group = value;
   } else if (key == "allow-uid") {
-    if (!ParseSize(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric uid");
+    if (!ParseCount(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric uid");
     o->allow_uids.push_back(static_cast<uid_t>(n));
   } else if (key == "allow-gid") {
-    if (!ParseSize(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric gid");
+    if (!ParseCount(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric gid");
     o->allow_gids.push_back(static_cast<gid_t>(n));
   } else if (key == "log-level") {
     static const char* kLevels[] = {"error", "warn", "info", "debug"};

@@ -10,4 +10,9 @@ namespace membroker::broker {
 // of 1024). False on anything else or on overflow.
 bool ParseSize(const std::string& text, uint64_t* out);
 
+// Parses a plain decimal number: milliseconds, counts, fd numbers, uids and
+// gids, where "1K" would be a mistake rather than 1024. False on anything
+// else or on overflow.
+bool ParseCount(const std::string& text, uint64_t* out);
+
 }  // namespace membroker::broker

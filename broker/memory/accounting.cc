@@ -11,7 +11,7 @@ namespace {
 uint64_t SatSub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 // "in use + request > limit" without overflow.
-bool Passes(uint64_t used, uint64_t add, uint64_t limit) {
+bool Exceeds(uint64_t used, uint64_t add, uint64_t limit) {
   return add > limit || used > limit - add;
 }
 
@@ -23,13 +23,13 @@ Status Over(ErrorCode code, const std::string& who, const char* what, uint64_t l
 
 Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, const QuotaLimits& l,
                    const Usage& d) {
-  if (d.bytes && Passes(used.bytes, d.bytes, l.bytes))
+  if (d.bytes && Exceeds(used.bytes, d.bytes, l.bytes))
     return Over(code, who, "bytes", l.bytes, used.bytes, d.bytes);
-  if (d.pinned_bytes && Passes(used.pinned_bytes, d.pinned_bytes, l.pinned_bytes))
+  if (d.pinned_bytes && Exceeds(used.pinned_bytes, d.pinned_bytes, l.pinned_bytes))
     return Over(code, who, "pinned bytes", l.pinned_bytes, used.pinned_bytes, d.pinned_bytes);
-  if (d.allocations && Passes(used.allocations, d.allocations, l.allocations))
+  if (d.allocations && Exceeds(used.allocations, d.allocations, l.allocations))
     return Over(code, who, "allocations", l.allocations, used.allocations, d.allocations);
-  if (d.imports && Passes(used.imports, d.imports, l.imports))
+  if (d.imports && Exceeds(used.imports, d.imports, l.imports))
     return Over(code, who, "imports", l.imports, used.imports, d.imports);
   return Status::Ok();
 }
@@ -85,10 +85,10 @@ const QuotaLimits& Accounting::LimitsFor(uid_t uid) const {
 }
 
 Status Accounting::Check(const Usage& client, uid_t uid, const Usage& d) const {
-  if (d.bytes && Passes(total_.bytes, d.bytes, max_bytes))
+  if (d.bytes && Exceeds(total_.bytes, d.bytes, max_bytes))
     return Over(ErrorCode::kResourceExhausted, "broker", "byte budget (--max-bytes)", max_bytes,
                 total_.bytes, d.bytes);
-  if (d.pinned_bytes && Passes(total_.pinned_bytes, d.pinned_bytes, max_pinned_bytes))
+  if (d.pinned_bytes && Exceeds(total_.pinned_bytes, d.pinned_bytes, max_pinned_bytes))
     return Over(ErrorCode::kResourceExhausted, "broker", "pinned budget (--max-pinned-bytes)",
                 max_pinned_bytes, total_.pinned_bytes, d.pinned_bytes);
   MB_RETURN_IF_ERROR(CheckLimits(ErrorCode::kQuotaExceeded, "client", client, client_limits, d));

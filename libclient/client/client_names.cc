@@ -1,4 +1,4 @@
-// Client calls for named objects and their events (docs/NAMES.md).
+// Client calls for named objects and their events (docs/PIPELINE.md, "Named objects").
 #include "client/client_core.h"
 #include "membroker/client.h"
 #include "membroker/ipc/escape.h"

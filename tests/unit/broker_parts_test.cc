@@ -26,6 +26,17 @@ TEST(SizeText, SuffixesHexAndRejects) {
     EXPECT_FALSE(ParseSize(bad, &v)) << bad;
 }
 
+TEST(SizeText, CountsAreDecimalOnly) {
+  uint64_t v = 0;
+  EXPECT_TRUE(ParseCount("1024", &v));
+  EXPECT_EQ(v, 1024u);
+  EXPECT_TRUE(ParseCount("18446744073709551615", &v));
+  EXPECT_EQ(v, UINT64_MAX);
+  // A uid of "1K" or a timeout of "0x10" is a mistake, not 1024 or 16.
+  for (const char* bad : {"", "1K", "0x10", "-1", " 1", "1 ", "18446744073709551616", "123456789012345678901"})
+    EXPECT_FALSE(ParseCount(bad, &v)) << bad;
+}
+
 TEST(QuotaSpec, ParsesAndRejects) {
   QuotaLimits q;
   ASSERT_TRUE(q.Parse("bytes=1G,pinned=64M,allocations=100,imports=unlimited").ok());

@@ -69,8 +69,9 @@ class [[nodiscard]] MEMBROKER_API Status {
   std::string message_;
 };
 
-// Either a value or a non-OK Status. Accessing value() of an error is a bug
-// (checked with an assert in debug builds).
+// Either a value or a non-OK Status. Accessing value() of an error is a bug:
+// std::get throws std::bad_variant_access (check ok() first; the library
+// itself never does it).
 template <typename T>
 class [[nodiscard]] Result {
  public:

@@ -3,8 +3,10 @@
 // it with other processes by token. Names follow the CANN runtime's virtual
 // memory API (aclrtMallocPhysical, aclrtReserveMemAddress, aclrtMapMem, ...).
 //
-// No function throws; fallible calls return Status or Result<T>. All types are
-// thread-safe to use from several threads (one Client may be shared).
+// No function throws; fallible calls return Status or Result<T>. One Client
+// may be shared by threads (its calls are thread-safe); a PhysicalHandle,
+// Reservation or Mapping object is one thread's at a time (it may move between
+// threads), like any value.
 //
 // Lifetime rules:
 //  1. A PhysicalHandle holds one broker reference to an allocation. Destroying
@@ -301,7 +303,7 @@ class MEMBROKER_API Client {
   // Unlocks and forgets a registration made at exactly ptr (no wait).
   Status HostUnregister(void* ptr);
 
-  // Named objects (docs/NAMES.md). Publish: one round trip; the name refers to
+  // Named objects (docs/PIPELINE.md, "Named objects"). Publish: one round trip; the name refers to
   // the handle's allocation (the publication holds its own reference). Names
   // are unique per broker (ALREADY_EXISTS). Without kPublishPersist the name
   // goes when this process exits.

@@ -1,7 +1,9 @@
 // membroker's transfer engine, in the shape of HIXL (Initialize, RegisterMem,
 // Connect, TransferSync READ/WRITE, TransferAsync, SendNotify): move bytes
-// between registered memory of processes on one host. The broker is only where
-// engines find each other; payload never passes through it:
+// between registered memory of processes on one host, and of engines on other
+// hosts by "ip:port" (over UCX, loaded only then: docs/TRANSFER.md). On one
+// host the broker is only where engines find each other; payload never passes
+// through it:
 //  - a peer's broker-backed memory is imported and mapped here once (cached
 //    until the peer deregisters it or goes away) and copied with memcpy,
 //    split over several threads for large batches;
