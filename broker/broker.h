@@ -90,7 +90,7 @@ class Broker {
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
   void ReserveIds();  // after ids were handed out: the next block in the state file
   struct PendingMalloc;  // memory_requests.cc
-  void FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem, int pool);
+  void FinishMalloc(const PendingMalloc& p, Result<PhysicalMemory> mem, int pool);
   // One more reference to a for s in `where`, and the ImportReply carrying fd.
   Status Grant(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Holding where,
                const std::string& metadata = "");

@@ -6,7 +6,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/escape.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/ipc/ranges.h"
 
 namespace membroker::broker {

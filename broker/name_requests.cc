@@ -4,7 +4,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/escape.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 
 namespace membroker::broker {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "membroker/ipc/memfd.h"
-#include "membroker/ipc/page_policy_names.h"
+#include "memory/memfd.h"
+#include "membroker/ipc/page_policy.h"
 #include "size_text.h"
 
 namespace membroker::broker {

@@ -13,7 +13,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/admin_commands.h"
-#include "membroker/ipc/page_policy_names.h"
+#include "membroker/ipc/page_policy.h"
 
 namespace membroker::broker {
 
@@ -73,8 +73,8 @@ Record Broker::StatsRecord() const {
       .Num("allocations_2m", by_page[1])
       .Num("allocations_1g", by_page[2])
       .Num("huge_fallbacks", t.huge_fallbacks)
-      .Num("free_hugepages_2m", ipc::FreeHugePages(ipc::kHuge2MPageSize))
-      .Num("free_hugepages_1g", ipc::FreeHugePages(ipc::kHuge1GPageSize))
+      .Num("free_hugepages_2m", FreeHugePages(ipc::kHuge2MPageSize))
+      .Num("free_hugepages_1g", FreeHugePages(ipc::kHuge1GPageSize))
       .Num("bytes_allocated", t.bytes_live)
       .Num("bytes_pending", counters_.bytes_pending)
       .Num("bytes_returning", workers_.bytes_returning())

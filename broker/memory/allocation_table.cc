@@ -3,15 +3,16 @@
 #include <algorithm>
 
 #include "membroker/ipc/pidfd.h"
+#include "memory/token.h"
 
 namespace membroker::broker {
 
-Allocation& AllocationTable::Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+Allocation& AllocationTable::Insert(PhysicalMemory mem, ipc::PagePolicy policy,
                                     uint64_t creator, uid_t creator_uid) {
   return Place(next_id_++, std::move(mem), policy, creator, creator_uid);
 }
 
-Allocation& AllocationTable::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+Allocation& AllocationTable::Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy,
                                    uint64_t creator, uid_t creator_uid, std::pair<uint64_t, uint64_t> inode) {
   Allocation& a = Place(id, std::move(mem), policy, creator, creator_uid);
   a.adopted = true;
@@ -25,7 +26,7 @@ Allocation* AllocationTable::FindByInode(uint64_t dev, uint64_t ino) {
   return it == by_inode_.end() ? nullptr : Find(it->second);
 }
 
-Allocation& AllocationTable::Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy,
+Allocation& AllocationTable::Place(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy,
                                    uint64_t creator, uid_t creator_uid) {
   Allocation& a = allocations_[id];
   a.id = id;
@@ -105,7 +106,7 @@ Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_
   if (flags & ipc::kExportReadOnly) {
     MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
   }
-  MB_ASSIGN_OR_RETURN(std::string token, ipc::RandomToken());
+  MB_ASSIGN_OR_RETURN(std::string token, RandomToken());
   a->tokens.push_back(token);
   exports_.emplace(token, std::move(e));
   ++counters_.exports_created;

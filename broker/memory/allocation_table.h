@@ -21,7 +21,7 @@
 
 #include "memory/accounting.h"
 #include "memory/backend.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
 
@@ -29,7 +29,7 @@ namespace membroker::broker {
 
 struct Allocation {
   uint64_t id = 0;
-  ipc::PhysicalMemory memory;  // from the backend; its fd is what holders get
+  PhysicalMemory memory;  // from the backend; its fd is what holders get
   uint64_t size = 0;
   uint64_t page_size = 0;
   ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
@@ -90,12 +90,12 @@ class AllocationTable {
   // backend makes the read-only fds of read-only exports.
   explicit AllocationTable(PhysicalBackend& backend = MemfdBackend()) : backend_(backend) {}
   // Takes ownership of mem; the creator becomes the only holder.
-  Allocation& Insert(ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+  Allocation& Insert(PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                      uid_t creator_uid);
   // Takes memory a reattaching client presented under the id a previous
   // broker gave it (reattach.cc checks it may): like Insert, with that id.
   // inode: (st_dev, st_ino) of mem's fd, as the caller read it.
-  Allocation& Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+  Allocation& Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                     uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
   // Ids are handed out from first upwards (BrokerIdentity keeps them above a
   // predecessor's); next_id() is the next one.
@@ -141,7 +141,7 @@ class AllocationTable {
 
  private:
   Allocation Erase(std::map<uint64_t, Allocation>::iterator it);
-  Allocation& Place(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
+  Allocation& Place(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                     uid_t creator_uid);
 
   PhysicalBackend& backend_;

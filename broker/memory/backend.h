@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
@@ -43,10 +43,10 @@ class PhysicalBackend {
   // The most bytes Create may use for this request: charged before creating.
   // 0 when the size overflows.
   virtual uint64_t MaxBytes(uint64_t size, ipc::PagePolicy policy) const = 0;
-  virtual Result<ipc::PhysicalMemory> Create(const MemorySpec& spec) = 0;
+  virtual Result<PhysicalMemory> Create(const MemorySpec& spec) = 0;
   // An fd to the same memory that cannot be mapped writable.
-  virtual Result<ipc::UniqueFd> ReadOnlyFd(const ipc::PhysicalMemory& mem) const = 0;
-  virtual void Release(ipc::PhysicalMemory mem) = 0;
+  virtual Result<ipc::UniqueFd> ReadOnlyFd(const PhysicalMemory& mem) const = 0;
+  virtual void Release(PhysicalMemory mem) = 0;
 };
 
 // Host memory: sealed memfds in 4 KiB, 2 MiB or 1 GiB pages (ipc/memfd.h).

@@ -24,7 +24,7 @@ void Holdings::Uncharge(Session* s, uid_t uid, const Usage& delta) {
   accounting_.ReleaseUid(uid, delta);
 }
 
-Allocation& Holdings::Insert(Session& s, ipc::PhysicalMemory mem, ipc::PagePolicy policy, bool pinned,
+Allocation& Holdings::Insert(Session& s, PhysicalMemory mem, ipc::PagePolicy policy, bool pinned,
                              const Usage& charged, uint64_t fixed_address, int pool) {
   // Settle the charge to what was actually created (HUGE_FIRST may fall back).
   const Usage actual{.bytes = mem.size, .pinned_bytes = pinned ? mem.size : 0, .allocations = 1};
@@ -46,7 +46,7 @@ uint64_t Holdings::ReserveAddress(uint64_t size, uint64_t page_size) {
   return window_.Allocate(size, std::max(page_size, ipc::kHuge2MPageSize));
 }
 
-Result<Allocation*> Holdings::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid,
+Result<Allocation*> Holdings::Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid,
                                     bool pinned, uint64_t fixed_address, std::pair<uint64_t, uint64_t> inode,
                                     const std::string& stored_as) {
   if (fixed_address != 0 && !window_.Claim(fixed_address, mem.size))
@@ -54,7 +54,7 @@ Result<Allocation*> Holdings::Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::P
                                                 " is taken here or outside --va-window");
   if (pinned) {
     // Its pages were locked by the broker that died; this one locks them again.
-    if (Status pin = ipc::Pin(&mem); !pin.ok())
+    if (Status pin = Pin(&mem); !pin.ok())
       MB_WARN("reattach_unpinned", "id=%llu reason=\"%s\"", static_cast<unsigned long long>(id),
               LogText(pin.message()).c_str());
   }

@@ -60,7 +60,7 @@ class Holdings {
 
   // New memory of s: its charge settles from `charged` (made up front) to
   // what was created; s holds it.
-  Allocation& Insert(Session& s, ipc::PhysicalMemory mem, ipc::PagePolicy policy, bool pinned,
+  Allocation& Insert(Session& s, PhysicalMemory mem, ipc::PagePolicy policy, bool pinned,
                      const Usage& charged, uint64_t fixed_address, int pool);
   // A same-address range (0 when the window is full), freed with its allocation.
   uint64_t ReserveAddress(uint64_t size, uint64_t page_size);
@@ -69,7 +69,7 @@ class Holdings {
   // at its old same-address range (ADDRESS_IN_USE if that is taken: nothing
   // changes), charged to uid, held by nobody yet. stored_as: its name in
   // systemd's fd store, where it is stored already.
-  Result<Allocation*> Adopt(uint64_t id, ipc::PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid, bool pinned,
+  Result<Allocation*> Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy, uid_t uid, bool pinned,
                             uint64_t fixed_address, std::pair<uint64_t, uint64_t> inode,
                             const std::string& stored_as = "");
   // s holds adopted memory again; creator_back: s made it, and pays for it

@@ -14,18 +14,18 @@ class Memfd final : public PhysicalBackend {
   uint64_t MaxBytes(uint64_t size, ipc::PagePolicy policy) const override {
     return ipc::RoundUp(size, ipc::PreferredPageSize(policy, size));
   }
-  Result<ipc::PhysicalMemory> Create(const MemorySpec& spec) override {
-    MB_ASSIGN_OR_RETURN(ipc::PhysicalMemory mem,
-                        ipc::CreatePhysicalMemory(spec.name, spec.size, spec.policy));
-    if (spec.pinned) MB_RETURN_IF_ERROR(ipc::Pin(&mem));
+  Result<PhysicalMemory> Create(const MemorySpec& spec) override {
+    MB_ASSIGN_OR_RETURN(PhysicalMemory mem,
+                        CreatePhysicalMemory(spec.name, spec.size, spec.policy));
+    if (spec.pinned) MB_RETURN_IF_ERROR(Pin(&mem));
     return mem;
   }
-  Result<ipc::UniqueFd> ReadOnlyFd(const ipc::PhysicalMemory& mem) const override {
-    return ipc::ReopenReadOnly(mem.fd.get());
+  Result<ipc::UniqueFd> ReadOnlyFd(const PhysicalMemory& mem) const override {
+    return ReopenReadOnly(mem.fd.get());
   }
-  void Release(ipc::PhysicalMemory mem) override {
+  void Release(PhysicalMemory mem) override {
     // Unlocking and closing the last fd gives the pages back to the kernel.
-    mem.lock = ipc::LockedMapping();
+    mem.lock = LockedMapping();
     mem.fd.reset();
   }
 };

@@ -12,7 +12,7 @@
 #include "log.h"
 #include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/escape.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/ranges.h"
 
@@ -90,14 +90,14 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
     return Status(ErrorCode::kResourceExhausted, "too many allocations in flight for this client");
   }
   ++s.inflight;
-  workers_.Create(std::move(spec), [this, p](Result<ipc::PhysicalMemory> mem) {
+  workers_.Create(std::move(spec), [this, p](Result<PhysicalMemory> mem) {
     if (Session* s = sessions_.Find(p.session_id)) --s->inflight;
     FinishMalloc(p, std::move(mem), -1);
   });
   return Deferred{};  // FinishMalloc answers when the worker is done
 }
 
-void Broker::FinishMalloc(const PendingMalloc& p, Result<ipc::PhysicalMemory> mem, int pool) {
+void Broker::FinishMalloc(const PendingMalloc& p, Result<PhysicalMemory> mem, int pool) {
   if (pool < 0) counters_.bytes_pending -= p.charged.bytes;
   Session* s = sessions_.Find(p.session_id);
   uint64_t fixed = 0;

@@ -19,7 +19,7 @@ struct Pools::RefillWork {
   size_t pool = 0;
   uint32_t count = 0;
   MemorySpec spec;
-  std::vector<ipc::PhysicalMemory> created;
+  std::vector<PhysicalMemory> created;
   uint32_t failures = 0;
 };
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "memory/backend.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/ipc/protocol.h"
 #include "options.h"
 
@@ -27,7 +27,7 @@ namespace membroker::broker {
 
 struct Pool {
   PoolSpec spec;
-  std::deque<ipc::PhysicalMemory> ready;
+  std::deque<PhysicalMemory> ready;
   uint32_t refilling = 0;  // creations in flight on worker threads
   uint64_t hits = 0;
   uint64_t misses = 0;     // matching requests that found the pool empty
@@ -55,7 +55,7 @@ class Pools {
 
   struct Taken {
     int pool = -1;
-    ipc::PhysicalMemory memory;
+    PhysicalMemory memory;
   };
   // Ready memory of the pool this request matches; nullopt when none matches
   // or the match is empty (a miss).

@@ -27,7 +27,7 @@ struct Workers::MallocWork {
   Workers* workers = nullptr;
   MemorySpec spec;
   Created done;
-  std::optional<Result<ipc::PhysicalMemory>> result;
+  std::optional<Result<PhysicalMemory>> result;
 };
 
 // Freed allocations whose memory a worker gives back: closing the last fd of
@@ -70,7 +70,7 @@ void Workers::Create(MemorySpec spec, Created done) {
   }
 }
 
-void Workers::ReturnLater(ipc::PhysicalMemory&& m) {
+void Workers::ReturnLater(PhysicalMemory&& m) {
   deferred_.Add(std::move(m));
   Defer();
 }

@@ -15,7 +15,7 @@
 
 #include "memory/backend.h"
 #include "memory/pools.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
@@ -28,8 +28,8 @@ void LowerWorkerPriority();
 // Freed allocations' memory, to be given back to the backend together on a worker.
 struct ReturnBatch {
   uint64_t bytes = 0;
-  std::vector<ipc::PhysicalMemory> memories;
-  void Add(ipc::PhysicalMemory&& m) {
+  std::vector<PhysicalMemory> memories;
+  void Add(PhysicalMemory&& m) {
     bytes += m.size;
     memories.push_back(std::move(m));
   }
@@ -44,13 +44,13 @@ class Workers {
   Workers& operator=(const Workers&) = delete;
   Status Init();
 
-  using Created = std::function<void(Result<ipc::PhysicalMemory>)>;
+  using Created = std::function<void(Result<PhysicalMemory>)>;
   // Creates spec's memory on a worker; done() runs on the loop.
   void Create(MemorySpec spec, Created done);
   // Closes the batch's memory on a worker now, counted in bytes_returning meanwhile.
   void Return(ReturnBatch batch);
   // Returns this memory with the next background run.
-  void ReturnLater(ipc::PhysicalMemory&& m);
+  void ReturnLater(PhysicalMemory&& m);
   // Schedules the background run - pool refills and deferred returns - once
   // takes and frees pause (at most ten pauses later).
   void Defer();

@@ -23,7 +23,7 @@
 
 #include "broker.h"
 #include "log.h"
-#include "membroker/ipc/memfd.h"
+#include "memory/memfd.h"
 
 namespace membroker::broker {
 
@@ -123,7 +123,7 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
       size == 0 || size % page != 0)
     return Refused(ErrorCode::kPermissionDenied, "the memory of handle " + Id(h.handle) +
                                                      " is not sealed and sized as a broker's");
-  ipc::PhysicalMemory mem;
+  PhysicalMemory mem;
   if (writable) {
     mem.fd = std::move(fd);
   } else {

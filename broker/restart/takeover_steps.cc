@@ -175,7 +175,7 @@ Result<Allocation*> Broker::AdoptHandedOver(const ipc::TakeOverAllocation& x, ip
   struct stat st{};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || holdings_.Find(x.id) != nullptr)
     return Status(ErrorCode::kProtocolError, "allocation " + std::to_string(x.id) + " is unusable");
-  ipc::PhysicalMemory mem;
+  PhysicalMemory mem;
   mem.fd = std::move(fd);
   mem.size = static_cast<uint64_t>(st.st_size);
   mem.page_size = x.page_size;

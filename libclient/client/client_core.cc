@@ -6,7 +6,7 @@
 #include <new>
 
 #include "membroker/ipc/escape.h"
-#include "membroker/ipc/memfd.h"
+#include "membroker/ipc/page_policy.h"
 #include "membroker/ipc/ranges.h"
 #include "membroker/ipc/syscall.h"
 

@@ -25,7 +25,7 @@
 #include "membroker/channel.h"
 #include "membroker/tensor_ring.h"
 #include "membroker/transfer_engine.h"
-#include "membroker/ipc/page_policy_names.h"
+#include "membroker/ipc/page_policy.h"
 
 namespace py = pybind11;
 using namespace membroker;

@@ -10,8 +10,8 @@
 namespace membroker::broker {
 namespace {
 
-ipc::PhysicalMemory Mem(uint64_t size = 4096) {
-  auto m = ipc::CreatePhysicalMemory("t", size, ipc::PagePolicy::kNormalOnly);
+PhysicalMemory Mem(uint64_t size = 4096) {
+  auto m = CreatePhysicalMemory("t", size, ipc::PagePolicy::kNormalOnly);
   EXPECT_TRUE(m.ok());
   return std::move(*m);
 }

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "membroker/ipc/page_policy.h"
 #include "membroker/ipc/messages.h"
 #include "membroker/status.h"
 
@@ -53,14 +54,6 @@ inline constexpr uint32_t kExportNoPidCheck = 1u << 0;
 inline constexpr uint32_t kExportReadOnly = 1u << 1;
 inline constexpr uint32_t kExportKnownFlags = kExportNoPidCheck | kExportReadOnly;
 
-enum class PagePolicy : uint8_t { kNormalOnly = 0, kHugeFirst = 1, kHugeOnly = 2, kHuge1GOnly = 3 };
-
-struct Granularity {
-  PagePolicy policy = PagePolicy::kNormalOnly;
-  uint64_t minimum = 0;
-  uint64_t recommended = 0;
-  bool operator==(const Granularity&) const = default;
-};
 
 struct HelloRequest {
   std::string client_name;

@@ -1,36 +1,26 @@
-#include "membroker/ipc/memfd.h"
+// Memfd-backed physical memory (memfd.h).
+#include "memory/memfd.h"
 
 #include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 
 #include <array>
-#include <utility>
 #include <cstdio>
+#include <utility>
 
 #include "membroker/ipc/syscall.h"
 
-namespace membroker::ipc {
+namespace membroker::broker {
 
-Granularity GranularityFor(PagePolicy policy) {
-  switch (policy) {
-    case PagePolicy::kNormalOnly:
-      return {policy, kNormalPageSize, kHuge2MPageSize};
-    case PagePolicy::kHugeFirst:
-      return {policy, kNormalPageSize, kHuge2MPageSize};
-    case PagePolicy::kHugeOnly:
-      return {policy, kHuge2MPageSize, kHuge2MPageSize};
-    case PagePolicy::kHuge1GOnly:
-      return {policy, kHuge1GPageSize, kHuge1GPageSize};
-  }
-  return {policy, kNormalPageSize, kHuge2MPageSize};
-}
-
-uint64_t RoundUp(uint64_t size, uint64_t align) {
-  uint64_t r = (size + align - 1) & ~(align - 1);
-  return r < size ? 0 : r;
-}
+using ipc::kHuge1GPageSize;
+using ipc::kHuge2MPageSize;
+using ipc::kMaxAllocationBytes;
+using ipc::kNormalPageSize;
+using ipc::PagePolicy;
+using ipc::PreferredPageSize;
+using ipc::RoundUp;
+using ipc::UniqueFd;
 
 namespace {
 
@@ -48,18 +38,18 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
   std::string args = "size=" + std::to_string(rounded) + ", page_size=" + std::to_string(page_size);
   const char* call = page_size == kNormalPageSize ? "memfd_create" : "memfd_create(huge)";
   int raw = -1;
-  MB_RETURN_IF_ERROR(CheckedCall(call, args, &raw, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall(call, args, &raw, [&] {
     return ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | HugeFlags(page_size));
   }));
   UniqueFd fd(raw);
-  MB_RETURN_IF_ERROR(CheckedCall<int>("ftruncate", args, nullptr, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("ftruncate", args, nullptr, [&] {
     return ::ftruncate(fd.get(), static_cast<off_t>(rounded));
   }));
   const char* fcall = page_size == kNormalPageSize ? "fallocate" : "fallocate(huge)";
-  MB_RETURN_IF_ERROR(CheckedCall<int>(fcall, args, nullptr, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>(fcall, args, nullptr, [&] {
     return ::fallocate(fd.get(), 0, 0, static_cast<off_t>(rounded));
   }));
-  MB_RETURN_IF_ERROR(CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] {
     return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   }));
   return PhysicalMemory{std::move(fd), rounded, page_size, false, {}};
@@ -82,12 +72,6 @@ Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t si
   return normal;
 }
 
-uint64_t PreferredPageSize(PagePolicy policy, uint64_t size) {
-  if (policy == PagePolicy::kHugeFirst)
-    return size <= kHugeFirstThreshold ? kNormalPageSize : kHuge2MPageSize;
-  return GranularityFor(policy).minimum;
-}
-
 LockedMapping& LockedMapping::operator=(LockedMapping&& o) noexcept {
   if (this != &o) {
     if (addr_) ::munmap(addr_, size_);
@@ -104,12 +88,12 @@ LockedMapping::~LockedMapping() {
 Status Pin(PhysicalMemory* mem) {
   std::string args = "size=" + std::to_string(mem->size);
   void* p = nullptr;
-  MB_RETURN_IF_ERROR(CheckedCall("mmap", args, &p, [&] {
+  MB_RETURN_IF_ERROR(ipc::CheckedCall("mmap", args, &p, [&] {
     return ::mmap(nullptr, mem->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                   mem->fd.get(), 0);
   }));
   LockedMapping lock(p, mem->size);
-  Status st = CheckedCall<int>("mlock", args, nullptr, [&] { return ::mlock(p, mem->size); });
+  Status st = ipc::CheckedCall<int>("mlock", args, nullptr, [&] { return ::mlock(p, mem->size); });
   if (!st.ok()) {
     return Status(st.code() == ErrorCode::kPermissionDenied ? ErrorCode::kResourceExhausted
                                                             : st.code(),
@@ -134,29 +118,9 @@ Result<UniqueFd> ReopenReadOnly(int fd) {
   std::array<char, 64> path{};
   std::snprintf(path.data(), path.size(), "/proc/self/fd/%d", fd);
   int raw = -1;
-  MB_RETURN_IF_ERROR(CheckedCall("open", path.data(), &raw,
+  MB_RETURN_IF_ERROR(ipc::CheckedCall("open", path.data(), &raw,
                                  [&] { return ::open(path.data(), O_RDONLY | O_CLOEXEC); }));
   return UniqueFd(raw);
 }
 
-Result<std::string> RandomToken() {
-  std::array<unsigned char, 16> bytes{};
-  size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t n = 0;
-    MB_RETURN_IF_ERROR(CheckedCall("getrandom", "16 bytes", &n, [&] {
-      return ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-    }));
-    got += static_cast<size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(32);
-  for (unsigned char b : bytes) {
-    s.push_back(kHex[b >> 4]);
-    s.push_back(kHex[b & 15]);
-  }
-  return s;
-}
-
-}  // namespace membroker::ipc
+}  // namespace membroker::broker

@@ -1,34 +1,19 @@
-// Memfd-backed physical memory and the page-policy rules (CANN semantics).
+// Memfd-backed physical memory, as the broker creates it: sealed, sized, its
+// pages reserved, pinned on request (MemfdBackend is the backend over it).
+// Broker-only: the client library never creates memory.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "membroker/ipc/protocol.h"
+#include "membroker/ipc/page_policy.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
 
-namespace membroker::ipc {
+namespace membroker::broker {
 
-inline constexpr uint64_t kNormalPageSize = 4096;
-inline constexpr uint64_t kHuge2MPageSize = 2ull << 20;
-inline constexpr uint64_t kHuge1GPageSize = 1ull << 30;
-// HUGE_FIRST gives requests up to this size normal pages.
-inline constexpr uint64_t kHugeFirstThreshold = 1ull << 20;
-// The largest single allocation the protocol accepts (the broker's byte budget
-// is usually the tighter limit).
-inline constexpr uint64_t kMaxAllocationBytes = 1ull << 40;
-
-// MINIMUM and RECOMMENDED granularity for a policy. For HUGE_FIRST the minimum
-// is the normal page (small requests get normal pages).
-Granularity GranularityFor(PagePolicy policy);
-
-// The page size a policy asks for first for a request of `size` bytes
-// (HUGE_FIRST may then fall back to normal pages).
-uint64_t PreferredPageSize(PagePolicy policy, uint64_t size);
-
-// Rounds size up to a multiple of align (a power of two); 0 on overflow.
-uint64_t RoundUp(uint64_t size, uint64_t align);
+using ipc::PagePolicy;
+using ipc::UniqueFd;
 
 // A mapping of memory locked in RAM (mlock) for as long as it lives.
 class LockedMapping {
@@ -69,7 +54,4 @@ uint64_t FreeHugePages(uint64_t page_size);
 // A read-only fd for the same memory: mmap(PROT_WRITE, MAP_SHARED) on it fails.
 Result<UniqueFd> ReopenReadOnly(int fd);
 
-// A 128-bit random token in printable form (32 lowercase hex digits).
-Result<std::string> RandomToken();  // getrandom failing is an error, never a spin
-
-}  // namespace membroker::ipc
+}  // namespace membroker::broker
