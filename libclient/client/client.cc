@@ -232,7 +232,7 @@ Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
                       core_->conn().Call(ipc::RegisterHostRequest{addr, size, flags}));
   if (::mlock(ptr, size) != 0) {
     int err = errno;
-    (void)core_->conn().Notify(ipc::UnregisterHostRequest{addr});
+    (void)core_->conn().SendOneWay(ipc::UnregisterHostRequest{addr});
     return ipc::ErrnoStatus("mlock", std::to_string(size) + " bytes", err,
                             {{ENOMEM, ErrorCode::kParamInvalid,
                               "is the whole range mapped? is RLIMIT_MEMLOCK large enough?"}});
@@ -244,7 +244,7 @@ Status Client::HostUnregister(void* ptr) {
   if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(size_t size, core_->TakeHostRegistration(ptr));
   ::munlock(ptr, size);
-  return core_->conn().Notify(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
+  return core_->conn().SendOneWay(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
 }
 
 Status Client::Ping() {

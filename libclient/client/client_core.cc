@@ -47,7 +47,7 @@ ClientCore::~ClientCore() {
   // Unmap before the connection closes: the broker releases our references
   // when it sees the socket close.
   for (auto& [base, r] : reservations_) ::munmap(reinterpret_cast<void*>(base), r.size);
-  (void)conn_.Notify(ipc::GoodbyeRequest{});
+  (void)conn_.SendOneWay(ipc::GoodbyeRequest{});
 }
 
 Result<size_t> ClientCore::Granularity(PagePolicy policy, GranularityOption option) const {
@@ -107,7 +107,7 @@ void ClientCore::DropMappingRef(uint64_t handle, Frees* frees) {
 Status ClientCore::SendFrees(const Frees& frees) {
   Status first = Status::Ok();
   for (uint64_t id : frees) {
-    Status st = conn_.Notify(ipc::FreeRequest{id});
+    Status st = conn_.SendOneWay(ipc::FreeRequest{id});
     if (st.code() == ErrorCode::kNotConnected && options_.reattach) {
       // No broker now: the next one, if it takes this handle back, hears of it.
       std::lock_guard<std::mutex> lk(mu_);
@@ -343,7 +343,7 @@ Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* wh
                                       " (DeregisterMem it first)");
 }
 
-Result<EngineRange> ClientCore::LockEngineRange(uintptr_t va, size_t size) {
+Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size) {
   std::lock_guard<std::mutex> lk(mu_);
   EngineRange found;
   bool ok = false;

@@ -54,7 +54,7 @@ Status Connection::NotOurs() const {
                                               "); a forked child must connect again");
 }
 
-Status Connection::Notify(ipc::Message request) {
+Status Connection::SendOneWay(ipc::Message request) {
   if (CurrentPid() != owner_) return NotOurs();
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
@@ -88,7 +88,7 @@ void Connection::Deliver(ipc::Frame frame) {
     abandoned_.erase(it);
     return;
   }
-  // A reply nobody waits for: the failure of a request sent with Notify().
+  // A reply nobody waits for: the failure of a request sent with SendOneWay().
   ++async_errors_;
   if (std::holds_alternative<ipc::ErrorReply>(env->body))
     last_async_error_ = ipc::StatusOf(env->body);

@@ -47,7 +47,7 @@ class Connection {
                      std::chrono::milliseconds waits_in_broker = std::chrono::milliseconds(0),
                      std::span<const int> fds = {});
   // Sends request without waiting; a failure reply is counted later.
-  Status Notify(ipc::Message request);
+  Status SendOneWay(ipc::Message request);
 
   uint64_t async_errors() const;
   Status last_async_error() const;

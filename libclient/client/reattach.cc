@@ -299,7 +299,7 @@ void ClientCore::SendLostFrees(const std::set<uint64_t>& taken) {
   }
   // Freed before they were presented: the new broker never held them.
   for (uint64_t id : frees)
-    if (taken.count(id)) (void)conn_.Notify(ipc::FreeRequest{id});
+    if (taken.count(id)) (void)conn_.SendOneWay(ipc::FreeRequest{id});
 }
 
 void ClientCore::RecordExport(const std::string& token, uint64_t handle, uint32_t flags) {

@@ -429,7 +429,7 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   std::unique_lock<std::shared_mutex> lk(local_mu_);
   if (ipc::Overlaps(local_, mem.addr, mem.len, [](const LocalRegion& r) { return r.len; }))
     return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
-  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->LockEngineRange(mem.addr, mem.len));
+  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len));
   auto reply = core_->conn().Call(ipc::EngineRegisterRequest{mem.addr, mem.len, where.handle, where.offset});
   auto* r = reply.ok() ? std::get_if<ipc::EngineRegisterReply>(&reply->body) : nullptr;
   if (r == nullptr) {
@@ -493,7 +493,7 @@ Result<void*> TransferEngine::Impl::MapImported(const std::string& remote, uint6
   void* base = ::mmap(nullptr, m->size, prot, MAP_SHARED, r.fds[0].get(), 0);
   if (base == MAP_FAILED) {
     int err = errno;
-    (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
+    (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
     return ipc::ErrnoStatus("mmap", "engine \"" + remote + "\" memory, " + std::to_string(m->size) + " bytes",
                             err, {{0, ErrorCode::kResourceExhausted, ""}});
   }
@@ -503,7 +503,7 @@ Result<void*> TransferEngine::Impl::MapImported(const std::string& remote, uint6
 
 void TransferEngine::Impl::ReleaseImported(void* base, size_t size, uint64_t allocation) {
   ::munmap(base, size);
-  (void)core_->conn().Notify(ipc::EngineReleaseRequest{allocation});
+  (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
 }
 
 void TransferEngine::Impl::DropPeerMappings(Peer& peer, bool tell_broker) {
@@ -1079,7 +1079,7 @@ void TransferEngine::Impl::ReportNetwork(bool force) {
     r.inbound = u.connections > outbound ? u.connections - outbound : 0;
   }
   // Sent with no lock held; the broker only records it, and a failure loses nothing.
-  (void)core_->conn().Notify(std::move(r));
+  (void)core_->conn().SendOneWay(std::move(r));
 }
 
 Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) {
