@@ -22,7 +22,8 @@ from . import _errors
 from ._errors import *  # noqa: F401,F403  (Error and one class per wire code)
 from ._tensor import Tensor  # noqa: F401
 from ._client import Client, connect  # noqa: F401
-from ._ring import TensorRing, TransferEngine  # noqa: F401
+from ._engine import TransferEngine  # noqa: F401
+from ._ring import TensorRing  # noqa: F401
 from ._channel import ChannelPublisher, ChannelSubscriber, Chunk  # noqa: F401
 
 __all__ = ["connect", "Client", "Tensor", "TensorRing", "TransferEngine", "ChannelPublisher", "ChannelSubscriber",
