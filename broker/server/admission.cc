@@ -84,16 +84,16 @@ Status Admission::StartPolling() {
   MB_RETURN_IF_ERROR(UvStatus("uv_poll_init", uv_poll_init(loop_, &poll_, listen_fd_.get())));
   polling_ = true;
   poll_.data = this;
-  return UvStatus("uv_poll_start", uv_poll_start(&poll_, UV_READABLE, [](uv_poll_t* h, int status, int) {
-                    if (status >= 0) static_cast<Admission*>(h->data)->on_readable_();
-                  }));
+  return UvStatus("uv_poll_start", uv_poll_start(&poll_, UV_READABLE, &Admission::OnReadable));
+}
+
+void Admission::OnReadable(uv_poll_t* h, int status, int) {
+  if (status >= 0) static_cast<Admission*>(h->data)->on_readable_();
 }
 
 void Admission::Resume() {
   if (paused_ || closed_) return;  // the retry timer restarts it
-  (void)uv_poll_start(&poll_, UV_READABLE, [](uv_poll_t* h, int status, int) {
-    if (status >= 0) static_cast<Admission*>(h->data)->on_readable_();
-  });
+  (void)uv_poll_start(&poll_, UV_READABLE, &Admission::OnReadable);
 }
 
 ipc::UniqueFd Admission::AcceptOne() {
@@ -173,10 +173,7 @@ void Admission::Pause() {
         if (self->closed_) return;
         if (!self->reserve_fd_.valid()) self->reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
         self->paused_ = false;
-        if (uv_poll_start(&self->poll_, UV_READABLE, [](uv_poll_t* h, int status, int) {
-              if (status >= 0) static_cast<Admission*>(h->data)->on_readable_();
-            }) != 0)
-          self->Pause();
+        if (uv_poll_start(&self->poll_, UV_READABLE, &Admission::OnReadable) != 0) self->Pause();
       },
       kListenRetryMs, 0);
   if (rc != 0) MB_ERROR("listen_retry_failed", "error=\"%s\"", uv_strerror(rc));

@@ -63,6 +63,7 @@ class Admission {
 
  private:
   Status StartPolling();
+  static void OnReadable(uv_poll_t* h, int status, int events);
   // accept() failed for lack of fds: refuses one pending connection with the
   // reserve fd; false when none could be taken (the listener pauses).
   bool RefuseForLackOfFds(int err);
