@@ -21,8 +21,6 @@
 #include "counters.h"
 #include "engine_registry.h"
 #include "memory/holdings.h"
-#include "membroker/ipc/protocol.h"
-#include "membroker/status.h"
 #include "name_registry.h"
 #include "options.h"
 #include "restart/fd_store_sync.h"
@@ -79,8 +77,7 @@ class Broker {
   // True if the session's process has exited (its end is read now, so what it held is free at once).
   bool ReapIfExited(uint64_t session_id);
 
-  // Requests (dispatch.cc; memory/memory_requests.cc, engine_requests.cc,
-  // name_requests.cc, restart/reattach.cc): check, call a component, answer.
+  // Requests (dispatch.cc, the *_requests.cc files, restart/reattach.cc): check, call a component, answer.
   void HandleFrame(Session& s, ipc::Frame frame);
 #define MEMBROKER_HANDLER(T, direction, fds) \
   MEMBROKER_IF_##direction(Answer Handle(Session& s, uint64_t rid, const ipc::T& m);)
