@@ -151,7 +151,7 @@ static int child(const char* sock, int in, int out) {
   /* The parent's notify, queued before it said "written". */
   mb_notify n;
   int nrc = MB_NOT_FOUND;
-  for (double until = now_s() + 5; nrc == MB_NOT_FOUND && now_s() < until;) {
+  for (double until = now_s() + 30; nrc == MB_NOT_FOUND && now_s() < until;) {
     nrc = mb_engine_get_notify(e, &n);
     if (nrc == MB_NOT_FOUND) sched_yield();
   }
