@@ -31,11 +31,10 @@ int main(int argc, char** argv) {
     namespace w = membroker::detail::wire;
     w::Region r{7, 0x7f0000000000, 1 << 20, false};
     std::vector<w::Message> wire = {
-        w::Hello{w::kVersion, "secret", "prefill"}, w::Welcome{"decode", {1, 2, 3}, {r, r}},
-        w::Refused{4, "presented no secret"},       w::RegionAdded{r},
+        w::Welcome{"decode", {1, 2, 3}, {r, r}},    w::RegionAdded{r},
         w::RegionGone{7},                           w::RegionGoneAck{7},
         w::Notify{1, "kv-ready", "layer=3"},        w::NotifyAck{1, 0, ""},
-        w::RegionAddedAck{7}};
+        w::RegionAddedAck{7},                       w::Goodbye{"disconnected"}};
     int n = 0;
     for (const auto& m : wire) {
       const std::string bytes = w::Encode(m);

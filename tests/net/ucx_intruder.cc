@@ -1,29 +1,34 @@
 // A hostile peer of a listening transfer engine, for tests/net/two_hosts.py:
-// it speaks UCX directly, not through our engine, and tries to reach memory
-// the engine did not register for it. One line per attempt on stdout:
+// it passes (or fails) our handshake, then speaks UCX directly, not through
+// our engine, and tries to reach memory the engine did not register for it.
+// One line per attempt on stdout:
 //
 //   ucx_intruder ADDRESS SECRET_FILE|- TARGET LENGTH
 //
-//   put before hello: completed|no completion   UCX's own RMA put of LENGTH
-//                                               bytes of 0xee at TARGET, flushed
-//   hello: welcome|refused|no answer            our Hello (with the secret, if given)
-//   put after hello: completed|no completion
-//   write: code N                               a data message writing at TARGET
-//   read: code N, M bytes                       a data message reading at TARGET
+//   handshake: admitted|refused|failed       our handshake (with the secret, if given);
+//                                            refused or failed ends the run: without it
+//                                            there is no UCX address to speak to
+//   put: completed|no completion             UCX's own RMA put of LENGTH bytes of 0xee at
+//                                            TARGET, flushed
+//   forged write: code N|no answer           a data message writing at TARGET, marked
+//                                            with a token the engine never handed out
+//   write: code N                            a data message writing at TARGET
+//   read: code N, M bytes                    a data message reading at TARGET
 //
 //   ucx_intruder ADDRESS SECRET_FILE TARGET LENGTH batch=VALID
 //
-//   hello: welcome|...
-//   batch: code N                               one batched write (kWriteV) of LENGTH
-//                                               bytes at VALID (registered) and at TARGET
+//   handshake: admitted|...
+//   batch: code N                            one batched write (kWriteV) of LENGTH
+//                                            bytes at VALID (registered) and at TARGET
 //
 //   ucx_intruder ADDRESS SECRET_FILE TARGET LENGTH COUNT
 //
-//   hello: welcome|...
-//   flood: K of COUNT answered, connection closed|open
-//                                               COUNT reads of LENGTH at TARGET asked
-//                                               at once, the answers left unread for
-//                                               a second, then read for 10 s at most
+//   handshake: admitted|...
+//   flood: K of COUNT answered, then cut off|still served
+//                                            COUNT reads of LENGTH at TARGET asked
+//                                            at once, the answers left unread for
+//                                            a second, then read for 10 s at most;
+//                                            then one more read of 1 byte
 //
 // The test then checks TARGET's bytes on the listener, and that it still
 // serves its own connectors. Every wait is bounded (1 s per attempt, 5 s for
@@ -43,8 +48,9 @@
 #include <string>
 #include <vector>
 
-#include "transfer/ucx/engine_wire.h"
 #include "transfer/net_address.h"
+#include "transfer/ucx/dial.h"
+#include "transfer/ucx/engine_wire.h"
 
 using namespace membroker::detail;
 using Clock = std::chrono::steady_clock;
@@ -70,7 +76,8 @@ ucs_status_t OnAm(void*, const void*, size_t, void* data, size_t length, const u
 
 ucs_status_t OnData(void*, const void* header, size_t header_length, void*, size_t length,
                     const ucp_am_recv_param_t*) {
-  auto h = wire::DecodeData({static_cast<const uint8_t*>(header), header_length});
+  if (header_length < wire::kTokenBytes) return UCS_OK;
+  auto h = wire::DecodeData({static_cast<const uint8_t*>(header) + wire::kTokenBytes, header_length - wire::kTokenBytes});
   if (h.ok()) data_answer = *h, data_answer_bytes = length, ++answers;
   return UCS_OK;
 }
@@ -100,7 +107,7 @@ ucs_status_ptr_t SendAm(ucp_ep_h ep, unsigned id, const void* header, size_t hea
                         size_t length) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
   return ucp_am_send_nbx(ep, id, header, header_length, data, length, &p);
 }
 
@@ -175,37 +182,41 @@ int main(int argc, char** argv) {
     am.cb = cb;
     if (ucp_worker_set_am_recv_handler(worker, &am) != UCS_OK) return 1;
   }
+  ucp_address_t* own = nullptr;
+  size_t own_length = 0;
+  if (ucp_worker_get_address(worker, &own, &own_length) != UCS_OK) return 1;
+  DialRequest request{secret, "intruder", std::string(reinterpret_cast<const char*>(own), own_length),
+                      handshake::Random<16>()};
+  ucp_worker_release_address(worker, own);
+  auto dialed = Dial(*addr, argv[1], Clock::now() + std::chrono::seconds(5), request);
+  const bool refused = !dialed.ok() && dialed.status().code() == membroker::ErrorCode::kPermissionDenied;
+  std::printf("handshake: %s\n", dialed.ok() ? "admitted" : refused ? "refused" : "failed");
+  std::fflush(stdout);
+  if (!dialed.ok()) {
+    std::fprintf(stderr, "ucx_intruder: %s\n", dialed.status().ToString().c_str());
+    return 0;
+  }
   ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) { closed = true; };  // expected, when refused
-  ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep_params.sockaddr.addr = addr->get();
-  ep_params.sockaddr.addrlen = addr->length;
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) { closed = true; };  // expected, when cut off
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(dialed->worker_address.data());
   ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ucp_ep_h ep = nullptr;
   if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK) return 1;
+  // The engine's Welcome, over UCX: the connection is up.
+  ProgressUntil([] { return !messages.empty(); }, std::chrono::milliseconds(5000));
+  const auto& token = dialed->token;
 
   const std::string mode = argc == 6 ? argv[5] : "";
   const bool batch = mode.rfind("batch=", 0) == 0;
   const uint64_t valid = batch ? std::strtoull(mode.c_str() + 6, nullptr, 0) : 0;
   const size_t flood = argc == 6 && !batch ? std::strtoull(argv[5], nullptr, 0) : 0;
-  if (flood == 0 && !batch) {
-    std::printf("put before hello: %s\n", RawPut(context, ep, target, bytes));
-    std::fflush(stdout);
-  }
-
-  const std::string hello = wire::Encode(wire::Hello{wire::kVersion, secret, "intruder"});
-  Wait(SendAm(ep, kAmId, nullptr, 0, hello.data(), hello.size()), std::chrono::milliseconds(5000));
-  const bool answered = ProgressUntil([] { return !messages.empty(); }, std::chrono::milliseconds(5000));
-  std::printf("hello: %s\n", !answered                                           ? "no answer"
-                             : std::holds_alternative<wire::Welcome>(messages[0]) ? "welcome"
-                                                                                  : "refused");
   if (batch) {
     static std::string message;  // the table, then both segments' bytes: alive while UCX sends it
     message = wire::EncodeSegments({{valid, length}, {target, length}}) + std::string(2 * length, '\xee');
-    static wire::EncodedDataHeader h;
-    h = wire::EncodeData({wire::DataKind::kWriteV, 0, 9, 2, 2 * length});
+    static wire::RoutedDataHeader h;
+    h = wire::EncodeRouted(token, {wire::DataKind::kWriteV, 0, 9, 2, 2 * length});
     data_answer.reset();
     Wait(SendAm(ep, kDataAmId, h.data(), h.size(), message.data(), message.size()), std::chrono::milliseconds(1000));
     if (ProgressUntil([] { return data_answer.has_value(); }, std::chrono::milliseconds(1000)))
@@ -215,41 +226,54 @@ int main(int argc, char** argv) {
   } else if (flood != 0) {
     // Asked without progressing: what the engine answers piles up at its end.
     // UCX reads a queued message's header when it sends it: each stays alive.
-    std::vector<wire::EncodedDataHeader> headers(flood);
+    std::vector<wire::RoutedDataHeader> headers(flood);
     std::vector<ucs_status_ptr_t> sent;
     for (size_t i = 0; i < flood; ++i) {
-      headers[i] = wire::EncodeData({wire::DataKind::kReadRequest, 0, i + 100, target, length});
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-      sent.push_back(ucp_am_send_nbx(ep, kDataAmId, headers[i].data(), headers[i].size(), nullptr, 0, &p));
+      headers[i] = wire::EncodeRouted(token, {wire::DataKind::kReadRequest, 0, i + 100, target, length});
+      sent.push_back(SendAm(ep, kDataAmId, headers[i].data(), headers[i].size(), nullptr, 0));
     }
     ::sleep(1);
     ProgressUntil([&] { return closed || answers >= flood; }, std::chrono::milliseconds(10000));
     for (ucs_status_ptr_t r : sent)
       if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // UCX releases it when it completes
-    std::printf("flood: %zu of %zu answered, connection %s\n", answers, flood, closed ? "closed" : "open");
+    // Cut off: the engine forgot the connection, so even a request it would
+    // serve goes unanswered (its endpoint to us is closed; ours to it may not
+    // hear of that before UCX's keepalive).
+    static wire::RoutedDataHeader probe;
+    probe = wire::EncodeRouted(token, {wire::DataKind::kReadRequest, 0, 99999, target, 1});
+    data_answer.reset();
+    const size_t before = answers;
+    Wait(SendAm(ep, kDataAmId, probe.data(), probe.size(), nullptr, 0), std::chrono::milliseconds(1000));
+    const bool served = ProgressUntil([&] { return answers > before; }, std::chrono::milliseconds(1000));
+    std::printf("flood: %zu of %zu answered, then %s\n", before, flood, served ? "still served" : "cut off");
   } else {
-    std::printf("put after hello: %s\n", RawPut(context, ep, target, bytes));
+    std::printf("put: %s\n", RawPut(context, ep, target, bytes));
   }
   std::fflush(stdout);
 
-  static wire::EncodedDataHeader headers[2];  // alive while UCX may still send them
-  for (wire::DataKind kind : {wire::DataKind::kWrite, wire::DataKind::kReadRequest}) {
-    if (flood != 0 || batch) break;
-    const bool write = kind == wire::DataKind::kWrite;
-    wire::EncodedDataHeader& h = headers[write ? 0 : 1];
-    h = wire::EncodeData({kind, 0, 7, target, length});
+  static wire::RoutedDataHeader headers[3];  // alive while UCX may still send them
+  handshake::Token forged = handshake::Random<16>();
+  const struct {
+    const char* name;
+    wire::DataKind kind;
+    const handshake::Token& token;
+  } attempts[] = {{"forged write", wire::DataKind::kWrite, forged},
+                  {"write", wire::DataKind::kWrite, token},
+                  {"read", wire::DataKind::kReadRequest, token}};
+  for (size_t i = 0; i < 3 && flood == 0 && !batch; ++i) {
+    const bool write = attempts[i].kind == wire::DataKind::kWrite;
+    headers[i] = wire::EncodeRouted(attempts[i].token, {attempts[i].kind, 0, 7, target, length});
     data_answer.reset();
-    Wait(SendAm(ep, kDataAmId, h.data(), h.size(), write ? bytes.data() : nullptr, write ? length : 0),
+    Wait(SendAm(ep, kDataAmId, headers[i].data(), headers[i].size(), write ? bytes.data() : nullptr,
+                write ? length : 0),
          std::chrono::milliseconds(1000));
     const bool got = ProgressUntil([] { return data_answer.has_value(); }, std::chrono::milliseconds(1000));
     if (!got)
-      std::printf("%s: no answer\n", write ? "write" : "read");
+      std::printf("%s: no answer\n", attempts[i].name);
     else if (write)
-      std::printf("write: code %d\n", data_answer->code);
+      std::printf("%s: code %d\n", attempts[i].name, data_answer->code);
     else
-      std::printf("read: code %d, %zu bytes\n", data_answer->code, data_answer_bytes);
+      std::printf("%s: code %d, %zu bytes\n", attempts[i].name, data_answer->code, data_answer_bytes);
     std::fflush(stdout);
   }
   ucp_request_param_t close{};

@@ -91,18 +91,11 @@ std::string Encode(const Message& m) {
   std::visit(
       [&](const auto& v) {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, Hello>) {
-          w.U32(v.version);
-          w.Bytes(v.secret);
-          w.Bytes(v.engine);
-        } else if constexpr (std::is_same_v<T, Welcome>) {
+        if constexpr (std::is_same_v<T, Welcome>) {
           w.Bytes(v.engine);
           for (uint8_t b : v.identity) w.U8(b);
           w.U32(static_cast<uint32_t>(v.regions.size()));
           for (const Region& r : v.regions) w.Put(r);
-        } else if constexpr (std::is_same_v<T, Refused>) {
-          w.U32(static_cast<uint32_t>(v.code));
-          w.Bytes(v.reason);
         } else if constexpr (std::is_same_v<T, RegionAdded>) {
           w.Put(v.region);
         } else if constexpr (std::is_same_v<T, RegionGone> || std::is_same_v<T, RegionGoneAck> ||
@@ -116,6 +109,8 @@ std::string Encode(const Message& m) {
           w.U64(v.seq);
           w.U32(static_cast<uint32_t>(v.code));
           w.Bytes(v.message);
+        } else if constexpr (std::is_same_v<T, Goodbye>) {
+          w.Bytes(v.reason);
         }
       },
       m);
@@ -132,13 +127,6 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
   bool ok = false;
   switch (kind) {
     case 1: {
-      Hello h;
-      ok = r.U32(&h.version) && r.Bytes(&h.secret, kMaxSecretBytes) &&
-           r.Bytes(&h.engine, ipc::kMaxEngineNameBytes) && ValidName(h.engine, ipc::kMaxEngineNameBytes);
-      out = std::move(h);
-      break;
-    }
-    case 2: {
       Welcome w;
       uint32_t n = 0;
       ok = r.Bytes(&w.engine, ipc::kMaxEngineNameBytes) && ValidName(w.engine, ipc::kMaxEngineNameBytes);
@@ -152,40 +140,32 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
       out = std::move(w);
       break;
     }
-    case 3: {
-      Refused f;
-      uint32_t code = 0;
-      ok = r.U32(&code) && r.Bytes(&f.reason, kMaxReasonBytes);
-      f.code = static_cast<int32_t>(code);
-      out = std::move(f);
-      break;
-    }
-    case 4: {
+    case 2: {
       RegionAdded a;
       ok = r.Get(&a.region);
       out = std::move(a);
       break;
     }
-    case 5: {
+    case 3: {
       RegionGone g;
       ok = r.U64(&g.handle);
       out = g;
       break;
     }
-    case 6: {
+    case 4: {
       RegionGoneAck g;
       ok = r.U64(&g.handle);
       out = g;
       break;
     }
-    case 7: {
+    case 5: {
       Notify n;
       ok = r.U64(&n.seq) && r.Bytes(&n.name, ipc::kMaxNotifyNameBytes) &&
            r.Bytes(&n.message, ipc::kMaxNotifyMessageBytes) && ipc::IsValidUtf8(n.name);
       out = std::move(n);
       break;
     }
-    case 8: {
+    case 6: {
       NotifyAck a;
       uint32_t code = 0;
       ok = r.U64(&a.seq) && r.U32(&code) && r.Bytes(&a.message, kMaxReasonBytes);
@@ -193,10 +173,16 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
       out = std::move(a);
       break;
     }
-    case 9: {
+    case 7: {
       RegionAddedAck a;
       ok = r.U64(&a.handle);
       out = a;
+      break;
+    }
+    case 8: {
+      Goodbye g;
+      ok = r.Bytes(&g.reason, kMaxReasonBytes);
+      out = std::move(g);
       break;
     }
     default:
@@ -217,6 +203,14 @@ EncodedDataHeader EncodeData(const DataHeader& h) {
   const std::string bytes = w.take();
   EncodedDataHeader out{};
   std::memcpy(out.data(), bytes.data(), out.size());
+  return out;
+}
+
+RoutedDataHeader EncodeRouted(const std::array<uint8_t, kTokenBytes>& token, const DataHeader& h) {
+  RoutedDataHeader out{};
+  std::memcpy(out.data(), token.data(), kTokenBytes);
+  const EncodedDataHeader data = EncodeData(h);
+  std::memcpy(out.data() + kTokenBytes, data.data(), data.size());
   return out;
 }
 

@@ -1,12 +1,14 @@
 // What two transfer engines on different hosts say to each other, inside UCX
-// active messages: the handshake (Hello, then Welcome or Refused), the
-// acceptor's registered ranges (in Welcome, then one RegionAdded or
+// active messages, once the handshake (handshake.h, on a socket of its own)
+// admitted the connector: the acceptor's registered ranges (in Welcome, then one RegionAdded or
 // RegionGone per change: each RegionAdded answered once the connector knows
 // the range, each RegionGone once it no longer uses it), and notifies with
 // their answers. The bytes of transfers travel in data messages of their own
 // (DataHeader below), which the acceptor checks against its ranges.
 //
-// Little-endian, length-prefixed, one message per active message. Decode
+// Little-endian, length-prefixed, one message per active message, whose UCX
+// header is the receiver's token (kTokenBytes; a data message's header
+// continues with its DataHeader). Decode
 // trusts nothing: every length is checked against what is left and against
 // the limits below, and a message that does not parse is PROTOCOL_ERROR.
 #pragma once
@@ -22,10 +24,8 @@
 
 namespace membroker::detail::wire {
 
-// 2: transfers are data messages, no longer UCX RMA with packed rkeys.
-inline constexpr uint32_t kVersion = 2;
-inline constexpr size_t kMaxSecretBytes = 4096;
 inline constexpr size_t kMaxReasonBytes = 1024;
+inline constexpr size_t kTokenBytes = 16;
 inline constexpr size_t kMaxMessageBytes = 4 << 20;
 // The UCX active-message ids: every Message, and every data message (DataHeader).
 inline constexpr unsigned kAmId = 0x4d42;
@@ -37,19 +37,10 @@ struct Region {
   uint64_t length = 0;
   bool read_only = false;
 };
-struct Hello {
-  uint32_t version = kVersion;
-  std::string secret;  // empty: none configured
-  std::string engine;  // the connector's engine name
-};
 struct Welcome {
   std::string engine;
   std::array<uint8_t, 16> identity{};  // also in its control block: tells a same-host peer
   std::vector<Region> regions;
-};
-struct Refused {
-  int32_t code = 0;  // an ErrorCode
-  std::string reason;
 };
 struct RegionAdded {
   Region region;
@@ -74,9 +65,14 @@ struct NotifyAck {
 struct RegionAddedAck {
   uint64_t handle = 0;
 };
+// The sender closes the connection (Disconnect, or its engine finalizes):
+// each side's endpoint is its own, so the other would not hear of it otherwise.
+struct Goodbye {
+  std::string reason;
+};
 
-using Message = std::variant<Hello, Welcome, Refused, RegionAdded, RegionGone, RegionGoneAck, Notify, NotifyAck,
-                             RegionAddedAck>;
+using Message =
+    std::variant<Welcome, RegionAdded, RegionGone, RegionGoneAck, Notify, NotifyAck, RegionAddedAck, Goodbye>;
 
 std::string Encode(const Message& m);
 Result<Message> Decode(std::span<const uint8_t> bytes);
@@ -110,6 +106,9 @@ inline constexpr size_t kDataHeaderBytes = 1 + 4 + 8 * 3;
 using EncodedDataHeader = std::array<uint8_t, kDataHeaderBytes>;
 
 EncodedDataHeader EncodeData(const DataHeader& h);
+// The UCX header of a data message: the receiver's token, then the DataHeader.
+using RoutedDataHeader = std::array<uint8_t, kTokenBytes + kDataHeaderBytes>;
+RoutedDataHeader EncodeRouted(const std::array<uint8_t, kTokenBytes>& token, const DataHeader& h);
 // Checks the size, the kind, that a range does not wrap, and a batch's count.
 Result<DataHeader> DecodeData(std::span<const uint8_t> bytes);
 

@@ -18,10 +18,13 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
+#include "transfer/ucx/dial.h"
+#include "transfer/ucx/door.h"
 #include "transfer/ucx/engine_wire.h"
 
-static_assert(membroker::detail::kMaxNetSecretBytes == membroker::detail::wire::kMaxSecretBytes);
+static_assert(membroker::detail::wire::kTokenBytes == sizeof(membroker::detail::handshake::Token));
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/unique_fd.h"
 
@@ -35,7 +38,12 @@ using wire::kDataAmId;
 constexpr size_t kMaxQueuedNotifies = 256;         // as the broker's queue
 constexpr auto kCallerGrace = std::chrono::seconds(10);  // past its deadline the thread has answered
 constexpr auto kSpinAfterActivity = std::chrono::milliseconds(1);
-constexpr size_t kMaxPendingHandshakes = 64;
+// While the loop spins for transfers, the door is still looked at this often.
+constexpr auto kDoorInterval = std::chrono::milliseconds(1);
+// Refusals logged to stderr: at most this many lines a minute, then one line
+// that says how many more there were.
+constexpr int kRefusalLinesPerMinute = 10;
+using handshake::Token;
 // A transfer moves in pieces of at most 512 KiB, one data message each, at
 // most 64 pieces and 16 MiB of one transfer in flight. On the two-host
 // bench's veth (bench/net_transfer.py, a noisy 2-CPU machine), one 64 MiB
@@ -118,14 +126,20 @@ struct Piece;
 struct Conn {
   uint64_t id = 0;
   bool outgoing = false;
-  ucp_ep_h ep = nullptr;
-  enum class State { kHandshake, kReady, kRefusing, kBroken } state = State::kHandshake;
+  ucp_ep_h ep = nullptr;  // ours, to the peer's worker
+  Token token{};          // on what the peer sends us: how we know it is this connection's
+  Token peer_token{};     // on what we send it
+  // kHandshake: a connector admitted, waiting for the acceptor's Welcome.
+  enum class State { kHandshake, kReady, kBroken } state = State::kHandshake;
   std::string address;  // the peer's, as text
-  sockaddr_storage peer_addr{};
-  std::string engine;   // the remote engine's name (from Hello or Welcome)
-  Clock::time_point deadline = Clock::time_point::max();  // of the handshake, or of a refusal
+  std::string engine;   // the remote engine's name (from its handshake)
+  Clock::time_point deadline = Clock::time_point::max();  // of the handshake
   Status broken;        // why it is broken
-  // Connector side.
+  // Connector side. Its token is known before the handshake, so the Welcome
+  // is caught even when it comes before the endpoint is made (then what it
+  // answers waits in unsent).
+  std::array<uint8_t, 16> identity{};  // the acceptor's, from its Welcome
+  std::vector<wire::Message> unsent;
   std::shared_ptr<Waiter> connect_waiter;
   NetPeerInfo* connect_info = nullptr;
   std::map<uint64_t, RemoteRegion> regions;  // by remote address
@@ -149,7 +163,7 @@ struct Piece {
   uint64_t length = 0;  // of all its ranges
   bool sending = false;
   bool answered = false;
-  wire::EncodedDataHeader header{};  // alive while UCX sends it
+  wire::RoutedDataHeader header{};  // alive while UCX sends it
   std::string batch_bytes;  // a batch's table (and a WRITE's bytes, gathered), alive while UCX sends them
 };
 
@@ -172,6 +186,7 @@ struct Job {
 
 // An active message's bytes, alive until UCX has sent them.
 struct SendContext {
+  Token token;  // the header
   std::string bytes;
 };
 
@@ -181,7 +196,7 @@ struct AnswerContext {
   class UcxTransport::Worker* worker = nullptr;
   uint64_t conn = 0;
   std::optional<uint64_t> range;  // the handle of the range a read's bytes come from
-  wire::EncodedDataHeader header{};
+  wire::RoutedDataHeader header{};
   std::string bytes;  // a batched read's bytes, gathered
 };
 
@@ -193,6 +208,8 @@ class UcxTransport::Worker {
 
   Status Init(NetOptions options);
   std::string listen_address() const { return listen_address_; }
+  const NetOptions& options() const { return options_; }
+  const std::string& worker_address() const { return worker_address_; }
 
   // Runs fn on the progress thread.
   void Post(std::function<void()> fn) {
@@ -213,8 +230,10 @@ class UcxTransport::Worker {
   // Progress-thread side of the public calls.
   void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, std::shared_ptr<Waiter> w);
   void RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w);
-  void Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
-               NetPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w);
+  // A connection about to be dialed, known by its token from now on.
+  void Expect(const std::string& text, Token token, Clock::time_point deadline, uint64_t* id, std::shared_ptr<Waiter> w);
+  // The listener admitted it (Dial): its endpoint, then (or already) its Welcome.
+  void Attach(uint64_t id, const Dialed& dialed, NetPeerInfo* info, std::shared_ptr<Waiter> w);
   void Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w);
   void Transfer(uint64_t id, TransferOp op, const std::vector<TransferOpDesc>* descs, Clock::time_point deadline,
                 std::shared_ptr<Waiter> w);
@@ -241,8 +260,9 @@ class UcxTransport::Worker {
   void Reap();  // forgets the acceptor's broken connections
   Clock::time_point NextDeadline();
 
+  void PollDoor(Clock::time_point now);
+  void Admit(Admitted&& a);  // an engine passed the door: its endpoint, then Welcome
   // UCX callbacks (static trampolines).
-  static void OnConnRequest(ucp_conn_request_h request, void* arg);
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
                            const ucp_am_recv_param_t* param);
@@ -262,18 +282,29 @@ class UcxTransport::Worker {
     auto it = by_ep_.find(ep);
     return it == by_ep_.end() ? nullptr : Find(it->second);
   }
-  Status SetUpEp(Conn& c, ucp_ep_params_t& params);
+  // The connection whose token starts an active message's header.
+  Conn* FindByToken(const void* header, size_t length) {
+    if (length < wire::kTokenBytes) return nullptr;
+    Token t;
+    std::memcpy(t.data(), header, t.size());
+    auto it = by_token_.find(t);
+    return it == by_token_.end() ? nullptr : Find(it->second);
+  }
+  // An endpoint to the peer's worker address.
+  Status SetUpEp(Conn& c, const std::string& worker_address);
   void Send(Conn& c, const wire::Message& m);
   void Handle(Conn& c, wire::Message&& m);
-  void HandleHello(Conn& c, wire::Hello&& h);
   void HandleWelcome(Conn& c, wire::Welcome&& w);
+  void FinishConnect(Conn& c);  // attached and welcomed
   Status AddRemoteRegion(Conn& c, const wire::Region& r);
   void RemoteRegionGone(Conn& c, uint64_t handle);
   void Acknowledged(uint64_t conn, uint64_t handle);
-  void Refuse(Conn& c, ErrorCode code, const std::string& reason);
   // Marks c broken (outstanding work fails with st), closes its endpoint.
-  void Break(Conn& c, Status st);
-  void CloseEp(ucp_ep_h ep);
+  // With goodbye, a ready connection tells its peer first, and its endpoint
+  // closes once that is sent (a peer that stopped reading holds it until
+  // UCX's keepalive gives up on it); without, it closes at once.
+  void Break(Conn& c, Status st, bool goodbye = false);
+  void CloseEp(ucp_ep_h ep, bool flush = false);
   void FinishJob(Job* job);
   // Sends the job's next pieces, up to the window; finishes it when nothing
   // is left in flight and nothing more will be sent.
@@ -299,18 +330,20 @@ class UcxTransport::Worker {
   void Forget(uint64_t id);
   void TryUnmap(uint64_t handle);
   void Announced(uint64_t conn, uint64_t handle);  // conn knows the range (or is gone)
-  void CountRefusal(std::string reason);          // stats and the change count
+  void CountRefusal(std::string reason);          // stats, the change count and the (rate-limited) log
   std::vector<uint64_t> ReadyConnectors() const;   // connections accepted here, past their hello
   std::string Transports(ucp_ep_h ep);
   std::vector<wire::Region> Advertised() const;
 
   NetOptions options_;
   ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  ucp_listener_h listener_ = nullptr;
+  ucp_worker_h recv_ = nullptr;  // where peers' endpoints end; its address is ours
+  ucp_worker_h send_ = nullptr;  // where ours start
+  std::string worker_address_;
+  std::unique_ptr<Door> door_;  // with a listen address
   std::string listen_address_;
   ipc::UniqueFd epoll_, wake_;
-  int worker_fd_ = -1;
+  int worker_fds_[2] = {-1, -1};
   std::thread thread_;
 
   std::mutex mu_;  // commands_, stopping_, notifies_, stats_
@@ -324,6 +357,11 @@ class UcxTransport::Worker {
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<ucp_ep_h, uint64_t> by_ep_;
+  std::map<Token, uint64_t> by_token_;
+  Clock::time_point door_polled_{};
+  Clock::time_point log_window_{};  // the minute refusals are logged in
+  int logged_ = 0;                  // lines in it
+  uint64_t unlogged_ = 0;           // refusals past the limit in it
   std::map<uint64_t, LocalRegion> regions_;  // by handle
   std::map<uintptr_t, uint64_t> by_address_;  // region address -> handle (the local side of transfers)
   std::map<Job*, std::unique_ptr<Job>> jobs_;
@@ -334,14 +372,11 @@ Status UcxTransport::Worker::Init(NetOptions options) {
   options_ = std::move(options);
   // UCX reads its transports' options from the environment only, when the
   // worker is made; an operator's own settings win (setenv does not overwrite).
-  //  - an engine that restarts listens on its port again at once, though the
-  //    last one's connections are still in TIME_WAIT;
   //  - TCP segments of 128 KiB out and 512 KiB in, not 8 and 64: 1 MiB and
   //    larger transfers over TCP went from 1.2-1.4 to 5.7-6.2 GB/s on the
   //    two-host bench's veth, 4 KiB ones unchanged, RSS within 1 MiB.
   static std::once_flag env_once;
   std::call_once(env_once, [] {
-    ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ::setenv("UCX_TCP_TX_SEG_SIZE", "128k", 0);
     ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", 0);
   });
@@ -364,13 +399,22 @@ Status UcxTransport::Worker::Init(NetOptions options) {
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) return UcxError("ucp_init", st);
+  // Two workers: every endpoint this engine makes starts at send_, and every
+  // endpoint to it ends at recv_ (the address the handshake hands out). So
+  // no two workers ever make endpoints to each other: UCX 1.13's TCP
+  // transport crashed (a null handler, then heap corruption) when two engines
+  // that had both made one reconnected after their link went down.
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
-  st = ucp_worker_create(context_, &wp, &worker_);
-  if (st != UCS_OK) return UcxError("ucp_worker_create", st);
-  st = ucp_worker_get_efd(worker_, &worker_fd_);
-  if (st != UCS_OK) return UcxError("ucp_worker_get_efd", st);
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches them
+  for (ucp_worker_h* w : {&recv_, &send_}) {
+    st = ucp_worker_create(context_, &wp, w);
+    if (st != UCS_OK) return UcxError("ucp_worker_create", st);
+  }
+  for (int i = 0; i < 2; ++i) {
+    st = ucp_worker_get_efd(i == 0 ? recv_ : send_, &worker_fds_[i]);
+    if (st != UCS_OK) return UcxError("ucp_worker_get_efd", st);
+  }
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -378,32 +422,30 @@ Status UcxTransport::Worker::Init(NetOptions options) {
   am.flags = UCP_AM_FLAG_WHOLE_MSG;
   am.cb = &Worker::OnAm;
   am.arg = this;
-  st = ucp_worker_set_am_recv_handler(worker_, &am);
+  st = ucp_worker_set_am_recv_handler(recv_, &am);
   if (st != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", st);
   am.id = kDataAmId;
   am.cb = &Worker::OnData;
-  st = ucp_worker_set_am_recv_handler(worker_, &am);
+  st = ucp_worker_set_am_recv_handler(recv_, &am);
   if (st != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", st);
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  st = ucp_worker_get_address(recv_, &address, &address_length);
+  if (st != UCS_OK) return UcxError("ucp_worker_get_address", st);
+  worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(recv_, address);
+  if (worker_address_.size() > handshake::kMaxWorkerAddressBytes)
+    return Status(ErrorCode::kInternal, "UCX's worker address is " + std::to_string(worker_address_.size()) +
+                                            " bytes, more than the handshake carries");
 
   if (!options_.listen.empty()) {
     MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(options_.listen, /*allow_any_port=*/true));
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = addr.get();
-    lp.sockaddr.addrlen = addr.length;
-    lp.conn_handler.cb = &Worker::OnConnRequest;
-    lp.conn_handler.arg = this;
-    st = ucp_listener_create(worker_, &lp, &listener_);
-    if (st != UCS_OK)
-      return Status(st == UCS_ERR_BUSY ? ErrorCode::kAddressInUse : ErrorCode::kParamInvalid,
-                    "cannot listen on " + options_.listen + ": " + ucs_status_string(st) +
-                        " (the address must be one of this host's, and the port free)");
-    ucp_listener_attr_t la{};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    if (ucp_listener_query(listener_, &la) == UCS_OK)
-      listen_address_ = FormatAddress(reinterpret_cast<const sockaddr*>(&la.sockaddr));
-    else
-      listen_address_ = options_.listen;
+    MB_ASSIGN_OR_RETURN(door_, Door::Open(addr, DoorOptions{options_.engine_name, options_.secret,
+                                                            options_.allow_from, worker_address_,
+                                                            options_.handshake_timeout,
+                                                            [this](std::string why) { CountRefusal(std::move(why)); }}));
+    listen_address_ = door_->address();
   }
 
   epoll_ = ipc::UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
@@ -411,7 +453,8 @@ Status UcxTransport::Worker::Init(NetOptions options) {
   if (!epoll_.valid() || !wake_.valid()) return Status(ErrorCode::kResourceExhausted, "epoll or eventfd failed");
   epoll_event ev{};
   ev.events = EPOLLIN;
-  for (int fd : {worker_fd_, wake_.get()}) {
+  for (int fd : {worker_fds_[0], worker_fds_[1], wake_.get(), door_ ? door_->fd() : -1}) {
+    if (fd < 0) continue;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
       return Status(ErrorCode::kInternal, std::string("epoll_ctl: ") + std::strerror(errno));
@@ -429,11 +472,12 @@ void UcxTransport::Worker::Stop() {
     Post([] {});
     thread_.join();
   }
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  door_.reset();
+  for (ucp_worker_h* w : {&send_, &recv_}) {
+    if (*w != nullptr) ucp_worker_destroy(*w);
+    *w = nullptr;
+  }
   if (context_ != nullptr) ucp_cleanup(context_);
-  listener_ = nullptr;
-  worker_ = nullptr;
   context_ = nullptr;
 }
 
@@ -451,12 +495,13 @@ void UcxTransport::Worker::Loop() {
   for (;;) {
     RunCommands();
     unsigned progressed = 0;
-    while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
+    while (unsigned n = ucp_worker_progress(recv_) + ucp_worker_progress(send_)) progressed += n;
     // While transfers run, and for a moment after the last event, poll instead
     // of sleeping: a wake-up through the event fd per TCP segment or emulated
     // get costs more than the message (an idle engine still sleeps).
     const auto now = Clock::now();
     if (progressed != 0 || !jobs_.empty()) spin_until = now + kSpinAfterActivity;
+    PollDoor(now);
     CheckDeadlines();
     Reap();
     bool stopping;
@@ -466,15 +511,15 @@ void UcxTransport::Worker::Loop() {
     }
     if (stopping) break;
     if (now < spin_until) continue;
-    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;  // more to progress first
+    if (ucp_worker_arm(recv_) == UCS_ERR_BUSY || ucp_worker_arm(send_) == UCS_ERR_BUSY) continue;  // more to progress first
     const auto next = NextDeadline();
     int timeout_ms = 1000;
     if (next != Clock::time_point::max()) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
     }
-    epoll_event events[2];
-    (void)::epoll_wait(epoll_.get(), events, 2, timeout_ms);
+    epoll_event events[4];
+    if (::epoll_wait(epoll_.get(), events, 4, timeout_ms) > 0) door_polled_ = {};  // look at the door now
     uint64_t n;
     while (::read(wake_.get(), &n, sizeof(n)) == sizeof(n)) {
     }
@@ -483,9 +528,12 @@ void UcxTransport::Worker::Loop() {
   std::vector<uint64_t> ids;
   for (auto& [id, c] : conns_) ids.push_back(id);
   for (uint64_t id : ids)
-    if (Conn* c = Find(id)) Break(*c, Status(ErrorCode::kNotConnected, "the engine is finalizing"));
+    if (Conn* c = Find(id)) Break(*c, Status(ErrorCode::kNotConnected, "the engine is finalizing"), /*goodbye=*/true);
   const auto until = Clock::now() + std::chrono::seconds(2);
-  while ((!closing_.empty() || !jobs_.empty()) && Clock::now() < until) ucp_worker_progress(worker_);
+  while ((!closing_.empty() || !jobs_.empty()) && Clock::now() < until) {
+    ucp_worker_progress(recv_);
+    ucp_worker_progress(send_);
+  }
   for (uint64_t id : ids) Forget(id);
   for (auto& [h, r] : regions_) {
     for (auto& [w, d] : r.waiters) w->Finish(Status::Ok());
@@ -496,8 +544,9 @@ void UcxTransport::Worker::Loop() {
 
 Clock::time_point UcxTransport::Worker::NextDeadline() {
   Clock::time_point next = Clock::time_point::max();
+  if (door_) next = std::min(next, door_->NextDeadline());
   for (auto& [id, c] : conns_) {
-    if (c->state == Conn::State::kHandshake || c->state == Conn::State::kRefusing) next = std::min(next, c->deadline);
+    if (c->state == Conn::State::kHandshake) next = std::min(next, c->deadline);
     for (auto& [seq, n] : c->notifies) next = std::min(next, n.second);
   }
   for (auto& [j, owned] : jobs_) next = std::min(next, j->deadline);
@@ -512,8 +561,7 @@ void UcxTransport::Worker::CheckDeadlines() {
   const auto now = Clock::now();
   std::vector<uint64_t> expired;
   for (auto& [id, c] : conns_) {
-    if ((c->state == Conn::State::kHandshake || c->state == Conn::State::kRefusing) && now >= c->deadline)
-      expired.push_back(id);
+    if (c->state == Conn::State::kHandshake && now >= c->deadline) expired.push_back(id);
     for (auto it = c->notifies.begin(); it != c->notifies.end();) {
       if (now >= it->second.second) {
         it->second.first->Finish(Status(ErrorCode::kTimeout, "no answer to the notify from engine \"" +
@@ -527,10 +575,9 @@ void UcxTransport::Worker::CheckDeadlines() {
   for (uint64_t id : expired) {
     Conn* c = Find(id);
     if (c == nullptr) continue;
-    if (c->state == Conn::State::kHandshake && !c->outgoing) CountRefusal("no hello from " + c->address + " in time");
-    Break(*c, Status(ErrorCode::kTimeout, c->outgoing ? "no answer from " + c->address + " in time (is an engine "
-                                                                                         "listening there?)"
-                                                      : "the handshake did not finish in time"));
+    Break(*c, Status(ErrorCode::kTimeout, "engine \"" + ipc::EscapeText(c->engine) + "\" at " + c->address +
+                                              " admitted us but sent nothing over UCX in time (can UCX reach it "
+                                              "from here?)"));
   }
   // A transfer past its deadline: the connection closes, which cancels what
   // is outstanding; the job ends TIMEOUT when the last request is back.
@@ -563,48 +610,51 @@ void UcxTransport::Worker::CheckDeadlines() {
     }
 }
 
-Status UcxTransport::Worker::SetUpEp(Conn& c, ucp_ep_params_t& params) {
-  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+Status UcxTransport::Worker::SetUpEp(Conn& c, const std::string& worker_address) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Worker::OnEpError;
   params.err_handler.arg = this;
-  ucs_status_t st = ucp_ep_create(worker_, &params, &c.ep);
+  ucs_status_t st = ucp_ep_create(send_, &params, &c.ep);
   if (st != UCS_OK) {
     c.ep = nullptr;
-    return Status(ErrorCode::kNotConnected, "cannot reach " + c.address + ": " + ucs_status_string(st));
+    return Status(ErrorCode::kNotConnected, "cannot reach the UCX worker of " + c.address + ": " +
+                                                ucs_status_string(st));
   }
   by_ep_[c.ep] = c.id;
   return Status::Ok();
 }
 
-void UcxTransport::Worker::OnConnRequest(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<Worker*>(arg);
-  // Connections that have not said hello yet hold an endpoint each: a flood of
-  // them is turned away at the door, not allowed to exhaust our fds.
-  size_t pending = 0;
-  for (const auto& [id, c] : self->conns_) pending += !c->outgoing && c->state == Conn::State::kHandshake;
-  if (pending >= kMaxPendingHandshakes) {
-    (void)ucp_listener_reject(self->listener_, request);
-    self->CountRefusal("too many connections waiting for their handshake (" + std::to_string(kMaxPendingHandshakes) +
-                       ")");
+void UcxTransport::Worker::PollDoor(Clock::time_point now) {
+  if (!door_ || (door_polled_ != Clock::time_point{} && now - door_polled_ < kDoorInterval &&
+                 now < door_->NextDeadline()))
     return;
-  }
+  door_polled_ = now;
+  for (Admitted& a : door_->Poll(now)) Admit(std::move(a));
+}
+
+void UcxTransport::Worker::Admit(Admitted&& a) {
   auto c = std::make_unique<Conn>();
-  c->id = self->next_id_++;
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
-    std::memcpy(&c->peer_addr, &attr.client_address, sizeof(c->peer_addr));
-    c->address = FormatAddress(reinterpret_cast<const sockaddr*>(&c->peer_addr));
-  } else {
-    c->address = "(unknown address)";
+  c->id = next_id_++;
+  c->address = std::move(a.address);
+  c->engine = std::move(a.engine);
+  c->token = a.token;
+  c->peer_token = a.peer_token;
+  if (Status st = SetUpEp(*c, a.worker_address); !st.ok()) return CountRefusal(st.message());
+  c->state = Conn::State::kReady;
+  by_token_[c->token] = c->id;
+  Conn& ref = *c;
+  conns_[c->id] = std::move(c);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.accepted;
+    stats_.connections = conns_.size();
   }
-  c->deadline = Clock::now() + self->options_.handshake_timeout;
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-  params.conn_request = request;
-  if (!self->SetUpEp(*c, params).ok()) return;
-  self->conns_[c->id] = std::move(c);
+  changes_.fetch_add(1, std::memory_order_relaxed);
+  Send(ref, wire::Welcome{options_.engine_name, options_.identity, Advertised()});
 }
 
 void UcxTransport::Worker::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -618,11 +668,11 @@ void UcxTransport::Worker::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status
                              ": " + ucs_status_string(status)));
 }
 
-void UcxTransport::Worker::CloseEp(ucp_ep_h ep) {
+void UcxTransport::Worker::CloseEp(ucp_ep_h ep, bool flush) {
   by_ep_.erase(ep);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  p.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
   p.cb.send = &Worker::OnCloseDone;
   p.user_data = this;
   ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
@@ -635,8 +685,10 @@ void UcxTransport::Worker::OnCloseDone(void* request, ucs_status_t, void* user_d
   ucp_request_free(request);
 }
 
-void UcxTransport::Worker::Break(Conn& c, Status st) {
+void UcxTransport::Worker::Break(Conn& c, Status st, bool goodbye) {
   if (c.state == Conn::State::kBroken) return;
+  goodbye = goodbye && c.state == Conn::State::kReady && c.ep != nullptr;
+  if (goodbye) Send(c, wire::Goodbye{st.message()});
   c.state = Conn::State::kBroken;
   c.broken = st;
   if (c.connect_waiter) {
@@ -669,7 +721,7 @@ void UcxTransport::Worker::Break(Conn& c, Status st) {
   if (c.ep != nullptr) {
     ucp_ep_h ep = c.ep;
     c.ep = nullptr;
-    CloseEp(ep);  // outstanding requests complete (cancelled) through their callbacks
+    CloseEp(ep, goodbye);  // outstanding requests complete (cancelled, or sent first) through their callbacks
   }
   // An acceptor's connection is forgotten by the loop (Reap); a connector's
   // stays, broken, until its owner calls Close, so its calls keep saying why.
@@ -688,6 +740,7 @@ void UcxTransport::Worker::Forget(uint64_t id) {
   Conn& c = *it->second;
   if (!c.jobs.empty()) return;  // the last job's completion forgets it
   if (c.ep != nullptr) CloseEp(c.ep);
+  by_token_.erase(c.token);
   conns_.erase(it);
   std::lock_guard<std::mutex> lk(mu_);
   stats_.connections = conns_.size();
@@ -695,14 +748,17 @@ void UcxTransport::Worker::Forget(uint64_t id) {
 }
 
 void UcxTransport::Worker::Send(Conn& c, const wire::Message& m) {
-  if (c.ep == nullptr) return;
-  auto* ctx = new SendContext{wire::Encode(m)};
+  if (c.ep == nullptr) {
+    if (c.outgoing && c.state != Conn::State::kBroken) c.unsent.push_back(m);  // sent once attached
+    return;
+  }
+  auto* ctx = new SendContext{c.peer_token, wire::Encode(m)};
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &Worker::OnSendDone;
   p.user_data = ctx;
-  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kAmId, nullptr, 0, ctx->bytes.data(), ctx->bytes.size(), &p);
+  ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kAmId, ctx->token.data(), ctx->token.size(), ctx->bytes.data(),
+                                       ctx->bytes.size(), &p);
   if (r == nullptr) {
     delete ctx;
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -720,28 +776,29 @@ void UcxTransport::Worker::OnSendDone(void* request, ucs_status_t, void* user_da
 namespace {
 struct RndvContext {
   class UcxTransport::Worker* worker;
-  ucp_ep_h ep;
+  uint64_t conn;
   std::vector<uint8_t> bytes;
 };
 }  // namespace
 
-ucs_status_t UcxTransport::Worker::OnAm(void* arg, const void*, size_t, void* data, size_t length,
-                                        const ucp_am_recv_param_t* param) {
+ucs_status_t UcxTransport::Worker::OnAm(void* arg, const void* header, size_t header_length, void* data,
+                                        size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Worker*>(arg);
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;  // not from a peer we know
-  Conn* c = self->FindByEp(param->reply_ep);
+  // Not from a connection we admitted: dropped (returning without receiving
+  // rendezvous bytes drops them too).
+  Conn* c = header_length == wire::kTokenBytes ? self->FindByToken(header, header_length) : nullptr;
   if (c == nullptr || c->state == Conn::State::kBroken) return UCS_OK;
   if (length > wire::kMaxMessageBytes) {
     self->Break(*c, Status(ErrorCode::kProtocolError, "a message from " + c->address + " is too large"));
     return UCS_OK;
   }
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    auto* ctx = new RndvContext{self, param->reply_ep, std::vector<uint8_t>(length)};
+    auto* ctx = new RndvContext{self, c->id, std::vector<uint8_t>(length)};
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_am = &Worker::OnRndvData;
     p.user_data = ctx;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, ctx->bytes.data(), length, &p);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->recv_, data, ctx->bytes.data(), length, &p);
     if (r == nullptr) {
       OnRndvData(nullptr, UCS_OK, length, ctx);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -762,7 +819,7 @@ void UcxTransport::Worker::OnRndvData(void* request, ucs_status_t status, size_t
   auto* ctx = static_cast<RndvContext*>(user_data);
   Worker* self = ctx->worker;
   if (request != nullptr) ucp_request_free(request);
-  Conn* c = self->FindByEp(ctx->ep);
+  Conn* c = self->Find(ctx->conn);
   if (c != nullptr && c->state != Conn::State::kBroken && status == UCS_OK) {
     auto m = wire::Decode(ctx->bytes);
     if (m.ok())
@@ -778,19 +835,12 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
   auto unexpected = [&](const char* what) {
     Break(c, Status(ErrorCode::kProtocolError, std::string("an unexpected ") + what + " from " + c.address));
   };
-  if (auto* h = std::get_if<wire::Hello>(&m)) {
-    if (c.outgoing || c.state != Conn::State::kHandshake) return unexpected("hello");
-    return HandleHello(c, std::move(*h));
-  }
+  if (auto* g = std::get_if<wire::Goodbye>(&m))
+    return Break(c, Status(ErrorCode::kNotConnected, "engine \"" + ipc::EscapeText(c.engine) + "\" at " + c.address +
+                                                         " closed the connection: " + ipc::EscapeText(g->reason)));
   if (auto* w = std::get_if<wire::Welcome>(&m)) {
     if (!c.outgoing || c.state != Conn::State::kHandshake) return unexpected("welcome");
     return HandleWelcome(c, std::move(*w));
-  }
-  if (auto* f = std::get_if<wire::Refused>(&m)) {
-    if (!c.outgoing || c.state != Conn::State::kHandshake) return unexpected("refusal");
-    ErrorCode code = f->code == static_cast<int32_t>(ErrorCode::kVersionMismatch) ? ErrorCode::kVersionMismatch
-                                                                                   : ErrorCode::kPermissionDenied;
-    return Break(c, Status(code, c.address + " refused the connection: " + ipc::EscapeText(f->reason)));
   }
   if (auto* a = std::get_if<wire::RegionAdded>(&m)) {
     if (!c.outgoing || !ready) return unexpected("region");
@@ -838,6 +888,23 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
 }
 
 void UcxTransport::Worker::CountRefusal(std::string reason) {
+  const auto now = Clock::now();
+  if (now - log_window_ >= std::chrono::minutes(1)) {
+    if (unlogged_ != 0)
+      std::fprintf(stderr, "membroker: engine \"%s\" refused %llu more connections in the last minute\n",
+                   ipc::EscapeText(options_.engine_name).c_str(), static_cast<unsigned long long>(unlogged_));
+    log_window_ = now;
+    logged_ = 0;
+    unlogged_ = 0;
+  }
+  if (logged_ < kRefusalLinesPerMinute) {
+    ++logged_;
+    std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s%s\n",
+                 ipc::EscapeText(options_.engine_name).c_str(), reason.c_str(),
+                 logged_ == kRefusalLinesPerMinute ? " (no more such lines this minute)" : "");
+  } else {
+    ++unlogged_;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.refused;
@@ -851,47 +918,6 @@ std::vector<uint64_t> UcxTransport::Worker::ReadyConnectors() const {
   for (const auto& [id, c] : conns_)
     if (!c->outgoing && c->state == Conn::State::kReady) ids.push_back(id);
   return ids;
-}
-
-void UcxTransport::Worker::Refuse(Conn& c, ErrorCode code, const std::string& reason) {
-  CountRefusal(reason);
-  std::fprintf(stderr, "membroker: engine \"%s\" refused a connection: %s\n",
-               ipc::EscapeText(options_.engine_name).c_str(), reason.c_str());
-  Send(c, wire::Refused{static_cast<int32_t>(code), reason});
-  if (c.state == Conn::State::kBroken) return;  // the send failed
-  // The connector closes when it reads the refusal; if it does not, we do.
-  c.state = Conn::State::kRefusing;
-  c.deadline = Clock::now() + std::chrono::seconds(2);
-}
-
-void UcxTransport::Worker::HandleHello(Conn& c, wire::Hello&& h) {
-  const std::string who = "engine \"" + ipc::EscapeText(h.engine) + "\" at " + c.address;
-  if (h.version != wire::kVersion)
-    return Refuse(c, ErrorCode::kVersionMismatch,
-                  who + " speaks version " + std::to_string(h.version) + ", this engine " +
-                      std::to_string(wire::kVersion));
-  // Constant time in the secret's bytes: a wrong guess tells nothing of the right one.
-  bool secret_ok = false;
-  if (!options_.secret.empty() && h.secret.size() == options_.secret.size()) {
-    unsigned diff = 0;
-    for (size_t i = 0; i < h.secret.size(); ++i) diff |= static_cast<uint8_t>(h.secret[i] ^ options_.secret[i]);
-    secret_ok = diff == 0;
-  }
-  const bool address_ok = AddressAllowed(options_.allow_from, reinterpret_cast<const sockaddr*>(&c.peer_addr));
-  if (!secret_ok && !address_ok)
-    return Refuse(c, ErrorCode::kPermissionDenied,
-                  who + (h.secret.empty() ? " presented no secret" : " presented a wrong secret") +
-                      " and its address is not in allow_from");
-  c.engine = std::move(h.engine);
-  c.state = Conn::State::kReady;
-  c.deadline = Clock::time_point::max();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++stats_.accepted;
-    stats_.connections = conns_.size();
-  }
-  changes_.fetch_add(1, std::memory_order_relaxed);
-  Send(c, wire::Welcome{options_.engine_name, options_.identity, Advertised()});
 }
 
 std::vector<wire::Region> UcxTransport::Worker::Advertised() const {
@@ -919,17 +945,22 @@ void UcxTransport::Worker::HandleWelcome(Conn& c, wire::Welcome&& w) {
   c.engine = w.engine;
   for (const wire::Region& r : w.regions)
     if (Status st = AddRemoteRegion(c, r); !st.ok()) return Break(c, st);
+  c.identity = w.identity;
   c.state = Conn::State::kReady;
   c.deadline = Clock::time_point::max();
-  if (c.connect_info != nullptr) {
-    c.connect_info->engine = w.engine;
-    c.connect_info->identity = w.identity;
-    c.connect_info->address = c.address;
-    c.connect_info->transports = Transports(c.ep);
-  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.connections = conns_.size();
+  }
+  if (c.ep != nullptr) FinishConnect(c);  // else Attach does
+}
+
+void UcxTransport::Worker::FinishConnect(Conn& c) {
+  if (c.connect_info != nullptr) {
+    c.connect_info->engine = c.engine;
+    c.connect_info->identity = c.identity;
+    c.connect_info->address = c.address;
+    c.connect_info->transports = Transports(c.ep);
   }
   if (c.connect_waiter) {
     c.connect_waiter->Finish(Status::Ok());
@@ -1035,26 +1066,34 @@ void UcxTransport::Worker::RemoveRegion(uint64_t handle, Clock::time_point deadl
   TryUnmap(handle);
 }
 
-void UcxTransport::Worker::Connect(const SocketAddress& addr, const std::string& text, Clock::time_point deadline,
-                                   NetPeerInfo* info, uint64_t* id, std::shared_ptr<Waiter> w) {
+void UcxTransport::Worker::Expect(const std::string& text, Token token, Clock::time_point deadline, uint64_t* id,
+                                  std::shared_ptr<Waiter> w) {
   auto c = std::make_unique<Conn>();
   c->id = next_id_++;
   c->outgoing = true;
   c->address = text;
-  std::memcpy(&c->peer_addr, addr.get(), addr.length);
+  c->token = token;
   c->deadline = deadline;
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = addr.get();
-  params.sockaddr.addrlen = addr.length;
-  if (Status st = SetUpEp(*c, params); !st.ok()) return w->Finish(st);
-  c->connect_waiter = w;
-  c->connect_info = info;
   *id = c->id;
-  Conn& ref = *c;
+  by_token_[c->token] = c->id;
   conns_[c->id] = std::move(c);
-  Send(ref, wire::Hello{wire::kVersion, options_.secret, options_.engine_name});
+  w->Finish(Status::Ok());
+}
+
+void UcxTransport::Worker::Attach(uint64_t id, const Dialed& dialed, NetPeerInfo* info, std::shared_ptr<Waiter> w) {
+  Conn* c = Find(id);
+  if (c == nullptr || c->state == Conn::State::kBroken)
+    return w->Finish(c != nullptr ? c->broken : Status(ErrorCode::kNotConnected, "not connected"));
+  if (c->engine.empty()) c->engine = dialed.engine;  // its Welcome says it too
+  c->peer_token = dialed.token;
+  if (Status st = SetUpEp(*c, dialed.worker_address); !st.ok()) {
+    Break(*c, st);
+    return w->Finish(st);
+  }
+  for (const wire::Message& m : std::exchange(c->unsent, {})) Send(*c, m);
+  c->connect_waiter = std::move(w);
+  c->connect_info = info;
+  if (c->state == Conn::State::kReady) FinishConnect(*c);  // the Welcome came first
 }
 
 void UcxTransport::Worker::Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w) {
@@ -1068,7 +1107,7 @@ void UcxTransport::Worker::Close(uint64_t id, Clock::time_point deadline, std::s
   if (!c->jobs.empty())
     return w->Finish(Status(ErrorCode::kTimeout, "transfers to \"" + ipc::EscapeText(c->engine) +
                                                      "\" still running after the timeout"));
-  Break(*c, Status(ErrorCode::kNotConnected, "disconnected"));
+  Break(*c, Status(ErrorCode::kNotConnected, "disconnected"), /*goodbye=*/true);
   Forget(id);
   w->Finish(Status::Ok());
 }
@@ -1179,15 +1218,15 @@ void UcxTransport::Worker::SendPiece(Conn& c, Piece* p) {
   const bool write = p->job->op == WRITE;
   const bool batch = p->ranges.size() > 1;
   using K = wire::DataKind;
-  p->header = wire::EncodeData(
-      batch ? wire::DataHeader{write ? K::kWriteV : K::kReadV, 0, p->tag, p->ranges.size(), p->length}
+  p->header = wire::EncodeRouted(
+      c.peer_token, batch ? wire::DataHeader{write ? K::kWriteV : K::kReadV, 0, p->tag, p->ranges.size(), p->length}
             : wire::DataHeader{write ? K::kWrite : K::kReadRequest, 0, p->tag, p->ranges[0].second.address,
                                p->length});
   void* data = batch ? p->batch_bytes.data() : write ? reinterpret_cast<void*>(p->ranges[0].first) : nullptr;
   const size_t bytes = batch ? p->batch_bytes.size() : write ? p->length : 0;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  prm.flags = UCP_AM_SEND_FLAG_EAGER;
   prm.cb.send = &Worker::OnPieceSent;
   prm.user_data = p;
   ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kDataAmId, p->header.data(), p->header.size(), data, bytes, &prm);
@@ -1228,20 +1267,19 @@ void UcxTransport::Worker::Retire(Piece* p) {
 ucs_status_t UcxTransport::Worker::OnData(void* arg, const void* header, size_t header_length, void* data,
                                           size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Worker*>(arg);
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;  // not from a peer we know
-  Conn* c = self->FindByEp(param->reply_ep);
-  if (c == nullptr || c->state == Conn::State::kBroken) return UCS_OK;
+  Conn* c = self->FindByToken(header, header_length);
+  if (c == nullptr || c->state == Conn::State::kBroken) return UCS_OK;  // not from a connection we admitted
   auto protocol_error = [&](const std::string& what) {
     self->Break(*c, Status(ErrorCode::kProtocolError, what + " from " + c->address));
     return UCS_OK;
   };
-  auto h = wire::DecodeData({static_cast<const uint8_t*>(header), header_length});
+  auto h = wire::DecodeData({static_cast<const uint8_t*>(header) + wire::kTokenBytes, header_length - wire::kTokenBytes});
   if (!h.ok()) return protocol_error(h.status().message());
   // Our pieces always fit one eager message: bytes by rendezvous are not ours
   // (returning without receiving them drops them).
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return protocol_error("a transfer's bytes by rendezvous");
   const bool asks = h->kind != wire::DataKind::kWriteAck && h->kind != wire::DataKind::kReadData;
-  // Only a connection accepted here and past its hello may touch our memory;
+  // Only a connection accepted here may touch our memory;
   // only our own connections get answers.
   if (c->state != Conn::State::kReady || c->outgoing == asks) return protocol_error("an unexpected transfer message");
   if (asks)
@@ -1318,13 +1356,13 @@ void UcxTransport::Worker::SendAnswer(Conn& c, const wire::DataHeader& h, std::o
     return Break(c, Status(ErrorCode::kResourceExhausted,
                            c.address + " asked for more than " + std::to_string(kMaxAnswersInFlight) +
                                " pieces without reading the answers"));
-  auto* ctx = new AnswerContext{this, c.id, range, wire::EncodeData(h), std::move(gathered)};
+  auto* ctx = new AnswerContext{this, c.id, range, wire::EncodeRouted(c.peer_token, h), std::move(gathered)};
   if (!ctx->bytes.empty()) data = ctx->bytes.data();
   ++c.answers_in_flight;
   if (range) ++regions_.at(*range).sending;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  prm.flags = UCP_AM_SEND_FLAG_EAGER;
   prm.cb.send = &Worker::OnAnswerSent;
   prm.user_data = ctx;
   const size_t bytes = data != nullptr ? h.length : 0;
@@ -1439,13 +1477,23 @@ Status UcxTransport::RemoveRegion(uint64_t handle, Clock::time_point deadline) {
 
 Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, NetPeerInfo* info) {
   MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(address));
+  // The connection is known by its token first; the handshake runs on this
+  // thread; the progress thread then only makes the endpoint.
+  const Token token = handshake::Random<16>();
   auto id = std::make_shared<uint64_t>(0);
+  MB_RETURN_IF_ERROR(worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
+    worker_->Expect(address, token, deadline, id.get(), std::move(w));
+  }));
+  const NetOptions& o = worker_->options();
+  auto dialed = Dial(addr, address, deadline, DialRequest{o.secret, o.engine_name, worker_->worker_address(), token});
+  Status st = dialed.status();
   auto out = std::make_shared<NetPeerInfo>();
-  Status st = worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
-    worker_->Connect(addr, address, deadline, out.get(), id.get(), std::move(w));
-  });
+  if (st.ok())
+    st = worker_->Ask(deadline, [=, this, d = *dialed](std::shared_ptr<Waiter> w) {
+      worker_->Attach(*id, d, out.get(), std::move(w));
+    });
   if (!st.ok()) {
-    if (*id != 0) (void)Close(*id, Clock::now());
+    (void)Close(*id, Clock::now());
     return st;
   }
   *info = *out;

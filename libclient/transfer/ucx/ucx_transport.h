@@ -4,10 +4,14 @@
 // object (the worker is single-threaded; callers hand it commands and wait
 // for the answer, each until their own deadline).
 //
-// An engine with a listen address accepts connections there; any engine can
-// connect out. The connector's first message is Hello (its name and the
-// shared secret); the acceptor answers Welcome (its name, identity and every
-// registered range) or Refused. Transfers are driven by the connector, in
+// An engine with a listen address admits engines of other hosts on a TCP
+// socket of its own (transfer/ucx/door.h; the handshake in handshake.h): a
+// challenge answered with an HMAC of the shared secret, then the two UCX
+// worker addresses are exchanged and each side opens an endpoint to the
+// other; every active message carries its receiver's token, and one with a
+// token its receiver never handed out is dropped. After the handshake the
+// acceptor sends Welcome over UCX (its name, identity and every registered
+// range). Transfers are driven by the connector, in
 // pieces: each a data message (wire::DataHeader) that the acceptor checks
 // against the ranges registered for that connection before it writes the
 // bytes or sends them back, and answers; a WRITE completes when every piece

@@ -1,0 +1,274 @@
+// What anyone who can reach a listening engine's port can do to it, from raw
+// TCP: garbage, silence, half-closes, a flood of silent connections, a
+// recorded handshake replayed. The engine must live, close and count each
+// one, keep serving its legitimate peers, and come back to no connection
+// held on its port. Built only with the network module.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "membroker/ipc/unique_fd.h"
+#include "membroker/transfer_engine.h"
+#include "net_engines.h"
+#include "transfer/ucx/handshake.h"
+
+namespace membroker::testing {
+namespace {
+
+namespace hs = detail::handshake;
+using Clock = std::chrono::steady_clock;
+constexpr size_t kSize = 1 << 20;
+constexpr auto kBound = std::chrono::seconds(60);  // only a broken engine waits this long
+
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+
+// A TCP connection to 127.0.0.1:port from this thread, not waited for.
+ipc::UniqueFd Open(int port) {
+  ipc::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
+  return fd;
+}
+
+void SendAll(int fd, const std::string& bytes) {
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads until the peer closes (true) or the bound passes (false).
+bool ClosedByPeer(int fd) {
+  const auto until = Clock::now() + kBound;
+  char buf[4096];
+  while (Clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+// One frame, read whole (bounded).
+hs::Frame ReadFrame(int fd) {
+  hs::FrameReader r;
+  const auto until = Clock::now() + kBound;
+  while (Clock::now() < until) {
+    auto wanted = r.Wanted();
+    if (!wanted.ok()) break;
+    if (*wanted == 0) {
+      auto f = hs::Decode(r.body());
+      if (f.ok()) return *f;
+      break;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    uint8_t buf[4096];
+    const ssize_t n = ::recv(fd, buf, std::min(*wanted, sizeof(buf)), 0);
+    if (n <= 0) break;
+    r.Append(buf, static_cast<size_t>(n));
+  }
+  ADD_FAILURE() << "no whole frame";
+  return hs::Refuse{};
+}
+
+// Sockets of this process accepted on `port` (not the listening one): the
+// listener's side of connections to it, from /proc/net/tcp.
+size_t AcceptedOn(int port) {
+  std::set<std::string> inodes;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the header
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state, skip, inode;
+    in >> slot >> local >> remote >> state;
+    for (int i = 0; i < 5; ++i) in >> skip;  // tx:rx tr:when retrnsmt uid timeout
+    in >> inode;
+    if (std::stoi(local.substr(local.find(':') + 1), nullptr, 16) == port && state != "0A") inodes.insert(inode);
+  }
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(d)) {
+    char target[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (::readlink(path.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string t(target);
+    if (t.rfind("socket:[", 0) == 0 && inodes.count(t.substr(8, t.size() - 9))) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+uint64_t Refused(TransferEngine& e) {
+  NetworkStats ns;
+  EXPECT_TRUE(e.GetNetworkStats(ns).ok());
+  return ns.refused;
+}
+
+// Waits (bounded) until the engine counted at least `n` refusals.
+uint64_t WaitForRefused(TransferEngine& e, uint64_t n) {
+  const auto until = Clock::now() + kBound;
+  uint64_t got = Refused(e);
+  while (got < n && Clock::now() < until) {
+    std::this_thread::yield();
+    got = Refused(e);
+  }
+  return got;
+}
+
+class ListenerAbuse : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ca_ = *Client::Connect({a_.socket(), "listener"});
+    cb_ = *Client::Connect({b_.socket(), "connector"});
+    secret_ = SecretFile(a_.dir(), "loopback-secret");
+  }
+  BrokerProcess a_, b_;
+  Client ca_, cb_;
+  std::string secret_;
+};
+
+TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
+  TransferEngine decode(ca_), prefill(cb_);
+  Status init = decode.Initialize("decode", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}});
+  MB_UCX_OR_SKIP(init);
+  ASSERT_TRUE(init.ok()) << init.ToString();
+  NetworkStats ns;
+  ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
+  const std::string addr = ns.listen_address;
+  const int port = PortOf(addr);
+  Memory remote = Register(ca_, decode, kSize);
+  ASSERT_TRUE(prefill.Initialize("prefill", {{"secret_file", secret_}}).ok());
+  Memory local = Register(cb_, prefill, kSize);
+  ASSERT_TRUE(prefill.Connect(addr, 5000).ok());
+  EXPECT_EQ(AcceptedOn(port), 0u) << "the handshake's socket outlived it";
+
+  // What killed UCX's own listener (17 zero bytes, 3000 of them, a 16-byte
+  // header whose length says 2^64-1), a length past the limit, an empty
+  // frame, a close at once, a half-close: each closed by the engine.
+  std::vector<std::string> garbage = {std::string(17, '\0'), std::string(3000, '\0'),
+                                      std::string(8, '\0') + std::string(8, '\xff'), std::string(4, '\xff'),
+                                      std::string("\x01\0\0\0\x09", 5)};
+  std::vector<ipc::UniqueFd> abusers;
+  for (const std::string& g : garbage) {
+    abusers.push_back(Open(port));
+    SendAll(abusers.back().get(), g);
+  }
+  abusers.push_back(Open(port));
+  ASSERT_EQ(::shutdown(abusers.back().get(), SHUT_WR), 0);
+  for (auto& fd : abusers) EXPECT_TRUE(ClosedByPeer(fd.get()));
+  Open(port);  // closed at once by us
+  const uint64_t refused_garbage = garbage.size() + 2;
+  EXPECT_EQ(WaitForRefused(decode, refused_garbage), refused_garbage);
+
+  // 200 silent connections, more than the 64 that may wait: the oldest make
+  // room, the rest are closed at the 5 s deadline.
+  std::vector<ipc::UniqueFd> silent;
+  for (int i = 0; i < 200; ++i) silent.push_back(Open(port));
+  // Once the engine took all 200 in (each is either counted or still holds a
+  // socket; read in this order, one closed in between is in neither), a
+  // legitimate connector still gets in: it only makes room too.
+  const auto until = Clock::now() + kBound;
+  while (Refused(decode) - refused_garbage + AcceptedOn(port) < 200 && Clock::now() < until) std::this_thread::yield();
+  Client cc = *Client::Connect({b_.socket(), "second"});  // one engine per client
+  TransferEngine second(cc);
+  ASSERT_TRUE(second.Initialize("second", {{"secret_file", secret_}}).ok());
+  Memory second_local = Register(cc, second, kSize);
+  Status st = second.Connect(addr, 10000);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(second.TransferSync(addr, READ, {{second_local.addr(), remote.addr(), 4096}}, 10000).ok());
+  for (auto& fd : silent) EXPECT_TRUE(ClosedByPeer(fd.get()));
+  EXPECT_EQ(WaitForRefused(decode, refused_garbage + 200), refused_garbage + 200);
+
+  // The engine lives, its first connector still transfers, and no socket is
+  // left on its port.
+  for (size_t i = 0; i < kSize; ++i) remote.data()[i] = static_cast<char>(i * 3 + 1);
+  ASSERT_TRUE(prefill.TransferSync(addr, READ, {{local.addr(), remote.addr(), kSize}}, 10000).ok());
+  EXPECT_EQ(std::memcmp(local.data(), remote.data(), kSize), 0);
+  EXPECT_EQ(AcceptedOn(port), 0u);
+  ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
+  EXPECT_EQ(ns.accepted, 2u);
+  EXPECT_EQ(a_.WaitForStat("engine_network_refused", refused_garbage + 200), refused_garbage + 200);
+}
+
+TEST_F(ListenerAbuse, TheSecretNeverCrossesTheWireAndARecordedProofDoesNotReplay) {
+  TransferEngine decode(ca_), prefill(cb_);
+  Status init = decode.Initialize("decode", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}});
+  MB_UCX_OR_SKIP(init);
+  ASSERT_TRUE(init.ok()) << init.ToString();
+  NetworkStats ns;
+  ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
+  const int port = PortOf(ns.listen_address);
+  ASSERT_TRUE(prefill.Initialize("prefill", {{"secret_file", secret_}}).ok());
+
+  // A listener of the test's own: it records what prefill sends.
+  ipc::UniqueFd fake(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  ASSERT_EQ(::bind(fake.get(), reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(::listen(fake.get(), 1), 0);
+  ASSERT_EQ(::getsockname(fake.get(), reinterpret_cast<sockaddr*>(&at), &len), 0);
+  const std::string fake_addr = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+  auto connecting = std::async(std::launch::async, [&] { return prefill.Connect(fake_addr, 10000); });
+  ipc::UniqueFd conn(::accept4(fake.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(conn.valid());
+  SendAll(conn.get(), hs::Encode(hs::Challenge{hs::kVersion, hs::Random<32>()}));
+  hs::Frame proof = ReadFrame(conn.get());
+  ASSERT_TRUE(std::holds_alternative<hs::Proof>(proof));
+  const std::string recorded = hs::Encode(proof);
+  EXPECT_EQ(recorded.find("loopback-secret"), std::string::npos) << "the secret crossed the wire";
+  EXPECT_TRUE(std::get<hs::Proof>(proof).has_secret);
+  conn.reset();  // prefill sees the connection closed during the handshake
+  EXPECT_EQ(connecting.get().code(), ErrorCode::kNotConnected);
+
+  // Replayed to the real engine, it answers another challenge: refused.
+  ipc::UniqueFd replay = Open(port);
+  ASSERT_TRUE(std::holds_alternative<hs::Challenge>(ReadFrame(replay.get())));
+  SendAll(replay.get(), recorded);
+  hs::Frame answer = ReadFrame(replay.get());
+  ASSERT_TRUE(std::holds_alternative<hs::Refuse>(answer));
+  EXPECT_EQ(std::get<hs::Refuse>(answer).code, static_cast<int32_t>(ErrorCode::kPermissionDenied));
+  EXPECT_NE(std::get<hs::Refuse>(answer).reason.find("wrong secret (or replayed"), std::string::npos)
+      << std::get<hs::Refuse>(answer).reason;
+  EXPECT_TRUE(ClosedByPeer(replay.get()));
+  EXPECT_EQ(WaitForRefused(decode, 1), 1u);
+
+  // A listener that does not hold the secret cannot pass for one that does.
+  auto fooled = std::async(std::launch::async, [&] { return prefill.Connect(fake_addr, 10000); });
+  conn = ipc::UniqueFd(::accept4(fake.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(conn.valid());
+  SendAll(conn.get(), hs::Encode(hs::Challenge{hs::kVersion, hs::Random<32>()}));
+  ASSERT_TRUE(std::holds_alternative<hs::Proof>(ReadFrame(conn.get())));
+  hs::Accept forged;
+  forged.token = hs::Random<16>();
+  forged.engine = "decode";
+  forged.worker_address = "not a worker";
+  SendAll(conn.get(), hs::Encode(forged));
+  Status st = fooled.get();
+  EXPECT_EQ(st.code(), ErrorCode::kPermissionDenied) << st.ToString();
+  EXPECT_NE(st.message().find("did not prove it holds the secret"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace membroker::testing
