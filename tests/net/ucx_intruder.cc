@@ -194,6 +194,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   if (!dialed.ok()) {
     std::fprintf(stderr, "ucx_intruder: %s\n", dialed.status().ToString().c_str());
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
     return 0;
   }
   ucp_ep_params_t ep_params{};

@@ -331,7 +331,7 @@ class UcxTransport::Worker {
   void TryUnmap(uint64_t handle);
   void Announced(uint64_t conn, uint64_t handle);  // conn knows the range (or is gone)
   void CountRefusal(std::string reason);          // stats, the change count and the (rate-limited) log
-  std::vector<uint64_t> ReadyConnectors() const;   // connections accepted here, past their hello
+  std::vector<uint64_t> ReadyConnectors() const;   // connections accepted here and welcomed
   std::string Transports(ucp_ep_h ep);
   std::vector<wire::Region> Advertised() const;
 
