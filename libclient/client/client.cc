@@ -40,6 +40,14 @@ namespace {
 Status Empty(const char* what) {
   return Status(ErrorCode::kInvalidHandle, std::string(what) + " is empty (moved from or released)");
 }
+// A handle, mapping or reservation is used through the Client that made it
+// only: through another, the call would act on the first one's memory.
+Status Owned(const std::shared_ptr<detail::ClientCore>& client, const std::shared_ptr<detail::ClientCore>& owner,
+             const char* what) {
+  if (!owner) return Empty(what);
+  if (owner != client) return Status(ErrorCode::kInvalidHandle, std::string(what) + " belongs to another Client");
+  return Status::Ok();
+}
 }  // namespace
 
 Result<Client> Client::Connect(const ConnectOptions& options) {
@@ -108,7 +116,7 @@ PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size,
 }
 
 Status Client::FreePhysical(PhysicalHandle& handle) {
-  if (!handle.core_) return Empty("PhysicalHandle");
+  MB_RETURN_IF_ERROR(Owned(core_, handle.core_, "PhysicalHandle"));
   auto core = std::move(handle.core_);
   return core->FreeHandle(handle.id_);
 }
@@ -125,7 +133,7 @@ Result<Reservation> Client::ReserveMemAddress(size_t size, size_t alignment, voi
 }
 
 Status Client::ReleaseMemAddress(Reservation& reservation) {
-  if (!reservation.core_) return Empty("Reservation");
+  MB_RETURN_IF_ERROR(Owned(core_, reservation.core_, "Reservation"));
   MB_RETURN_IF_ERROR(reservation.core_->Release(reservation.base_, /*force=*/false));
   reservation.core_.reset();
   return Status::Ok();
@@ -134,9 +142,7 @@ Status Client::ReleaseMemAddress(Reservation& reservation) {
 Result<Mapping> Client::MapMem(void* va, size_t size, size_t offset, const PhysicalHandle& handle,
                                uint32_t flags) {
   if (!core_) return detail::NotConnectedClient();
-  if (!handle.core_) return Empty("PhysicalHandle");
-  if (handle.core_ != core_)
-    return Status(ErrorCode::kInvalidHandle, "handle belongs to another Client");
+  MB_RETURN_IF_ERROR(Owned(core_, handle.core_, "PhysicalHandle"));
   MB_ASSIGN_OR_RETURN(uint64_t map_id, core_->Map(va, size, offset, handle.id_, flags));
   Mapping m;
   m.core_ = core_;
@@ -148,6 +154,7 @@ Result<Mapping> Client::MapMem(void* va, size_t size, size_t offset, const Physi
 
 Status Client::UnmapMem(Mapping& mapping) {
   if (!mapping.core_) return Status(ErrorCode::kNotMapped, "mapping is empty (already unmapped)");
+  MB_RETURN_IF_ERROR(Owned(core_, mapping.core_, "Mapping"));
   auto core = std::move(mapping.core_);
   return core->Unmap(mapping.va_, mapping.map_id_);
 }
@@ -159,7 +166,7 @@ Status Client::MemSetAccess(void* va, size_t size, Access access) {
 
 Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle, uint32_t flags) {
   if (!core_) return detail::NotConnectedClient();
-  if (!handle.core_) return Empty("PhysicalHandle");
+  MB_RETURN_IF_ERROR(Owned(core_, handle.core_, "PhysicalHandle"));
   if (!handle.core_->HoldsUnfreed(handle.id_)) return Empty("PhysicalHandle");
   // Exported when it was made, with these flags: the broker has it already.
   if (!handle.export_token_.empty() && flags == handle.export_flags_) return handle.export_token_;

@@ -18,6 +18,8 @@ Status Client::Publish(const std::string& name, const PhysicalHandle& handle, ui
   MB_RETURN_IF_ERROR(CheckName(name));
   if (metadata.size() > ipc::kMaxObjectMetadataBytes)
     return Status(ErrorCode::kParamInvalid, "metadata is at most 4096 bytes");
+  if (handle.valid() && handle.core_ != core_)
+    return Status(ErrorCode::kInvalidHandle, "PhysicalHandle belongs to another Client");
   if (!handle.valid() || !core_->HoldsUnfreed(handle.id()))
     return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
   MB_RETURN_IF_ERROR(

@@ -179,6 +179,37 @@ TEST_F(Vmm, FreedHandlesCannotBeMappedOrFreedTwice) {
   EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u);
 }
 
+// Two Clients of one process: each call takes only its own Client's handles,
+// mappings and reservations; another's is INVALID_HANDLE and changes nothing.
+TEST_F(Vmm, AnotherClientsHandlesMappingsAndReservationsAreInvalidHandles) {
+  Client other = *Client::Connect({broker.socket(), "other"});
+  auto h = Malloc(kPage);
+  auto r = client.ReserveMemAddress(kPage);
+  ASSERT_TRUE(r.ok());
+  auto m = client.MapMem(r->base(), kPage, 0, h);
+  ASSERT_TRUE(m.ok());
+  auto r2 = other.ReserveMemAddress(kPage);
+  ASSERT_TRUE(r2.ok());
+  auto expect_foreign = [](const Status& st) {
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidHandle) << st.ToString();
+    EXPECT_NE(st.message().find("belongs to another Client"), std::string::npos) << st.ToString();
+  };
+  expect_foreign(other.ExportToShareableHandle(h).status());
+  expect_foreign(other.Publish("vmm/foreign", h));
+  expect_foreign(other.MapMem(r2->base(), kPage, 0, h).status());
+  expect_foreign(other.UnmapMem(*m));
+  expect_foreign(other.ReleaseMemAddress(*r));
+  expect_foreign(other.FreePhysical(h));
+  // Nothing happened: the handle, its mapping and the reservation are as they were.
+  EXPECT_EQ(broker.Stat("exports_live"), 0u);
+  EXPECT_FALSE(client.Lookup("vmm/foreign").ok());
+  m->as<int>()[0] = 7;
+  EXPECT_TRUE(client.UnmapMem(*m).ok());
+  EXPECT_TRUE(client.ReleaseMemAddress(*r).ok());
+  EXPECT_TRUE(client.FreePhysical(h).ok());
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u);
+}
+
 TEST_F(Vmm, FreeWhileMappedIsDeferredToTheLastUnmap) {
   auto h = Malloc(kPage);
   auto r = client.ReserveMemAddress(kPage);
