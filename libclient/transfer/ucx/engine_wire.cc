@@ -5,77 +5,27 @@
 
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/protocol.h"
+#include "transfer/ucx/byte_codec.h"
 
 namespace membroker::detail::wire {
 
 namespace {
 
-class Writer {
- public:
-  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) U8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void U64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) U8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void Bytes(std::string_view s) {
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  void Put(const Region& r) {
-    U64(r.handle);
-    U64(r.address);
-    U64(r.length);
-    U8(r.read_only ? 1 : 0);
-  }
-  std::string take() { return std::move(out_); }
+using Writer = ByteWriter;
+using Reader = ByteReader;
 
- private:
-  std::string out_;
-};
+void Put(Writer& w, const Region& r) {
+  w.U64(r.handle);
+  w.U64(r.address);
+  w.U64(r.length);
+  w.U8(r.read_only ? 1 : 0);
+}
 
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> b) : b_(b) {}
-  bool U8(uint8_t* v) {
-    if (b_.size() - pos_ < 1) return false;
-    *v = b_[pos_++];
-    return true;
-  }
-  bool U32(uint32_t* v) {
-    if (b_.size() - pos_ < 4) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) *v |= static_cast<uint32_t>(b_[pos_++]) << (8 * i);
-    return true;
-  }
-  bool U64(uint64_t* v) {
-    if (b_.size() - pos_ < 8) return false;
-    *v = 0;
-    for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(b_[pos_++]) << (8 * i);
-    return true;
-  }
-  bool Bytes(std::string* s, size_t max) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > max || b_.size() - pos_ < n) return false;
-    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool Get(Region* r) {
-    uint8_t ro = 0;
-    if (!U64(&r->handle) || !U64(&r->address) || !U64(&r->length) || !U8(&ro) || ro > 1) return false;
-    r->read_only = ro == 1;
-    // A range that wraps, or is empty, names no memory.
-    return r->length != 0 && r->address + r->length > r->address;
-  }
-  bool done() const { return pos_ == b_.size(); }
-  size_t left() const { return b_.size() - pos_; }
-
- private:
-  std::span<const uint8_t> b_;
-  size_t pos_ = 0;
-};
+bool Get(Reader& in, Region* r) {
+  if (!in.U64(&r->handle) || !in.U64(&r->address) || !in.U64(&r->length) || !in.Flag(&r->read_only)) return false;
+  // A range that wraps, or is empty, names no memory.
+  return r->length != 0 && r->address + r->length > r->address;
+}
 
 constexpr size_t kMinRegionBytes = 8 * 3 + 1;
 
@@ -95,9 +45,9 @@ std::string Encode(const Message& m) {
           w.Bytes(v.engine);
           for (uint8_t b : v.identity) w.U8(b);
           w.U32(static_cast<uint32_t>(v.regions.size()));
-          for (const Region& r : v.regions) w.Put(r);
+          for (const Region& r : v.regions) Put(w, r);
         } else if constexpr (std::is_same_v<T, RegionAdded>) {
-          w.Put(v.region);
+          Put(w, v.region);
         } else if constexpr (std::is_same_v<T, RegionGone> || std::is_same_v<T, RegionGoneAck> ||
                              std::is_same_v<T, RegionAddedAck>) {
           w.U64(v.handle);
@@ -134,7 +84,7 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
       ok = ok && r.U32(&n) && n <= r.left() / kMinRegionBytes;
       for (uint32_t i = 0; ok && i < n; ++i) {
         Region reg;
-        ok = r.Get(&reg);
+        ok = Get(r, &reg);
         w.regions.push_back(std::move(reg));
       }
       out = std::move(w);
@@ -142,7 +92,7 @@ Result<Message> Decode(std::span<const uint8_t> bytes) {
     }
     case 2: {
       RegionAdded a;
-      ok = r.Get(&a.region);
+      ok = Get(r, &a.region);
       out = std::move(a);
       break;
     }

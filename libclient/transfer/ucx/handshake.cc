@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "membroker/ipc/escape.h"
+#include "transfer/ucx/byte_codec.h"
 
 namespace membroker::detail::handshake {
 
@@ -14,66 +15,8 @@ namespace {
 
 enum class Type : uint8_t { kChallenge = 1, kProof = 2, kAccept = 3, kRefuse = 4 };
 
-class Writer {
- public:
-  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) U8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  template <size_t N>
-  void Fixed(const std::array<uint8_t, N>& a) {
-    out_.append(reinterpret_cast<const char*>(a.data()), N);
-  }
-  void Bytes(std::string_view s) {
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> b) : b_(b) {}
-  bool U8(uint8_t* v) {
-    if (b_.size() - pos_ < 1) return false;
-    *v = b_[pos_++];
-    return true;
-  }
-  bool U32(uint32_t* v) {
-    if (b_.size() - pos_ < 4) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) *v |= static_cast<uint32_t>(b_[pos_++]) << (8 * i);
-    return true;
-  }
-  template <size_t N>
-  bool Fixed(std::array<uint8_t, N>* a) {
-    if (b_.size() - pos_ < N) return false;
-    std::memcpy(a->data(), b_.data() + pos_, N);
-    pos_ += N;
-    return true;
-  }
-  bool Bytes(std::string* s, size_t max) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > max || b_.size() - pos_ < n) return false;
-    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool Flag(bool* v) {
-    uint8_t b = 0;
-    if (!U8(&b) || b > 1) return false;
-    *v = b == 1;
-    return true;
-  }
-  bool done() const { return pos_ == b_.size(); }
-
- private:
-  std::span<const uint8_t> b_;
-  size_t pos_ = 0;
-};
+using Writer = wire::ByteWriter;
+using Reader = wire::ByteReader;
 
 bool ValidEngine(const std::string& s) { return !s.empty() && s.size() <= kMaxEngineBytes && ipc::IsValidUtf8(s); }
 
