@@ -149,12 +149,8 @@ class ListenerAbuse : public ::testing::Test {
 
 TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
   TransferEngine decode(ca_), prefill(cb_);
-  Status init = decode.Initialize("decode", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}});
-  MB_UCX_OR_SKIP(init);
-  ASSERT_TRUE(init.ok()) << init.ToString();
-  NetworkStats ns;
-  ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
-  const std::string addr = ns.listen_address;
+  const std::string addr = ListenOnLoopback(decode, "decode", secret_);
+  ASSERT_FALSE(addr.empty());
   const int port = PortOf(addr);
   Memory remote = Register(ca_, decode, kSize);
   ASSERT_TRUE(prefill.Initialize("prefill", {{"secret_file", secret_}}).ok());
@@ -205,6 +201,7 @@ TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
   ASSERT_TRUE(prefill.TransferSync(addr, READ, {{local.addr(), remote.addr(), kSize}}, 10000).ok());
   EXPECT_EQ(std::memcmp(local.data(), remote.data(), kSize), 0);
   EXPECT_EQ(AcceptedOn(port), 0u);
+  NetworkStats ns;
   ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
   EXPECT_EQ(ns.accepted, 2u);
   EXPECT_EQ(a_.WaitForStat("engine_network_refused", refused_garbage + 200), refused_garbage + 200);
@@ -212,12 +209,9 @@ TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
 
 TEST_F(ListenerAbuse, TheSecretNeverCrossesTheWireAndARecordedProofDoesNotReplay) {
   TransferEngine decode(ca_), prefill(cb_);
-  Status init = decode.Initialize("decode", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}});
-  MB_UCX_OR_SKIP(init);
-  ASSERT_TRUE(init.ok()) << init.ToString();
-  NetworkStats ns;
-  ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
-  const int port = PortOf(ns.listen_address);
+  const std::string addr = ListenOnLoopback(decode, "decode", secret_);
+  ASSERT_FALSE(addr.empty());
+  const int port = PortOf(addr);
   ASSERT_TRUE(prefill.Initialize("prefill", {{"secret_file", secret_}}).ok());
 
   // A listener of the test's own: it records what prefill sends.

@@ -34,13 +34,7 @@ class RemoteTransfer : public ::testing::Test {
     secret_ = SecretFile(a_->dir(), "loopback-secret");
   }
   // decode listens at broker a; returns its address.
-  std::string Listen(TransferEngine& e) {
-    Status st = e.Initialize("decode", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}});
-    if (!st.ok()) return "";
-    NetworkStats ns;
-    EXPECT_TRUE(e.GetNetworkStats(ns).ok());
-    return ns.listen_address;
-  }
+  std::string Listen(TransferEngine& e) { return ListenOnLoopback(e, "decode", secret_); }
   std::unique_ptr<BrokerProcess> a_, b_;
   Client ca_, cb_;
   std::string secret_;

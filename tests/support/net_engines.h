@@ -41,6 +41,17 @@ inline std::string SecretFile(const std::string& dir, const std::string& text, m
   return path;
 }
 
+// Initializes e as `name`, listening on 127.0.0.1 (on a port the kernel
+// chooses) for holders of the secret in secret_file; its address, or "" when
+// Initialize failed.
+inline std::string ListenOnLoopback(TransferEngine& e, const std::string& name, const std::string& secret_file) {
+  Status st = e.Initialize(name, {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_file}});
+  if (!st.ok()) return "";
+  NetworkStats ns;
+  EXPECT_TRUE(e.GetNetworkStats(ns).ok());
+  return ns.listen_address;
+}
+
 // Skipped where the build has no network module (no UCX); where it has one,
 // UNSUPPORTED (the module failed to load) is a failure.
 #ifdef MEMBROKER_TEST_HAVE_NET_MODULE
