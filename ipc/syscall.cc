@@ -30,6 +30,8 @@ ErrorCode ErrnoToCode(int err) {
       return ErrorCode::kAlreadyExists;
     case EBUSY:
       return ErrorCode::kBusy;
+    case ENODEV:  // e.g. memfd_create of a huge page size the kernel has no pool for
+      return ErrorCode::kUnsupported;
     default:
       return ErrorCode::kInternal;
   }
@@ -38,6 +40,9 @@ ErrorCode ErrnoToCode(int err) {
 static std::string_view Hint(std::string_view call, int err) {
   if (err == EMFILE) return " (hint: raise the open-file limit, ulimit -n)";
   if (err == ENOMEM && call == "mmap") return " (hint: vm.max_map_count may be too low)";
+  if (err == ENODEV && call.find("huge") != std::string_view::npos)
+    return " (this kernel has no huge pages of this size at all: no "
+           "/sys/kernel/mm/hugepages/hugepages-<size>kB; 1 GiB pages need a CPU with pdpe1gb)";
   if ((err == ENOMEM || err == ENOSPC) && call.find("huge") != std::string_view::npos)
     return " (no free huge pages of this size; reserve some in /proc/sys/vm/nr_hugepages for "
            "2 MiB, /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages for 1 GiB)";

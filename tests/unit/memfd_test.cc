@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <linux/filter.h>
+#include <linux/memfd.h>
 #include <linux/seccomp.h>
 
 #include <cstddef>
@@ -75,6 +76,39 @@ TEST(Token, AGetrandomFailureIsAnError) {
     if (t.ok()) ::_exit(1);
     if (t.status().message().find("getrandom") == std::string::npos) ::_exit(2);
     if (t.code() != ErrorCode::kPermissionDenied) ::_exit(3);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A kernel without huge pages of a size answers memfd_create(MFD_HUGETLB) with
+// ENODEV (a seccomp filter plays that kernel in a child process): the huge-only
+// policies are UNSUPPORTED naming why, HUGE_FIRST falls back to normal pages.
+TEST(Memfd, AHugePageSizeTheKernelLacksIsUnsupported) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_memfd_create, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[1])),  // flags, low half
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, MFD_HUGETLB, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENODEV & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(10);
+    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) ::_exit(11);
+    for (PagePolicy p : {PagePolicy::kHugeOnly, PagePolicy::kHuge1GOnly}) {
+      auto mem = CreatePhysicalMemory("t", 1 << 30, p);
+      if (mem.code() != ErrorCode::kUnsupported) ::_exit(1);
+      if (mem.status().message().find("no huge pages of this size") == std::string::npos) ::_exit(2);
+    }
+    auto fallback = CreatePhysicalMemory("t", 4 << 20, PagePolicy::kHugeFirst);
+    if (!fallback.ok() || !fallback->fell_back || fallback->page_size != 4096) ::_exit(3);
     ::_exit(0);
   }
   int status = 0;
