@@ -24,10 +24,11 @@ PORT = 47311
 class Pair:
     """decode (b, listening) and prefill (a, connected to it), each with 64 MiB of each memory kind."""
 
-    def __init__(self, hosts, secrets, port=PORT):
+    def __init__(self, hosts, secrets, port=PORT, decode_options=""):
         self.hosts = hosts
         self.b = hosts.b.agent("decode")
-        self.addr = self.b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], port, secrets["b"]))[0]
+        self.addr = self.b("init decode listen_address=%s:%d secret_file=%s %s" %
+                           (hosts.ip["b"], port, secrets["b"], decode_options))[0]
         assert self.addr == "%s:%d" % (hosts.ip["b"], port), self.addr
         self.b_mem = {}
         for kind in ("broker", "host"):
@@ -207,7 +208,7 @@ def test_remote_killed_mid_batch(hosts, secrets):
         assert p.a("status")[0] == "WAITING"
         killed = time.monotonic()
         p.b.kill()
-        st = final_status(p.a, 10, "still WAITING 10 s after the remote engine was killed")
+        st = final_status(p.a, 60, "still WAITING 60 s after the remote engine was killed")
         noticed = time.monotonic() - killed
         assert st[0] == "FAILED" and "NOT_CONNECTED" in " ".join(st), st
         print("    the dead remote was noticed after %.0f ms" % (noticed * 1000))
@@ -250,7 +251,11 @@ def test_link_down_times_out_then_recovers(hosts, secrets):
 
 
 def test_deregistration_during_transfers(hosts, secrets):
-    with Pair(hosts, secrets) as p:
+    # decode's DeregisterMem waits for the batch, which ends by its own 60 s
+    # deadline at the latest: a drain timeout past that makes the verdict
+    # independent of how fast this machine moves 1.6 GB today (under ASan on a
+    # loaded machine it outlasted the default 10 s).
+    with Pair(hosts, secrets, decode_options="drain_timeout_ms=90000") as p:
         ai, _ = p.a_mem["broker"]
         bi, bbase = p.b_mem["host"]
         p.a("fill %d 3" % ai)
