@@ -35,6 +35,9 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kReapSlice = std::chrono::milliseconds(2);
 // A subscriber waiting on an empty queue re-checks the publisher this often.
 constexpr auto kPublisherCheck = std::chrono::milliseconds(10);
+// A queue whose head moves under us is looked at again; past the caller's
+// deadline at most this many more times.
+constexpr uint32_t kLooksPastDeadline = 64;
 
 // One allocation of a channel, mapped here whole and populated (so no
 // hand-off pays a page fault).
@@ -225,7 +228,7 @@ class ChannelPublisher::Impl {
       if (!from.head.compare_exchange_strong(head, head + 1)) continue;
       ++head;
       if (i >= v.layout.chunks) continue;  // not a chunk: nothing to pass on
-      const uint64_t target = LeastLoaded(v.header()->active.load());
+      const uint64_t target = LeastLoaded(v.active());
       if (target == 0) return;
       SlotHeader& to = v.slot(static_cast<uint32_t>(std::countr_zero(target)));
       const uint64_t to_tail = to.tail.load();
@@ -274,14 +277,34 @@ class ChannelPublisher::Impl {
   }
 
   // Makes room in slot s's queue (kWait: waits; kDropOldest: drops its
-  // oldest). False when it died meanwhile (reaped) or the deadline passed.
+  // oldest). *gone when it died (reaped) or left meanwhile; TIMEOUT at the
+  // deadline, whatever the block says; PROTOCOL_ERROR when its queue is
+  // damaged.
   Status Room(uint32_t s, Clock::time_point deadline, bool* gone) {
     SlotHeader& q = v.slot(s);
     const uint64_t bit = uint64_t{1} << s;
-    for (;;) {
-      uint64_t head = q.head.load();
-      const uint64_t tail = q.tail.load();
+    auto full = [&] {
+      return Status(ErrorCode::kTimeout, "subscriber " + std::to_string(s) + " of channel \"" + name +
+                                             "\" has a full queue (" + std::to_string(v.layout.queue_depth) +
+                                             " chunks unread)");
+    };
+    // Past the deadline a few more looks, then TIMEOUT whatever the block says.
+    for (uint32_t looks = 0;; ++looks) {
+      if (looks > kLooksPastDeadline && Clock::now() >= deadline) return full();
+      uint64_t head = 0, tail = 0;
+      if (!QueueSnapshot(q, &head, &tail)) continue;  // it took one meanwhile: look again
       if (tail - head < v.layout.queue_depth) return Status::Ok();
+      if (tail - head > v.layout.queue_depth) {
+        // A subscriber leaving or joining resets its queue: not damage, and
+        // not a target any more.
+        if ((v.active() & bit) == 0 || q.state.load() != kActive) {
+          *gone = true;
+          return Status::Ok();
+        }
+        return Status(ErrorCode::kProtocolError, "channel \"" + name + "\": subscriber " + std::to_string(s) +
+                                                     "'s queue holds more than its depth (its control block is "
+                                                     "damaged)");
+      }
       if (options.when_full == WhenFull::kDropOldest) {
         const uint32_t oldest = v.entry(q, head).load();
         if (q.head.compare_exchange_strong(head, head + 1)) {
@@ -299,10 +322,7 @@ class ChannelPublisher::Impl {
         *gone = true;
         return Status::Ok();
       }
-      if (Clock::now() >= deadline)
-        return Status(ErrorCode::kTimeout, "subscriber " + std::to_string(s) + " of channel \"" + name +
-                                               "\" has a full queue (" + std::to_string(v.layout.queue_depth) +
-                                               " chunks unread)");
+      if (Clock::now() >= deadline) return full();
       q.publisher_waiting.store(WaiterFor(options.wake));
       const uint32_t seen = q.space_signal.load();
       if (q.tail.load() - q.head.load() >= v.layout.queue_depth)
@@ -335,7 +355,7 @@ class ChannelPublisher::Impl {
       return Status(ErrorCode::kParamInvalid, "chunk.size " + std::to_string(c.size) + " is past its capacity");
     const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
     Header* h = v.header();
-    uint64_t targets = h->active.load();
+    uint64_t targets = v.active();
     if (options.mode == ChannelMode::kWorkSharing) targets = LeastLoaded(targets);
     // Room first: a publish that times out has published nothing.
     for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
@@ -349,7 +369,7 @@ class ChannelPublisher::Impl {
     m.sequence = ++sequence;
     h->publishing.fetch_add(1);  // odd: a leaving subscriber waits for us
     // Subscribers that left since `targets` was read are not given it.
-    targets &= h->active.load();
+    targets &= v.active();
     m.waiting.store(targets | kLoaned);
     for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
       SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
@@ -448,7 +468,7 @@ size_t ChannelPublisher::Reap() { return impl_ ? impl_->Reap() : 0; }
 Status ChannelPublisher::WaitForSubscribers(uint32_t n, int timeout_ms) {
   if (!impl_) return NoChannel();
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
-  while (static_cast<uint32_t>(std::popcount(impl_->v.header()->active.load())) < n) {
+  while (static_cast<uint32_t>(std::popcount(impl_->v.active())) < n) {
     impl_->Reap();
     if (Clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, std::to_string(n) + " subscribers did not join channel \"" + impl_->name +
@@ -461,7 +481,7 @@ Status ChannelPublisher::WaitForSubscribers(uint32_t n, int timeout_ms) {
 ChannelStats ChannelPublisher::stats() const {
   if (!impl_) return {};
   ChannelStats s = impl_->counts;
-  s.subscribers = static_cast<uint32_t>(std::popcount(impl_->v.header()->active.load()));
+  s.subscribers = static_cast<uint32_t>(std::popcount(impl_->v.active()));
   return s;
 }
 
@@ -493,9 +513,16 @@ class ChannelSubscriber::Impl {
     const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
     SlotHeader& q = v.slot(s);
     const uint64_t bit = uint64_t{1} << s;
-    for (;;) {
-      uint64_t head = q.head.load();
-      const uint64_t tail = q.tail.load();
+    auto timeout = [&] {
+      return Status(ErrorCode::kTimeout, "nothing published on channel \"" + name + "\" within " +
+                                             std::to_string(timeout_ms) + " ms");
+    };
+    // Past the deadline a few more looks (Receive(0) still takes what is
+    // there), then TIMEOUT whatever the block says (a head that keeps moving).
+    for (uint32_t looks = 0;; ++looks) {
+      if (looks > kLooksPastDeadline && Clock::now() >= deadline) return timeout();
+      uint64_t head = 0, tail = 0;
+      if (!QueueSnapshot(q, &head, &tail)) continue;  // the publisher dropped one meanwhile
       if (tail - head > v.layout.queue_depth) return Corrupt("a queue holds more than its depth");
       if (head != tail) {
         const uint32_t i = v.entry(q, head).load();
@@ -511,9 +538,7 @@ class ChannelSubscriber::Impl {
       }
       if (PublisherGone())
         return Status(ErrorCode::kNotConnected, "the publisher of channel \"" + name + "\" has gone");
-      if (Clock::now() >= deadline)
-        return Status(ErrorCode::kTimeout, "nothing published on channel \"" + name + "\" within " +
-                                               std::to_string(timeout_ms) + " ms");
+      if (Clock::now() >= deadline) return timeout();
       q.subscriber_waiting.store(WaiterFor(options.wake));
       std::atomic<uint32_t>* word = v.data_word(q, options.wake);
       const uint32_t seen = word->load();

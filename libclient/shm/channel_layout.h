@@ -36,6 +36,7 @@ inline constexpr uint64_t kLoaned = uint64_t{1} << 63;
 inline constexpr size_t kLine = 64;
 inline constexpr uint32_t kMaxChunks = 65536;
 inline constexpr uint32_t kMaxQueueDepth = 4096;
+inline constexpr uint64_t kSlotMask = (uint64_t{1} << kMaxChannelSubscribers) - 1;
 enum SlotState : uint32_t { kFree = 0, kJoining = 1, kActive = 2, kLeaving = 3 };
 
 inline size_t AlignUp(size_t v) { return (v + kLine - 1) / kLine * kLine; }
@@ -78,6 +79,21 @@ struct SlotHeader {
   alignas(kLine) std::atomic<uint32_t> entries[1];  // queue_depth of them
 };
 
+// A queue's head and tail as they were at one moment, or false (read again).
+// The other side moves the head (a take, or a drop of the oldest) and the
+// publisher the tail: a head read before the tail may be several pushes and
+// drops old, and such a pair once looked like a queue holding more than its
+// depth. The head is read again after the tail; unchanged, the pair held when
+// the tail was read.
+inline bool QueueSnapshot(const SlotHeader& q, uint64_t* head, uint64_t* tail) {
+  const uint64_t h = q.head.load();
+  const uint64_t t = q.tail.load();
+  if (q.head.load() != h) return false;
+  *head = h;
+  *tail = t;
+  return true;
+}
+
 // Where everything is, computed from the geometry alone (never read from
 // the shared block).
 struct Layout {
@@ -119,6 +135,9 @@ struct View {
     return q.entries[position & (layout.queue_depth - 1)];
   }
   char* chunk(uint32_t i) const { return data + layout.chunk_bytes * i; }
+  // The active-subscriber mask, only bits of slots that exist: a scribbled
+  // bit 63 would name a slot past the block.
+  uint64_t active() const { return header()->active.load() & kSlotMask; }
   // The word slot q's subscriber waits on for data.
   std::atomic<uint32_t>* data_word(SlotHeader& q, WakeMode wake) const {
     return wake == WakeMode::kFutex && broadcast ? &header()->sleepers_signal : &q.data_signal;

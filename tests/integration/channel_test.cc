@@ -19,6 +19,7 @@
 #include "broker_process.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
+#include "shm/channel_layout.h"
 
 namespace membroker::testing {
 namespace {
@@ -282,6 +283,64 @@ TEST(Channel, AFullQueueMakesThePublisherWaitOrDropTheOldest) {
   }
 }
 
+// A drop-oldest publisher that overflows queues of depth 1 all the time while
+// subscribers take as fast as they can, and some are SIGKILLed and replaced:
+// an honest subscriber never sees a damaged queue (reading head, then tail,
+// while the publisher dropped and pushed in between, once looked like a
+// queue holding more than its depth), and every chunk it gets is whole.
+int Taker(const std::string& socket, Channel& ch) {
+  auto c = Client::Connect({socket, "taker"});
+  if (!c.ok()) return 10;
+  SubscribeOptions o;
+  o.wake = WakeMode::kPoll;
+  auto sub = ChannelSubscriber::Join(*c, "chan/race", o);
+  if (!sub.ok()) return 11;
+  ch.Send("joined");
+  for (;;) {
+    auto chunk = sub->Receive(60000);
+    if (chunk.code() == ErrorCode::kNotConnected) return 0;  // the publisher has gone
+    if (!chunk.ok()) {
+      std::fprintf(stderr, "taker: %s\n", chunk.status().ToString().c_str());
+      return chunk.code() == ErrorCode::kProtocolError ? 20 : 12;
+    }
+    if (chunk->size != SizeOf(chunk->sequence) % 512 + 1) return 13;
+    if (!sub->Release(*chunk).ok()) return 14;
+  }
+}
+
+TEST(Channel, DropOldestOverflowingAllTheTimeNeverLooksDamagedToHonestSubscribers) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "publisher"});
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 4096, .queue_depth = 1, .when_full = WhenFull::kDropOldest};
+  auto pub = ChannelPublisher::Create(*c, "chan/race", o);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  constexpr size_t kTakers = 3, kRounds = 6;
+  Children kids(kTakers * kRounds);
+  size_t started = 0;
+  for (size_t round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < kTakers; ++i, ++started) {
+      kids.Start(started, [&](Channel& ch) { return Taker(b.socket(), ch); });
+      ASSERT_EQ(kids.channels[started].Receive(), "joined");
+    }
+    for (uint64_t n = 1; n <= 20000; ++n) {
+      const uint64_t sequence = round * 20000 + n;  // the channel numbers publications from 1
+      auto chunk = pub->Loan(SizeOf(sequence) % 512 + 1, 10000);
+      ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+      chunk->size = SizeOf(sequence) % 512 + 1;
+      ASSERT_TRUE(pub->Publish(*chunk, 10000).ok());
+      ASSERT_EQ(chunk->sequence, sequence);
+      // Two of each round's three takers die mid-stream; the third lives to the end.
+      if ((n == 5000 || n == 10000) && round + 1 < kRounds) ::kill(kids.pids[started - n / 5000], SIGKILL);
+    }
+  }
+  EXPECT_GT(pub->stats().dropped, 0u);
+  *pub = ChannelPublisher();  // gone: the takers that live end with NOT_CONNECTED
+  for (size_t i = 0; i < started; ++i) {
+    const int rc = kids.Wait(i);
+    EXPECT_TRUE(rc == 0 || rc == 128 + SIGKILL) << "taker " << i << " exited " << rc;
+  }
+}
+
 TEST(Channel, ASubscriberKilledHoldingChunksGivesThemBackAndANewOneJoins) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "publisher"});
@@ -447,6 +506,68 @@ TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
   const uint32_t seven = 7;
   std::memcpy(om->as<char>() + 24, &seven, sizeof(seven));
   EXPECT_EQ(ChannelSubscriber::Join(*other, "chan/odd").code(), ErrorCode::kProtocolError);
+}
+
+// A subscriber that writes into the control block (it is shared writable: a
+// bug, or a hostile process of the same uid) makes the others' calls answer
+// PROTOCOL_ERROR or TIMEOUT by their deadlines; it never wedges the publisher
+// in Publish or makes it write outside the block.
+TEST(Channel, AScribbledControlBlockIsAnErrorNeverAWedgeOrAStrayWrite) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "publisher"});
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 4096, .queue_depth = 4, .when_full = WhenFull::kDropOldest};
+  auto pub = ChannelPublisher::Create(*c, "chan/scribble", o);
+  ASSERT_TRUE(pub.ok());
+  auto other = Client::Connect({b.socket(), "subscriber"});
+  auto sub = ChannelSubscriber::Join(*other, "chan/scribble");
+  ASSERT_TRUE(sub.ok());
+  auto vandal = Client::Connect({b.socket(), "vandal"});
+  auto h = vandal->Lookup("chan/scribble");
+  ASSERT_TRUE(h.ok());
+  auto r = vandal->ReserveMemAddress(h->size());
+  auto m = vandal->MapMem(r->base(), h->size(), 0, *h);
+  ASSERT_TRUE(m.ok());
+  namespace layout = detail::channel;
+  const auto l = layout::Layout::For(o.chunks, o.chunk_bytes, o.queue_depth);
+  auto& header = *m->as<layout::Header>();
+  auto& slot = *reinterpret_cast<layout::SlotHeader*>(m->as<char>() + l.slots + l.slot_stride * sub->slot());
+  auto publish = [&](int timeout_ms) {
+    auto chunk = pub->Loan(64, timeout_ms);
+    if (!chunk.ok()) return chunk.status();
+    chunk->size = 64;
+    Status st = pub->Publish(*chunk, timeout_ms);
+    if (!st.ok()) {
+      EXPECT_TRUE(pub->Discard(*chunk).ok());
+    }
+    return st;
+  };
+  // A queue that says it holds more than its depth: an error to both sides.
+  slot.tail.store(slot.head.load() + 1000);
+  Status st = publish(200);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError) << st.ToString();
+  EXPECT_NE(st.message().find("queue holds more than its depth"), std::string::npos) << st.ToString();
+  EXPECT_EQ(sub->Receive(100).code(), ErrorCode::kProtocolError);
+  slot.tail.store(slot.head.load());
+  EXPECT_TRUE(publish(200).ok());
+  // An active bit for a slot past the block: not written to.
+  header.active.fetch_or(uint64_t{1} << 63);
+  EXPECT_TRUE(publish(200).ok());
+  // A head that keeps moving under the publisher: each Publish still ends by
+  // its deadline, with an answer.
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    for (uint64_t x = 1; !stop.load(); ++x) {
+      slot.head.store(x * 0x9e3779b97f4a7c15ull);
+      slot.tail.store(x % 3 == 0 ? slot.head.load() + 4 : x);
+    }
+  });
+  for (int i = 0; i < 200; ++i) {
+    st = publish(20);
+    EXPECT_TRUE(st.ok() || st.code() == ErrorCode::kProtocolError || st.code() == ErrorCode::kTimeout)
+        << st.ToString();
+  }
+  stop.store(true);
+  scribbler.join();
 }
 
 // Publisher and subscribers as threads of one process (for ThreadSanitizer).
