@@ -576,6 +576,14 @@ class ChannelSubscriber::Impl {
     q.pid.store(0);
     q.generation.fetch_add(1);
     q.state.store(kFree);
+    // Unmapped and given back now, not when this object goes: the Client
+    // holds one handle per allocation, so joining again needs them gone.
+    for (Mapped* m : {&data, &control}) {
+      m->map = Mapping();
+      m->range = Reservation();
+      m->handle = PhysicalHandle();
+    }
+    v.control = v.data = nullptr;
   }
 };
 

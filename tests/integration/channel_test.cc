@@ -280,6 +280,20 @@ TEST(Channel, AFullQueueMakesThePublisherWaitOrDropTheOldest) {
       }
     }
     EXPECT_EQ(sub->Receive(0).code(), ErrorCode::kTimeout);
+    // Leave, then Join again on the same Client, the old object still alive.
+    sub->Leave();
+    EXPECT_EQ(sub->Receive(0).code(), ErrorCode::kNotConnected);
+    auto again = ChannelSubscriber::Join(*other, name);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    const uint64_t next = pub->stats().published + 1;
+    auto chunk = pub->Loan(100);
+    ASSERT_TRUE(chunk.ok());
+    Fill(*chunk, next, 100);
+    ASSERT_TRUE(pub->Publish(*chunk).ok());
+    auto got = again->Receive(1000);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->sequence, next);
+    EXPECT_TRUE(Holds(*got));
   }
 }
 

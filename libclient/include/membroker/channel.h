@@ -137,7 +137,9 @@ class MEMBROKER_API ChannelSubscriber {
   Result<Chunk> Receive(int timeout_ms = 1000);
   // Gives a received chunk back (once; PARAM_INVALID for one not held).
   Status Release(const Chunk& chunk);
-  // Releases everything held and gives the subscriber slot back.
+  // Releases everything held, gives the subscriber slot back and unmaps the
+  // channel: the same Client may Join it again at once. Receive and Release
+  // are NOT_CONNECTED / PARAM_INVALID afterwards.
   void Leave();
   uint32_t slot() const;
 
