@@ -36,6 +36,12 @@ void SetBudgets(Options& options, Accounting& limits) {
       limits.pinned_budget_source = lockable.source + " (" + std::to_string(lockable.bytes) + ")";
     }
   }
+  if (!memory.usage_file.empty() && options.max_bytes > memory.bytes)
+    MB_WARN("budget_over_cgroup",
+            "--max-bytes=%llu is above the %s (%llu): the broker refuses requests past what the cgroup has left "
+            "(RESOURCE_EXHAUSTED), and other processes of the cgroup share that limit",
+            static_cast<unsigned long long>(options.max_bytes), memory.source.c_str(),
+            static_cast<unsigned long long>(memory.bytes));
   limits.max_bytes = options.max_bytes;
   limits.max_pinned_bytes = options.max_pinned_bytes;
   limits.client_limits = options.quota_client;

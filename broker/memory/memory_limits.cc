@@ -28,14 +28,16 @@ uint64_t ReadLimit(const std::string& path) {
   return *end == '\0' ? static_cast<uint64_t>(v) : 0;
 }
 
-// Takes the limit in `file` of dir and of each ancestor up to mount_root.
-void Consider(const std::string& mount_root, std::string rel, const char* file, MemoryCeiling* c) {
+// Takes the limit in `file` of dir and of each ancestor up to mount_root;
+// `usage` names the file with each one's usage.
+void Consider(const std::string& mount_root, std::string rel, const char* file, const char* usage, MemoryCeiling* c) {
   for (;;) {
     const std::string dir = mount_root + rel;
     const uint64_t v = ReadLimit(dir + "/" + file);
     if (v != 0 && v < c->bytes) {
       c->bytes = v;
       c->source = std::string("cgroup ") + file + " of " + dir;
+      c->usage_file = dir + "/" + usage;
     }
     if (rel.empty() || rel == "/") return;
     size_t slash = rel.find_last_of('/');
@@ -48,7 +50,7 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0;
 }  // namespace
 
 MemoryCeiling MemoryAvailable() {
-  MemoryCeiling c{RamBytes(), "RAM"};
+  MemoryCeiling c{RamBytes(), "RAM", ""};
   std::ifstream cg("/proc/self/cgroup");
   for (std::string line; std::getline(cg, line);) {
     // "ID:controllers:path"
@@ -58,20 +60,31 @@ MemoryCeiling MemoryAvailable() {
     if (controllers.empty()) {  // v2: the unified hierarchy
       const std::string root = Exists("/sys/fs/cgroup/cgroup.controllers") ? "/sys/fs/cgroup"
                                                                             : "/sys/fs/cgroup/unified";
-      Consider(root, path, "memory.max", &c);
-      Consider(root, path, "memory.high", &c);
+      Consider(root, path, "memory.max", "memory.current", &c);
+      Consider(root, path, "memory.high", "memory.current", &c);
     } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {  // v1
-      Consider("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes", &c);
+      Consider("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes", &c);
     }
   }
   return c;
 }
 
+Status CheckHeadroom(const MemoryCeiling& ceiling, uint64_t bytes) {
+  if (ceiling.usage_file.empty()) return Status::Ok();
+  const uint64_t used = ReadLimit(ceiling.usage_file);  // a plain number too
+  const uint64_t left = used < ceiling.bytes ? ceiling.bytes - used : 0;
+  if (bytes <= left) return Status::Ok();
+  return Status(ErrorCode::kResourceExhausted,
+                std::to_string(bytes) + " bytes asked, but the broker's memory cgroup has " + std::to_string(left) +
+                    " of its limit left (" + ceiling.source + ": " + std::to_string(ceiling.bytes) + ", " +
+                    std::to_string(used) + " in use); --max-bytes should not exceed it");
+}
+
 MemoryCeiling LockableMemory() {
   rlimit rl{};
   if (::geteuid() == 0 || ::getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
-    return {RamBytes(), "RAM (locking is not limited for this process)"};
-  return {static_cast<uint64_t>(rl.rlim_cur), "RLIMIT_MEMLOCK"};
+    return {RamBytes(), "RAM (locking is not limited for this process)", ""};
+  return {static_cast<uint64_t>(rl.rlim_cur), "RLIMIT_MEMLOCK", ""};
 }
 
 }  // namespace membroker::broker

@@ -9,15 +9,25 @@
 #include <cstdint>
 #include <string>
 
+#include "membroker/status.h"
+
 namespace membroker::broker {
 
 struct MemoryCeiling {
   uint64_t bytes = 0;
   std::string source;  // where the figure comes from, for stats and config
+  // Where a cgroup limit is the ceiling: the file with that cgroup's usage
+  // (v2 memory.current, v1 memory.usage_in_bytes); empty for RAM.
+  std::string usage_file;
 };
 
 // The smallest of RAM and every memory limit of the cgroups this process is in.
 MemoryCeiling MemoryAvailable();
+
+// OK, or RESOURCE_EXHAUSTED saying so when `bytes` more would pass the cgroup
+// limit the ceiling comes from (its usage read now): the kernel would refuse
+// those pages, or its OOM killer end the broker and everything it holds.
+Status CheckHeadroom(const MemoryCeiling& ceiling, uint64_t bytes);
 
 // RLIMIT_MEMLOCK, or RAM when the process may lock without limit (root,
 // CAP_IPC_LOCK, or an unlimited rlimit).

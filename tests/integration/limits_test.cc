@@ -331,5 +331,30 @@ TEST(Limits, TheDefaultBudgetComesFromTheMemoryCgroup) {
   }
 }
 
+// An operator's --max-bytes above the broker's memory cgroup (a common
+// mistake): the broker warns at start, and a request the cgroup cannot give is
+// an error reply naming the cgroup, never the OOM killer ending the broker
+// (with the cgroup's OOM killer on, a 2 GiB request used to end it).
+TEST(Limits, AnExplicitBudgetAboveTheMemoryCgroupIsWarnedOfAndNeverReachesTheOomKiller) {
+  MemoryCgroup cg(512ull << 20);
+  if (!cg.ok()) GTEST_SKIP() << "cannot make a memory cgroup here (needs root and a writable cgroupfs)";
+  {
+    BrokerProcess b({"--max-bytes", std::to_string(8ull << 30)}, /*log_to_file=*/true, 0, cg.procs());
+    EXPECT_EQ(b.Stat("bytes_budget"), 8ull << 30);
+    auto c = Client::Connect(Opts(b, "greedy"));
+    ASSERT_TRUE(c.ok());
+    auto big = c->MallocPhysical(size_t{2} << 30);
+    EXPECT_EQ(big.code(), ErrorCode::kResourceExhausted) << big.status().ToString();
+    EXPECT_NE(big.status().message().find("memory cgroup has"), std::string::npos) << big.status().ToString();
+    EXPECT_NE(big.status().message().find(cg.dir()), std::string::npos) << big.status().ToString();
+    auto fits = c->MallocPhysical(size_t{64} << 20);
+    EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+    EXPECT_TRUE(c->Ping().ok());  // the broker is alive and serving
+    std::ifstream log(b.log_path());
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("budget_over_cgroup"), std::string::npos) << text;
+  }
+}
+
 }  // namespace
 }  // namespace membroker::testing
