@@ -52,6 +52,12 @@ struct Mapped {
   }
 };
 
+// A channel's two allocations. Shared: KeepMapped hands out owners, so a
+// view of a chunk (a binding's) keeps them mapped past Leave or destruction.
+struct Mappings {
+  Mapped control, data;
+};
+
 void Wake(std::atomic<uint32_t>* word) {
   word->fetch_add(1);
   detail::FutexWakeAll(word);
@@ -151,7 +157,9 @@ class ChannelPublisher::Impl {
   Client client;  // shares the caller's connection
   std::string name;
   ChannelOptions options;
-  Mapped control, data;
+  std::shared_ptr<Mappings> maps = std::make_shared<Mappings>();
+  Mapped& control = maps->control;
+  Mapped& data = maps->data;
   View v;
   bool published = false;  // both names are ours to take back
   uint32_t next_worker = 0;  // work sharing's round robin
@@ -485,13 +493,15 @@ ChannelStats ChannelPublisher::stats() const {
   return s;
 }
 
+std::shared_ptr<const void> ChannelPublisher::KeepMapped() const { return impl_ ? impl_->maps : nullptr; }
+
 // ---- a subscriber ----------------------------------------------------------------
 
 class ChannelSubscriber::Impl {
  public:
   std::string name;
   SubscribeOptions options;
-  Mapped control, data;
+  std::shared_ptr<Mappings> maps = std::make_shared<Mappings>();
   View v;
   uint32_t s = 0;
   bool joined = false;
@@ -576,13 +586,10 @@ class ChannelSubscriber::Impl {
     q.pid.store(0);
     q.generation.fetch_add(1);
     q.state.store(kFree);
-    // Unmapped and given back now, not when this object goes: the Client
-    // holds one handle per allocation, so joining again needs them gone.
-    for (Mapped* m : {&data, &control}) {
-      m->map = Mapping();
-      m->range = Reservation();
-      m->handle = PhysicalHandle();
-    }
+    // Unmapped and given back now (unless KeepMapped owners still need
+    // them), not when this object goes: the Client holds one handle per
+    // allocation, so joining again needs them gone.
+    maps.reset();
     v.control = v.data = nullptr;
   }
 };
@@ -592,11 +599,13 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   impl->options = options;
-  MB_ASSIGN_OR_RETURN(impl->control.handle, client.Lookup(name, options.lookup_timeout_ms));
-  MB_ASSIGN_OR_RETURN(impl->data.handle, client.Lookup(name + "/chunks", options.lookup_timeout_ms));
-  if (impl->control.handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
-  MB_RETURN_IF_ERROR(impl->control.MapAll(client));
-  const auto* h = impl->control.map.as<Header>();
+  Mapped& control = impl->maps->control;
+  Mapped& data = impl->maps->data;
+  MB_ASSIGN_OR_RETURN(control.handle, client.Lookup(name, options.lookup_timeout_ms));
+  MB_ASSIGN_OR_RETURN(data.handle, client.Lookup(name + "/chunks", options.lookup_timeout_ms));
+  if (control.handle.size() < sizeof(Header)) return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel");
+  MB_RETURN_IF_ERROR(control.MapAll(client));
+  const auto* h = control.map.as<Header>();
   // The geometry, checked against what was mapped, and kept here.
   const uint64_t magic = h->magic.load();
   const uint32_t chunks = h->chunks, depth = h->queue_depth, mode = h->mode;
@@ -605,14 +614,14 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
       mode > static_cast<uint32_t>(ChannelMode::kWorkSharing))
     return Status(ErrorCode::kProtocolError, "\"" + name + "\" is not a channel (or not one this library reads)");
   const Layout l = Layout::For(chunks, chunk_bytes, depth);
-  if (l.control_bytes > impl->control.handle.size() || l.data_bytes > impl->data.handle.size())
+  if (l.control_bytes > control.handle.size() || l.data_bytes > data.handle.size())
     return Status(ErrorCode::kProtocolError, "channel \"" + name + "\" is smaller than its geometry says");
-  MB_RETURN_IF_ERROR(impl->data.MapAll(client));
+  MB_RETURN_IF_ERROR(data.MapAll(client));
   View& v = impl->v;
   v.layout = l;
   v.broadcast = mode == static_cast<uint32_t>(ChannelMode::kBroadcast);
-  v.control = impl->control.map.as<char>();
-  v.data = impl->data.map.as<char>();
+  v.control = control.map.as<char>();
+  v.data = data.map.as<char>();
   // A publisher that died (a zombie still has a pid to open) or closed the
   // channel is gone: its name may outlive it until the broker has seen it go.
   auto publisher = ipc::PidfdOpenIfSupported(h->publisher_pid);  // none where pidfds are not supported
@@ -657,5 +666,6 @@ void ChannelSubscriber::Leave() {
   if (impl_) impl_->Leave();
 }
 uint32_t ChannelSubscriber::slot() const { return impl_ ? impl_->s : 0; }
+std::shared_ptr<const void> ChannelSubscriber::KeepMapped() const { return impl_ ? impl_->maps : nullptr; }
 
 }  // namespace membroker

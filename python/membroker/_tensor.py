@@ -16,10 +16,14 @@ def _np():
 class Tensor:
     """A tensor whose bytes live in one broker allocation, mapped into this
     process. .numpy() and .torch() are views over the same pages (no copy);
-    each keeps the mapping alive for as long as it lives. .read_only is true
-    for tensors looked up from a read-only publication: their views refuse
-    writes (numpy: not writeable; torch: a warning, as torch has no read-only
-    tensors - use .numpy() where it matters)."""
+    each keeps the mapping alive for as long as it lives; after close() there
+    are no new ones (NotMapped). .read_only is true for tensors looked up from
+    a read-only publication: their pages are mapped read-only, so a numpy view
+    is not writeable, and a write through a torch view (torch has no read-only
+    tensors) is a SIGSEGV - use .numpy() where it matters. One process holds a
+    publication once per Client: looking the same name up again through the
+    same Client raises AlreadyExists while the first Tensor (or a view of it)
+    lives."""
 
     def __init__(self, handle, mapping, dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None,
                  offset: int = 0):
@@ -53,9 +57,15 @@ class Tensor:
             n *= s
         return n
 
+    def _check_open(self):
+        if self.mapping.closed:
+            from ._errors import NotMapped  # pylint: disable=no-name-in-module
+            raise NotMapped("the tensor is closed: no new views (those made before stay valid)")
+
     def numpy(self):
         """An ndarray over the tensor's pages (not writeable when read-only).
         Its .base holds the mapping, which stays mapped while the array lives."""
+        self._check_open()
         np = _np()
         return np.ndarray(shape=self.shape, dtype=self.dtype, buffer=self.mapping, offset=self.offset,
                           strides=self.strides)
@@ -64,7 +74,7 @@ class Tensor:
         """A torch tensor over the tensor's pages (torch.from_numpy of .numpy())."""
         import torch
         import warnings
-        arr = self.numpy()
+        arr = self.numpy()  # NotMapped once closed
         if self.read_only:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch warns about non-writeable arrays

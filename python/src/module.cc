@@ -241,9 +241,16 @@ struct PySubscriber {
 };
 struct PyChunk {
   py::object channel;  // PyPublisher or PySubscriber
+  // Keeps the channel's memory mapped while this chunk (and so every view of
+  // it: the buffer's exporter) lives, also past close() and leave().
+  std::shared_ptr<const void> keep;
   Chunk chunk;
   bool writable = false;
   bool done = false;  // published, discarded or released: no more views
+  ~PyChunk() {
+    py::gil_scoped_release nogil;  // the last owner unmaps: no Python needed
+    keep.reset();
+  }
 };
 
 template <typename E>
@@ -664,6 +671,7 @@ PYBIND11_MODULE(_membroker, mod) {
              c->channel = self;
              c->writable = true;
              c->chunk = Take(Unlocked([&] { return p.pub.Loan(nbytes, timeout_ms); }));
+             c->keep = p.pub.KeepMapped();
              return c;
            },
            py::arg("nbytes"), py::arg("timeout_ms") = 1000)
@@ -715,6 +723,7 @@ PYBIND11_MODULE(_membroker, mod) {
              auto c = std::make_shared<PyChunk>();
              c->channel = self;
              c->chunk = Take(Unlocked([&] { return s.sub.Receive(timeout_ms); }));
+             c->keep = s.sub.KeepMapped();
              return c;
            },
            py::arg("timeout_ms") = 1000)

@@ -374,6 +374,46 @@ def test_a_channel_takes_a_page_policy_and_refuses_an_unknown_one(mb):
     pub.close()
 
 
+def test_chunk_views_outlive_close_and_leave_and_closed_tensors_make_no_views(mb):
+    # In a child: a wrong answer here used to be a SIGSEGV, which would end pytest.
+    out = finish(child("""
+        import sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "publisher")
+        pub = membroker.ChannelPublisher(c, "py/outlive", chunks=4, chunk_bytes=4096)
+        reader = membroker.connect(sys.argv[1], "reader")
+        sub = membroker.ChannelSubscriber(reader, "py/outlive", lookup_timeout_ms=5000)
+        pub.wait_for_subscribers(1, timeout_ms=5000)
+        loaned = pub.loan(4096)
+        never_published = loaned.numpy(np.uint8)
+        sent = pub.loan(4096)
+        published = sent.numpy(np.uint8)
+        published[:] = 7
+        pub.publish(sent, size=4096)
+        got = sub.receive(timeout_ms=5000)
+        received = got.numpy(np.uint8)
+        del loaned, sent, got  # only the views are left
+        pub.close()
+        sub.leave()
+        never_published[:] = 1  # a write and reads after close and leave: the memory is still mapped
+        print(int(never_published.sum()), int(published.sum()), int(received.sum()))
+        try:
+            membroker.ChannelSubscriber(reader, "py/outlive", lookup_timeout_ms=0)
+        except membroker.Error as e:
+            print(type(e).__name__)
+        t = c.new_tensor((4,), "float32")
+        t.numpy()[:] = 3
+        kept = t.numpy()
+        t.close()
+        for make in (t.numpy, t.torch):
+            try:
+                make()
+            except membroker.NotMapped:
+                print("NotMapped")
+        print(float(kept.sum()))
+        """, mb.socket))
+    assert out.split() == ["4096", str(7 * 4096), str(7 * 4096), "NotFound", "NotMapped", "NotMapped", "12.0"], out
+
+
 def test_a_channel_broadcasts_numpy_chunks_to_two_processes_and_a_killed_subscriber_gives_back(mb):
     # Two subscriber processes read every chunk as a read-only numpy view; one
     # more, SIGKILLed while holding chunks, gives them back to the pool.

@@ -107,6 +107,14 @@ class MEMBROKER_API ChannelPublisher {
   // Cleans up after subscribers whose process has died; how many.
   size_t Reap();
   ChannelStats stats() const;
+  // An owner of this channel's memory in this process: while it (or a copy)
+  // lives, the memory stays mapped, also after Leave or destruction (the
+  // channel is gone for every other purpose). What a language binding gives
+  // each view of a chunk, so a view never points at unmapped memory; until
+  // such owners are gone, this Client cannot join the channel again
+  // (ALREADY_EXISTS: it holds the allocations).
+  std::shared_ptr<const void> KeepMapped() const;
+
 
  private:
   class Impl;
@@ -142,6 +150,14 @@ class MEMBROKER_API ChannelSubscriber {
   // are NOT_CONNECTED / PARAM_INVALID afterwards.
   void Leave();
   uint32_t slot() const;
+  // An owner of this channel's memory in this process: while it (or a copy)
+  // lives, the memory stays mapped, also after Leave or destruction (the
+  // channel is gone for every other purpose). What a language binding gives
+  // each view of a chunk, so a view never points at unmapped memory; until
+  // such owners are gone, this Client cannot join the channel again
+  // (ALREADY_EXISTS: it holds the allocations).
+  std::shared_ptr<const void> KeepMapped() const;
+
 
  private:
   class Impl;
