@@ -125,9 +125,9 @@ Result<Dialed> Dial(const SocketAddress& to, const std::string& text, Clock::tim
   // Admitted by the secret: the listener proves it holds it too. Admitted by
   // its allow_from: it trusts our address, and we take it at its word.
   if (!accept->by_address &&
-      (!proof.has_secret || !handshake::SameMac(accept->mac, handshake::ListenerMac(request.secret, proof.nonce,
-                                                                                    challenge->nonce, proof.token,
-                                                                                    *accept))))
+      (!proof.has_secret ||
+       !handshake::SameMac(
+           accept->mac, handshake::ListenerMac(request.secret, proof.nonce, challenge->nonce, proof.token, *accept))))
     return Status(ErrorCode::kPermissionDenied,
                   text + " did not prove it holds the secret (not the engine you meant, or another secret)");
   return Dialed{std::move(accept->engine), std::move(accept->worker_address), accept->token};

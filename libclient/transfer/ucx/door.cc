@@ -62,12 +62,16 @@ Result<std::unique_ptr<Door>> Door::Open(const SocketAddress& address, DoorOptio
 }
 
 Door::Door(ipc::UniqueFd listen, ipc::UniqueFd epoll, std::string address, DoorOptions options)
-    : listen_(std::move(listen)), epoll_(std::move(epoll)), address_(std::move(address)), options_(std::move(options)) {}
+    : listen_(std::move(listen)),
+      epoll_(std::move(epoll)),
+      address_(std::move(address)),
+      options_(std::move(options)) {}
 
 Door::~Door() = default;
 
 Door::Clock::time_point Door::NextDeadline() const {
-  Clock::time_point next = accept_paused_until_ == Clock::time_point{} ? Clock::time_point::max() : accept_paused_until_;
+  Clock::time_point next =
+      accept_paused_until_ == Clock::time_point{} ? Clock::time_point::max() : accept_paused_until_;
   for (const auto& [fd, w] : waiting_) next = std::min(next, w->deadline);
   return next;
 }
@@ -94,11 +98,11 @@ std::vector<Admitted> Door::Poll(Clock::time_point now) {
   for (int fd : late) {
     const Waiting& w = *waiting_.at(fd);
     if (w.stage == Waiting::Stage::kProving)
-      Refused("no handshake from " + w.address + " within " +
-                            std::to_string(options_.handshake_timeout.count()) + " ms");
+      Refused("no handshake from " + w.address + " within " + std::to_string(options_.handshake_timeout.count()) +
+              " ms");
     else if (w.stage == Waiting::Stage::kAdmitting)
-      Refused(w.address + " did not read its acceptance within " +
-                            std::to_string(options_.handshake_timeout.count()) + " ms");
+      Refused(w.address + " did not read its acceptance within " + std::to_string(options_.handshake_timeout.count()) +
+              " ms");
     Close(fd);
   }
   return out;
@@ -114,8 +118,7 @@ void Door::Accept(Clock::time_point now, std::vector<Admitted>& out) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The pending connection stays in the backlog: stop looking at it
         // for a moment rather than spin on it.
-        Refused(std::string("cannot accept a connection: ") + std::strerror(errno) +
-                              " (accepting again in 100 ms)");
+        Refused(std::string("cannot accept a connection: ") + std::strerror(errno) + " (accepting again in 100 ms)");
         PauseAccepting(now + kPauseWhenOutOfFds);
       }
       return;
@@ -123,8 +126,8 @@ void Door::Accept(Clock::time_point now, std::vector<Admitted>& out) {
     ipc::UniqueFd owned(fd);
     if (waiting_.size() >= options_.max_waiting && !order_.empty()) {
       const int oldest = order_.front();
-      Refused("closed the handshake of " + waiting_.at(oldest)->address + ": " +
-                            std::to_string(options_.max_waiting) + " were waiting (the oldest makes room)");
+      Refused("closed the handshake of " + waiting_.at(oldest)->address + ": " + std::to_string(options_.max_waiting) +
+              " were waiting (the oldest makes room)");
       Close(oldest);
     }
     auto w = std::make_unique<Waiting>();
@@ -173,7 +176,7 @@ void Door::Serve(Waiting& w, uint32_t events, std::vector<Admitted>& out) {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     Refused(w.address + (n == 0 ? " closed the connection before its handshake"
-                                              : std::string(" failed during its handshake: ") + std::strerror(errno)));
+                                : std::string(" failed during its handshake: ") + std::strerror(errno)));
     return Close(fd);
   }
 }
@@ -186,7 +189,7 @@ void Door::Answer(Waiting& w, std::vector<Admitted>& out) {
   }
   auto* p = std::get_if<handshake::Proof>(&*frame);
   if (p == nullptr) {
-    Refused(w.address + " answered the challenge with something else than a proof");
+    Refused(w.address + " answered the challenge with something other than a proof");
     return Close(w.fd.get());
   }
   const std::string who = "engine \"" + ipc::EscapeText(p->engine) + "\" at " + w.address;
@@ -199,11 +202,11 @@ void Door::Answer(Waiting& w, std::vector<Admitted>& out) {
                          handshake::SameMac(p->mac, handshake::ConnectorMac(options_.secret, w.nonce, *p));
   const bool address_ok = AddressAllowed(options_.allow_from, reinterpret_cast<const sockaddr*>(&w.peer));
   if (!secret_ok && !address_ok)
-    return Refuse(w, ErrorCode::kPermissionDenied,
-                  who + (p->has_secret ? " presented a wrong secret (or replayed an old handshake)"
-                                       : " presented no secret") +
-                      " and its address is not in allow_from",
-                  out);
+    return Refuse(
+        w, ErrorCode::kPermissionDenied,
+        who + (p->has_secret ? " presented a wrong secret (or replayed an old handshake)" : " presented no secret") +
+            " and its address is not in allow_from",
+        out);
   handshake::Accept a;
   a.token = handshake::Random<16>();
   a.engine = options_.engine;
@@ -218,7 +221,8 @@ void Door::Answer(Waiting& w, std::vector<Admitted>& out) {
 void Door::Refuse(Waiting& w, ErrorCode code, const std::string& reason, std::vector<Admitted>& out) {
   Refused(reason);
   w.stage = Waiting::Stage::kRefusing;
-  Send(w, handshake::Encode(handshake::Refuse{static_cast<int32_t>(code), reason.substr(0, handshake::kMaxReasonBytes)}),
+  Send(w,
+       handshake::Encode(handshake::Refuse{static_cast<int32_t>(code), reason.substr(0, handshake::kMaxReasonBytes)}),
        out);
 }
 

@@ -72,7 +72,7 @@ class Door {
   void Refuse(Waiting& w, ErrorCode code, const std::string& reason, std::vector<Admitted>& out);
   void Refused(std::string why) { options_.refused(std::move(why)); }
   void Send(Waiting& w, std::string bytes, std::vector<Admitted>& out);  // the last frame: then it closes
-  bool Flush(Waiting& w);  // false when the peer is gone
+  bool Flush(Waiting& w);                                                // false when the peer is gone
   void Watch(int fd, uint32_t events);
   void Close(int fd);
   void PauseAccepting(Clock::time_point until);
