@@ -38,8 +38,8 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) + " is too large");
   // Normal pages are charged to the broker's memory cgroup (huge pages to
   // hugetlb's): never ask for more than it can give.
-  static const MemoryCeiling ceiling = MemoryAvailable();
-  if (page_size == kNormalPageSize) MB_RETURN_IF_ERROR(CheckHeadroom(ceiling, rounded));
+  static const CgroupHeadroom headroom(MemoryAvailable());
+  if (page_size == kNormalPageSize) MB_RETURN_IF_ERROR(headroom.Check(rounded));
   std::string args = "size=" + std::to_string(rounded) + ", page_size=" + std::to_string(page_size);
   const char* call = page_size == kNormalPageSize ? "memfd_create" : "memfd_create(huge)";
   int raw = -1;

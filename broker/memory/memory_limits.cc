@@ -1,9 +1,11 @@
 #include "memory/memory_limits.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -69,14 +71,21 @@ MemoryCeiling MemoryAvailable() {
   return c;
 }
 
-Status CheckHeadroom(const MemoryCeiling& ceiling, uint64_t bytes) {
-  if (ceiling.usage_file.empty()) return Status::Ok();
-  const uint64_t used = ReadLimit(ceiling.usage_file);  // a plain number too
-  const uint64_t left = used < ceiling.bytes ? ceiling.bytes - used : 0;
+CgroupHeadroom::CgroupHeadroom(MemoryCeiling ceiling) : ceiling_(std::move(ceiling)) {
+  if (!ceiling_.usage_file.empty()) usage_ = ipc::UniqueFd(::open(ceiling_.usage_file.c_str(), O_RDONLY | O_CLOEXEC));
+}
+
+Status CgroupHeadroom::Check(uint64_t bytes) const {
+  if (!usage_.valid()) return Status::Ok();
+  char text[32] = {};
+  const ssize_t n = ::pread(usage_.get(), text, sizeof(text) - 1, 0);  // a cgroup file reads fresh from 0
+  if (n <= 0) return Status::Ok();  // unreadable now: the kernel still has the last word
+  const uint64_t used = std::strtoull(text, nullptr, 10);
+  const uint64_t left = used < ceiling_.bytes ? ceiling_.bytes - used : 0;
   if (bytes <= left) return Status::Ok();
   return Status(ErrorCode::kResourceExhausted,
                 std::to_string(bytes) + " bytes asked, but the broker's memory cgroup has " + std::to_string(left) +
-                    " of its limit left (" + ceiling.source + ": " + std::to_string(ceiling.bytes) + ", " +
+                    " of its limit left (" + ceiling_.source + ": " + std::to_string(ceiling_.bytes) + ", " +
                     std::to_string(used) + " in use); --max-bytes should not exceed it");
 }
 

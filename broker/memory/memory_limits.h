@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
@@ -24,10 +25,21 @@ struct MemoryCeiling {
 // The smallest of RAM and every memory limit of the cgroups this process is in.
 MemoryCeiling MemoryAvailable();
 
-// OK, or RESOURCE_EXHAUSTED saying so when `bytes` more would pass the cgroup
-// limit the ceiling comes from (its usage read now): the kernel would refuse
-// those pages, or its OOM killer end the broker and everything it holds.
-Status CheckHeadroom(const MemoryCeiling& ceiling, uint64_t bytes);
+// What the cgroup a ceiling comes from has left, its usage file kept open
+// (one pread per check).
+class CgroupHeadroom {
+ public:
+  explicit CgroupHeadroom(MemoryCeiling ceiling);
+  // OK, or RESOURCE_EXHAUSTED saying so when `bytes` more would pass the
+  // cgroup's limit (its usage read now): the kernel would refuse those pages,
+  // or its OOM killer end the broker and everything it holds. Always OK where
+  // no cgroup limits the broker.
+  Status Check(uint64_t bytes) const;
+
+ private:
+  MemoryCeiling ceiling_;
+  ipc::UniqueFd usage_;
+};
 
 // RLIMIT_MEMLOCK, or RAM when the process may lock without limit (root,
 // CAP_IPC_LOCK, or an unlimited rlimit).
