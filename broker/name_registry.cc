@@ -40,11 +40,13 @@ std::vector<std::string> NameRegistry::NamesWhere(const std::function<bool(const
   return out;
 }
 
-std::vector<std::pair<std::string, const NamedEntry*>> NameRegistry::List(const std::string& prefix, size_t limit,
+std::vector<std::pair<std::string, const NamedEntry*>> NameRegistry::List(const std::string& prefix,
+                                                                          const std::string& after, size_t limit,
                                                                           bool* truncated) const {
   std::vector<std::pair<std::string, const NamedEntry*>> out;
   *truncated = false;
-  for (auto it = names_.lower_bound(prefix); it != names_.end() && HasPrefix(it->first, prefix); ++it) {
+  auto it = after.empty() || after < prefix ? names_.lower_bound(prefix) : names_.upper_bound(after);
+  for (; it != names_.end() && HasPrefix(it->first, prefix); ++it) {
     if (out.size() == limit) {
       *truncated = true;
       break;

@@ -49,9 +49,10 @@ class NameRegistry {
   uint64_t Remove(const std::string& name);
   // Names whose entry matches, in order (to remove or report them).
   std::vector<std::string> NamesWhere(const std::function<bool(const NamedEntry&)>& pick) const;
-  // At most `limit` names from prefix on; *truncated when more were there.
-  std::vector<std::pair<std::string, const NamedEntry*>> List(const std::string& prefix, size_t limit,
-                                                              bool* truncated) const;
+  // At most `limit` names under prefix (after `after`, when given: the next
+  // page); *truncated when more were there.
+  std::vector<std::pair<std::string, const NamedEntry*>> List(const std::string& prefix, const std::string& after,
+                                                              size_t limit, bool* truncated) const;
   const Names& all() const { return names_; }
   size_t size() const { return names_.size(); }
   bool empty() const { return names_.empty(); }

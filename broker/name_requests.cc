@@ -91,7 +91,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::UnpublishRequest& m) {
 
 Answer Broker::Handle(Session&, uint64_t, const ipc::ListNamesRequest& m) {
   ipc::ListNamesReply r;
-  for (const auto& [name, e] : names_.List(m.prefix, ipc::kMaxNamesPerReply, &r.truncated)) {
+  for (const auto& [name, e] : names_.List(m.prefix, m.after, ipc::kMaxNamesPerReply, &r.truncated)) {
     const Allocation* a = holdings_.Find(e->allocation);
     r.objects.push_back({name, e->allocation, a ? a->size : 0, e->read_only, e->persist, e->publisher_pid});
   }

@@ -186,7 +186,8 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const ListNamesRequest& m) {
     auto p = b.CreateString(m.prefix);
-    return w::CreateListNamesRequest(b, p).Union();
+    auto a = b.CreateString(m.after);
+    return w::CreateListNamesRequest(b, p, a).Union();
   }
   fb::Offset<void> operator()(const ListNamesReply& m) {
     std::vector<fb::Offset<w::NamedObject>> os;
@@ -538,6 +539,7 @@ Result<Message> Read(const w::UnpublishRequest* m) {
 Result<Message> Read(const w::ListNamesRequest* m) {
   ListNamesRequest r;
   MB_RETURN_IF_ERROR(ReadName(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+  MB_RETURN_IF_ERROR(ReadName(m->after(), kMaxObjectNameBytes, "after", &r.after));
   return Message(std::move(r));
 }
 

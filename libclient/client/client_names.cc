@@ -52,13 +52,24 @@ Status Client::Unpublish(const std::string& name) {
 Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix) {
   if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
-  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ListNamesRequest{prefix}));
-  auto* m = std::get_if<ipc::ListNamesReply>(&r.body);
-  if (m == nullptr) return Status(ErrorCode::kProtocolError, "ListNamesRequest got a wrong reply");
+  // Every name, a page of at most 128 at a time, each after the last one
+  // of the page before: no silent cap. A page that does not move on is the
+  // broker's error, not a loop.
   std::vector<NamedObjectInfo> out;
-  for (auto& o : m->objects)
-    out.push_back({std::move(o.name), o.allocation, o.size, o.read_only, o.persist, o.publisher_pid});
-  return out;
+  std::string after;
+  for (;;) {
+    MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ListNamesRequest{prefix, after}));
+    auto* m = std::get_if<ipc::ListNamesReply>(&r.body);
+    if (m == nullptr) return Status(ErrorCode::kProtocolError, "ListNamesRequest got a wrong reply");
+    for (auto& o : m->objects) {
+      if (!after.empty() && o.name <= after)
+        return Status(ErrorCode::kProtocolError, "ListNames: the broker's pages went backwards");
+      after = o.name;
+      out.push_back({std::move(o.name), o.allocation, o.size, o.read_only, o.persist, o.publisher_pid});
+    }
+    if (!m->truncated) return out;
+    if (m->objects.empty()) return Status(ErrorCode::kProtocolError, "ListNames: an empty page that says more follow");
+  }
 }
 
 Status Client::Subscribe(const std::string& prefix) {

@@ -374,6 +374,17 @@ def test_a_channel_takes_a_page_policy_and_refuses_an_unknown_one(mb):
     pub.close()
 
 
+def test_list_names_gives_every_name_of_a_model(mb):
+    # ~300 tensors in a 7B model: all of them, not the first 128.
+    c = membroker.connect(mb.socket, "publisher")
+    h = c.malloc_physical(4096)
+    for i in range(300):
+        c.publish(f"py/model/w{i:03d}", h)
+    reader = membroker.connect(mb.socket, "reader")
+    names = [o["name"] for o in reader.list_names("py/model/")]
+    assert names == [f"py/model/w{i:03d}" for i in range(300)]
+
+
 def test_chunk_views_outlive_close_and_leave_and_closed_tensors_make_no_views(mb):
     # In a child: a wrong answer here used to be a SIGSEGV, which would end pytest.
     out = finish(child("""

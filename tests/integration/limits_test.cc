@@ -161,7 +161,7 @@ TEST(Limits, ASlowReaderIsCappedInBytes) {
   // plus what the socket buffers, and far below the 1024-frame cap.
   int sent = 0;
   for (; sent < 100; ++sent)
-    if (!send(ipc::ListNamesRequest{"big/"}).ok()) break;  // the broker dropped it already
+    if (!send(ipc::ListNamesRequest{"big/", ""}).ok()) break;  // the broker dropped it already
   EXPECT_EQ(b.WaitForStat("clients_kicked", 1), 1u);
   EXPECT_EQ(b.Stat("bytes_queued"), 0u);
   EXPECT_EQ(b.Stat("clients_connected"), 1u);

@@ -68,6 +68,30 @@ TEST(Names, PublishedInOneProcessFoundInAnother) {
   EXPECT_TRUE(c.ListNames("tensors/")->empty());
 }
 
+// A 7B model has ~300 tensors: every name comes back, in order, across the
+// broker's pages of 128 (it answered the first 128 and nothing said so), and
+// a prefix that sorts among other names still gets only its own.
+TEST(Names, ListNamesGivesEveryNameAcrossPages) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "many"});
+  auto h = *c.MallocPhysical(4096);
+  std::vector<std::string> published;
+  for (int i = 0; i < 300; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "model/layer-%03d", i);
+    ASSERT_TRUE(c.Publish(name, h).ok());
+    published.push_back(name);
+  }
+  ASSERT_TRUE(c.Publish("modem/other", h).ok());
+  ASSERT_TRUE(c.Publish("mode", h).ok());
+  auto names = c.ListNames("model/");
+  ASSERT_TRUE(names.ok()) << names.status().ToString();
+  ASSERT_EQ(names->size(), 300u);
+  for (size_t i = 0; i < 300; ++i) EXPECT_EQ((*names)[i].name, published[i]);
+  EXPECT_EQ(c.ListNames("")->size(), 302u);
+  EXPECT_EQ(c.ListNames("modem/")->size(), 1u);
+}
+
 TEST(Names, LookupWaitsInTheBrokerForThePublisher) {
   BrokerProcess broker;
   Channel ch;

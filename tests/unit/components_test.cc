@@ -99,13 +99,18 @@ TEST(NameRegistry, ANameIsPublishedOnceAndListedByPrefix) {
   EXPECT_EQ(n.Add("model/a", Entry(4, 2)).status().code(), ErrorCode::kAlreadyExists);
   EXPECT_EQ(n.Find("model/a")->allocation, 1u);
   bool truncated = true;
-  auto all = n.List("model/", 10, &truncated);
+  auto all = n.List("model/", "", 10, &truncated);
   ASSERT_EQ(all.size(), 2u);
   EXPECT_FALSE(truncated);
   EXPECT_EQ(all[0].first, "model/a");
-  auto one = n.List("model/", 1, &truncated);
+  auto one = n.List("model/", "", 1, &truncated);
   EXPECT_EQ(one.size(), 1u);
   EXPECT_TRUE(truncated);
+  // The next page starts after the last name of the one before.
+  auto next = n.List("model/", one[0].first, 10, &truncated);
+  ASSERT_FALSE(next.empty());
+  EXPECT_GT(next[0].first, one[0].first);
+  EXPECT_EQ(next.size() + 1, all.size());
   EXPECT_EQ(n.Remove("model/a"), 1u);
   EXPECT_EQ(n.Find("model/a"), nullptr);
 }

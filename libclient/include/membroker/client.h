@@ -316,7 +316,7 @@ class MEMBROKER_API Client {
   Result<PhysicalHandle> Lookup(const std::string& name, int timeout_ms = 0);
   // Removes the name (and its reference); holders keep their handles.
   Status Unpublish(const std::string& name);
-  // Names starting with prefix, sorted; at most 128.
+  // Every name starting with prefix, sorted (asked for in pages of 128).
   Result<std::vector<NamedObjectInfo>> ListNames(const std::string& prefix = "");
   // Events for names starting with prefix ("" for all): published,
   // unpublished, holder died (a process holding the object ended without

@@ -229,6 +229,7 @@ struct UnpublishRequest {
 };
 struct ListNamesRequest {
   std::string prefix;
+  std::string after;  // only names after this one (the next page); empty: from the first
   bool operator==(const ListNamesRequest&) const = default;
 };
 struct NamedObject {
