@@ -476,8 +476,11 @@ size_t ChannelPublisher::Reap() { return impl_ ? impl_->Reap() : 0; }
 Status ChannelPublisher::WaitForSubscribers(uint32_t n, int timeout_ms) {
   if (!impl_) return NoChannel();
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
-  while (static_cast<uint32_t>(std::popcount(impl_->v.active())) < n) {
+  // Dead subscribers are reaped before each count: one SIGKILLed must not be
+  // counted (frames published to it go to nobody).
+  for (;;) {
     impl_->Reap();
+    if (static_cast<uint32_t>(std::popcount(impl_->v.active())) >= n) break;
     if (Clock::now() >= deadline)
       return Status(ErrorCode::kTimeout, std::to_string(n) + " subscribers did not join channel \"" + impl_->name +
                                              "\" within " + std::to_string(timeout_ms) + " ms");

@@ -9,7 +9,8 @@ from . import _membroker
 
 class Chunk:
     """A loaned (writable) or received (read-only) chunk: .size, .capacity,
-    .sequence, .index, and .numpy(dtype, shape) over its bytes."""
+    .sequence, .index, and .numpy(dtype, shape) / .torch(dtype, shape) over its
+    bytes."""
 
     def __init__(self, native):
         self._c = native
@@ -36,6 +37,21 @@ class Chunk:
         dt = np.dtype(dtype)
         a = np.frombuffer(memoryview(self._c), dtype=dt, count=len(memoryview(self._c)) // dt.itemsize)
         return a.reshape(shape) if shape is not None else a
+
+    def torch(self, dtype=None, shape=None):
+        """A torch tensor over the chunk, no copy (torch.from_numpy of .numpy()).
+        dtype: a torch dtype, or what numpy takes; uint8 by default. torch has
+        no read-only tensors: a write through a received chunk's tensor is a
+        SIGSEGV (its pages are mapped read-only), so do not write it."""
+        import torch
+        import warnings
+        np_dtype = "uint8"
+        if dtype is not None:
+            np_dtype = torch.empty((), dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype) else dtype
+        arr = self.numpy(np_dtype, shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about non-writeable arrays
+            return torch.from_numpy(arr)
 
 
 class ChannelPublisher:

@@ -370,6 +370,9 @@ def test_a_channel_takes_a_page_policy_and_refuses_an_unknown_one(mb):
     pub.publish(chunk, size=2 << 20)
     got = sub.receive(timeout_ms=5000)
     assert np.array_equal(got.numpy(np.uint32), np.arange((2 << 20) // 4, dtype=np.uint32))
+    import torch
+    t = got.torch(torch.int32, ((2 << 20) // 4,))  # a torch view of the same bytes, no copy
+    assert t.dtype == torch.int32 and int(t[12345]) == 12345 and t.data_ptr() == got.numpy().ctypes.data
     sub.release(got)
     pub.close()
 

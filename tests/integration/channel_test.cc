@@ -404,6 +404,38 @@ TEST(Channel, ASubscriberKilledHoldingChunksGivesThemBackAndANewOneJoins) {
   EXPECT_EQ(kids.Wait(1), 0);
 }
 
+// A subscriber SIGKILLed is not counted by WaitForSubscribers (it was, until
+// something reaped it, and the frames published meanwhile went to nobody).
+TEST(Channel, WaitForSubscribersDoesNotCountADeadOne) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "publisher"});
+  auto pub = ChannelPublisher::Create(*c, "chan/dead", ChannelOptions{.chunks = 4, .chunk_bytes = 64 << 10});
+  ASSERT_TRUE(pub.ok());
+  Children kids(2);
+  kids.Start(0, [&](Channel& ch) {
+    auto cc = Client::Connect({b.socket(), "victim"});
+    auto sub = ChannelSubscriber::Join(*cc, "chan/dead");
+    if (!sub.ok()) return 10;
+    ch.Send("joined");
+    ch.Receive();  // killed here
+    return 0;
+  });
+  ASSERT_EQ(kids.channels[0].Receive(), "joined");
+  ASSERT_TRUE(pub->WaitForSubscribers(1, 5000).ok());
+  ::kill(kids.pids[0], SIGKILL);
+  EXPECT_NE(kids.Wait(0), 0);
+  EXPECT_EQ(pub->WaitForSubscribers(1, 50).code(), ErrorCode::kTimeout);
+  EXPECT_EQ(pub->stats().subscribers, 0u);
+  EXPECT_EQ(pub->stats().reaped, 1u);
+  kids.Start(1, [&](Channel& ch) { return Subscriber(b.socket(), "chan/dead", ch, WakeMode::kFutex); });
+  ASSERT_EQ(kids.channels[1].Receive(), "joined");
+  ASSERT_TRUE(pub->WaitForSubscribers(1, 5000).ok());
+  PublishAll(*pub, 5);
+  *pub = ChannelPublisher();
+  EXPECT_EQ(Sequences(kids.channels[1].Receive()).size(), 5u);
+  EXPECT_EQ(kids.Wait(1), 0);
+}
+
 TEST(Channel, APublisherKilledMidWritePublishesNothing) {
   BrokerProcess b;
   Children kids(1);
