@@ -97,12 +97,16 @@ Status Holdings::Grant(Session& s, const Allocation& a, bool read_only, Holding 
 
 bool Holdings::Release(Session& s, uint64_t id, Holding where) {
   if (!LedgerOf(s, where).Remove(id)) return false;
-  const Allocation* a = table_.Find(id);
+  Allocation* a = table_.Find(id);
   if (a == nullptr) return true;  // unreachable while the tables agree (CheckTables)
-  if (a->creator == s.id && where == Holding::kLedger)
+  if (a->creator == s.id && where == Holding::kLedger) {
     s.usage -= a->charge;  // the uid stays charged while the allocation lives
-  else
+    // Its maker let go (a publication may keep it alive): should the maker
+    // take it again (Lookup), that is an import, charged and released as one.
+    a->creator = 0;
+  } else {
     Uncharge(&s, s.cred.uid, kOneImport);
+  }
   DropReference(id);
   return true;
 }

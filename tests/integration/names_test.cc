@@ -92,6 +92,27 @@ TEST(Names, ListNamesGivesEveryNameAcrossPages) {
   EXPECT_EQ(c.ListNames("modem/")->size(), 1u);
 }
 
+// A publisher that freed its handle (the name keeps the memory) and looks the
+// name up again holds an import, charged and given back as one: the broker's
+// tables agreed only until then (it was charged an import and later released
+// the creation's charge a second time).
+TEST(Names, TheMakerLookingUpWhatItFreedIsChargedAnImport) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "maker"});
+  auto h = *c.MallocPhysical(4096);
+  ASSERT_TRUE(c.Publish("names/again", h).ok());
+  ASSERT_TRUE(c.FreePhysical(h).ok());
+  ASSERT_TRUE(c.Ping().ok());  // the free (one-way) is served
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  auto again = c.Lookup("names/again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  ASSERT_TRUE(c.FreePhysical(*again).ok());
+  ASSERT_TRUE(c.Unpublish("names/again").ok());
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u);
+}
+
 TEST(Names, LookupWaitsInTheBrokerForThePublisher) {
   BrokerProcess broker;
   Channel ch;
