@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _errors, _membroker
+from . import _dtypes, _errors, _membroker
 from ._tensor import Tensor, _np
 
 
@@ -135,17 +135,25 @@ class Client:
 
     # -- tensors ---------------------------------------------------------------------------------------
     def new_tensor(self, shape: Sequence[int], dtype="float32", page_policy: str = "normal") -> Tensor:
-        """An uninitialised C-order tensor in fresh broker memory, mapped here."""
-        np = _np()
-        dt = np.dtype(dtype)
-        nbytes = dt.itemsize
+        """An uninitialised C-order tensor in fresh broker memory, mapped here.
+        dtype: a string ("bfloat16", "float8_e4m3fn", "<f4"), a numpy dtype or a
+        torch dtype; every type numpy or torch has."""
+        element = _dtypes.dtype(dtype)
+        nbytes = element.itemsize
         for s in shape:
             nbytes *= int(s)
         handle = self.malloc_physical(max(nbytes, 1), page_policy)
-        return Tensor(handle, self.map_handle(handle), dt.str, shape)
+        return Tensor(handle, self.map_handle(handle), element, shape)
 
     def tensor_from(self, array, page_policy: str = "normal") -> Tensor:
-        """A broker-memory copy of a numpy array (or anything np.asarray takes)."""
+        """A broker-memory copy of a torch tensor (any dtype, on any device: its
+        bytes are copied, not converted), a numpy array, or anything
+        np.asarray takes."""
+        if type(array).__module__.startswith("torch") and hasattr(array, "dtype") and hasattr(array, "storage"):
+            t = self.new_tensor(tuple(array.shape), array.dtype, page_policy)
+            if t.nbytes:
+                t.torch().copy_(array.detach())
+            return t
         np = _np()
         src = np.ascontiguousarray(np.asarray(array))
         t = self.new_tensor(src.shape, src.dtype, page_policy)

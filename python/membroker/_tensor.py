@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
+from . import _dtypes
+
 # numpy is imported where needed, torch only when asked for: the package
 # works without either.
 
@@ -25,14 +27,13 @@ class Tensor:
     same Client raises AlreadyExists while the first Tensor (or a view of it)
     lives."""
 
-    def __init__(self, handle, mapping, dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None,
+    def __init__(self, handle, mapping, dtype, shape: Sequence[int], strides: Sequence[int] | None = None,
                  offset: int = 0):
-        np = _np()
         self.handle = handle
         self.mapping = mapping
-        self.dtype = np.dtype(dtype)
+        self.element = _dtypes.dtype(dtype)  # the canonical type, as it travels
         self.shape = tuple(int(s) for s in shape)
-        itemsize = self.dtype.itemsize
+        itemsize = self.element.itemsize
         if strides is None:  # C order
             strides, step = [], itemsize
             for s in reversed(self.shape):
@@ -40,11 +41,18 @@ class Tensor:
                 step *= s
         self.strides = tuple(int(s) for s in strides)
         self.offset = int(offset)
-        extent = self.offset + (max((n - 1) * st for n, st in zip(self.shape, self.strides)) + itemsize
+        extent = self.offset + (sum((n - 1) * st for n, st in zip(self.shape, self.strides)) + itemsize
                                 if all(self.shape) else 0)
-        if self.offset < 0 or any(st < 0 for st in self.strides) or extent > mapping.size:
-            raise ValueError(f"a {self.dtype} tensor of shape {self.shape} and strides {self.strides} at offset "
-                             f"{self.offset} does not fit {mapping.size} bytes")
+        if (self.offset < 0 or any(st < 0 or st % itemsize for st in self.strides) or self.offset % itemsize or
+                extent > mapping.size):
+            raise ValueError(f"a {self.element.name} tensor of shape {self.shape} and strides {self.strides} at "
+                             f"offset {self.offset} does not fit {mapping.size} bytes")
+
+    @property
+    def dtype(self):
+        """numpy's dtype, where numpy has this type (TypeError for bfloat16,
+        complex32 and the float8 types: see .element and .torch())."""
+        return _dtypes.numpy_dtype(self.element)
 
     @property
     def read_only(self) -> bool:
@@ -52,7 +60,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
+        n = self.element.itemsize
         for s in self.shape:
             n *= s
         return n
@@ -71,18 +79,24 @@ class Tensor:
                           strides=self.strides)
 
     def torch(self):
-        """A torch tensor over the tensor's pages (torch.from_numpy of .numpy())."""
+        """A torch tensor over the tensor's pages, built from the bytes without
+        numpy (so bfloat16 and the types numpy lacks work). It holds the
+        mapping, which stays mapped while the tensor lives."""
         import torch
         import warnings
-        arr = self.numpy()  # NotMapped once closed
-        if self.read_only:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch warns about non-writeable arrays
-                return torch.from_numpy(arr)
-        return torch.from_numpy(arr)
+        self._check_open()
+        t = _dtypes.torch_dtype(self.element)
+        itemsize = self.element.itemsize
+        if not self.nbytes:
+            return torch.empty(self.shape, dtype=t)
+        count = (self.offset + sum((n - 1) * st for n, st in zip(self.shape, self.strides)) + itemsize) // itemsize
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about read-only buffers: it has no read-only tensors
+            flat = torch.frombuffer(memoryview(self.mapping), dtype=t, count=count)
+        return flat.as_strided(self.shape, [st // itemsize for st in self.strides], self.offset // itemsize)
 
     def metadata(self) -> bytes:
-        return json.dumps({"dtype": self.dtype.str, "shape": list(self.shape), "strides": list(self.strides),
+        return json.dumps({"dtype": self.element.name, "shape": list(self.shape), "strides": list(self.strides),
                            "offset": self.offset}).encode()
 
     @staticmethod
@@ -105,4 +119,4 @@ class Tensor:
         self.close()
 
     def __repr__(self):
-        return f"membroker.Tensor(dtype={self.dtype}, shape={self.shape}, read_only={self.read_only})"
+        return f"membroker.Tensor(dtype={self.element.name}, shape={self.shape}, read_only={self.read_only})"

@@ -377,6 +377,47 @@ def test_a_channel_takes_a_page_policy_and_refuses_an_unknown_one(mb):
     pub.close()
 
 
+def test_every_torch_dtype_travels_exactly_to_another_process(mb):
+    # bfloat16 (every current checkpoint), complex32 and bool among them;
+    # numpy has no bfloat16 or complex32: .torch() reads the bytes itself.
+    import torch
+    c = membroker.connect(mb.socket, "publisher")
+    types = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+             torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+    types += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    expect = {}
+    for i, dt in enumerate(types):
+        src = (torch.arange(24, dtype=torch.float32) * 0.5 - 3).reshape(2, 3, 4).to(dt)
+        t = c.tensor_from(src)  # given a torch tensor: its bytes, not a conversion
+        c.publish_tensor(f"py/dtypes/{i}", t)
+        expect[i] = (str(dt), src.view(torch.uint8).flatten().tolist() if dt != torch.bool else src.tolist())
+    for spec in ("bfloat16", torch.bfloat16, "bf16"):
+        assert c.new_tensor((2,), spec).element.name == "bfloat16"
+    assert c.new_tensor((2,), np.float16).element.name == "float16"
+    with pytest.raises(ValueError):
+        c.new_tensor((2,), "not-a-type")
+    out = finish(child("""
+        import sys, json, torch, membroker
+        c = membroker.connect(sys.argv[1], "reader")
+        got = {}
+        for i in range(int(sys.argv[2])):
+            t = c.lookup_tensor(f"py/dtypes/{i}", timeout_ms=5000)
+            x = t.torch()
+            got[i] = (str(x.dtype), list(x.shape), x.view(torch.uint8).flatten().tolist() if x.dtype != torch.bool
+                      else x.tolist())
+        print(json.dumps(got))
+        """, mb.socket, str(len(types))))
+    import json
+    got = json.loads(out)
+    for i, dt in enumerate(types):
+        dtype_name, shape, data = got[str(i)]
+        assert dtype_name == expect[i][0] and shape == [2, 3, 4], (i, dtype_name, shape)
+        assert data == expect[i][1], dtype_name
+    bf = c.lookup_tensor("py/dtypes/0")
+    with pytest.raises(TypeError, match="numpy has no bfloat16"):
+        bf.numpy()
+
+
 def test_list_names_gives_every_name_of_a_model(mb):
     # ~300 tensors in a 7B model: all of them, not the first 128.
     c = membroker.connect(mb.socket, "publisher")
