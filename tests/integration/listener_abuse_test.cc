@@ -90,37 +90,8 @@ hs::Frame ReadFrame(int fd) {
   return hs::Refuse{};
 }
 
-// Sockets of this process accepted on `port` (not the listening one): the
-// listener's side of connections to it, from /proc/net/tcp.
-size_t AcceptedOn(int port) {
-  std::set<std::string> inodes;
-  std::ifstream tcp("/proc/net/tcp");
-  std::string line;
-  std::getline(tcp, line);  // the header
-  while (std::getline(tcp, line)) {
-    std::istringstream in(line);
-    std::string slot, local, remote, state, skip, inode;
-    in >> slot >> local >> remote >> state;
-    for (int i = 0; i < 5; ++i) in >> skip;  // tx:rx tr:when retrnsmt uid timeout
-    in >> inode;
-    if (std::stoi(local.substr(local.find(':') + 1), nullptr, 16) == port && state != "0A") inodes.insert(inode);
-  }
-  size_t n = 0;
-  DIR* d = ::opendir("/proc/self/fd");
-  while (dirent* e = ::readdir(d)) {
-    char target[64] = {};
-    const std::string path = std::string("/proc/self/fd/") + e->d_name;
-    if (::readlink(path.c_str(), target, sizeof(target) - 1) <= 0) continue;
-    const std::string t(target);
-    if (t.rfind("socket:[", 0) == 0 && inodes.count(t.substr(8, t.size() - 9))) ++n;
-  }
-  ::closedir(d);
-  return n;
-}
-
-// Where this process listens (TCP, IPv4: address in network order, port):
-// UCX's own transports as well as ours.
-std::vector<std::pair<in_addr_t, int>> Listening() {
+// The inodes of this process's sockets (/proc/self/fd).
+std::set<std::string> OurSockets() {
   std::set<std::string> ours;
   DIR* d = ::opendir("/proc/self/fd");
   while (dirent* e = ::readdir(d)) {
@@ -131,22 +102,42 @@ std::vector<std::pair<in_addr_t, int>> Listening() {
     if (t.rfind("socket:[", 0) == 0) ours.insert(t.substr(8, t.size() - 9));
   }
   ::closedir(d);
-  std::vector<std::pair<in_addr_t, int>> out;
+  return ours;
+}
+
+// This process's IPv4 TCP sockets from /proc/net/tcp: the local address
+// (network order), the local port, and whether it listens.
+struct TcpSocket {
+  in_addr_t ip;
+  int port;
+  bool listening;
+};
+std::vector<TcpSocket> OurTcpSockets() {
+  const std::set<std::string> ours = OurSockets();
+  std::vector<TcpSocket> out;
   std::ifstream tcp("/proc/net/tcp");
   std::string line;
-  std::getline(tcp, line);
+  std::getline(tcp, line);  // the header
   while (std::getline(tcp, line)) {
     std::istringstream in(line);
     std::string slot, local, remote, state, skip, inode;
     in >> slot >> local >> remote >> state;
-    for (int i = 0; i < 5; ++i) in >> skip;
+    for (int i = 0; i < 5; ++i) in >> skip;  // tx:rx tr:when retrnsmt uid timeout
     in >> inode;
-    if (state != "0A" || !ours.count(inode)) continue;
-    // /proc/net/tcp prints the address as the host-order hex of its network-order word.
-    const auto ip = static_cast<in_addr_t>(std::stoul(local.substr(0, local.find(':')), nullptr, 16));
-    out.emplace_back(ip, std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+    if (!ours.count(inode)) continue;
+    // The address prints as the host-order hex of its network-order word.
+    out.push_back({static_cast<in_addr_t>(std::stoul(local.substr(0, local.find(':')), nullptr, 16)),
+                   std::stoi(local.substr(local.find(':') + 1), nullptr, 16), state == "0A"});
   }
   return out;
+}
+
+// Sockets of this process accepted on `port` (not the listening one): the
+// listener's side of connections to it.
+size_t AcceptedOn(int port) {
+  size_t n = 0;
+  for (const TcpSocket& s : OurTcpSockets()) n += s.port == port && !s.listening;
+  return n;
 }
 
 uint64_t Refused(TransferEngine& e) {
@@ -229,11 +220,11 @@ TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
   // UCX's own transports listen too (its TCP transport, for the endpoints the
   // handshake leads to): the same garbage at each of their ports.
   size_t ucx_ports = 0;
-  for (auto [ip, p] : Listening()) {
-    if (p == port) continue;
+  for (const TcpSocket& listener : OurTcpSockets()) {
+    if (!listener.listening || listener.port == port) continue;
     ++ucx_ports;
     for (const std::string& g : garbage) {
-      ipc::UniqueFd fd = Open(p, ip);
+      ipc::UniqueFd fd = Open(listener.port, listener.ip);
       SendAll(fd.get(), g);
     }
   }
