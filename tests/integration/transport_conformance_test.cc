@@ -165,8 +165,8 @@ TEST_P(TransportConformance, ABadDescriptorIsNamedAndNothingMoves) {
   RemoteBuffer r = Alloc("broker", 1 << 20);
   Fill(r, 13);
   std::memset(local_.data(), 0x44, kSize);
-  Status st = engine_->TransferSync(remote_, WRITE,
-                                    {{local_.addr(), r.addr, 4096}, {local_.addr(), r.addr + (1 << 20), 4096}});
+  Status st =
+      engine_->TransferSync(remote_, WRITE, {{local_.addr(), r.addr, 4096}, {local_.addr(), r.addr + (1 << 20), 4096}});
   EXPECT_EQ(st.code(), ErrorCode::kParamInvalid) << st.ToString();
   EXPECT_NE(st.message().find("descriptor 1"), std::string::npos) << st.ToString();
   EXPECT_EQ(Check(r, 13, 0, 1 << 20), "ok");
@@ -205,9 +205,12 @@ TEST_P(TransportConformance, DeregistrationWhileTransfersAreInFlight) {
       while (!stop.load()) {
         const bool after = deregistered.load();
         Status st = engine_->TransferSync(remote_, WRITE, {{local_.addr() + t * (1 << 20), r.addr, 1 << 20}}, 30'000);
-        if (st.ok() && !after) moved.fetch_add(1);
-        else if (st.code() == ErrorCode::kParamInvalid && after) refused_after.fetch_add(1);
-        else if (!(st.code() == ErrorCode::kParamInvalid && !after)) wrong.fetch_add(1);  // ok after, or another error
+        if (st.ok() && !after)
+          moved.fetch_add(1);
+        else if (st.code() == ErrorCode::kParamInvalid && after)
+          refused_after.fetch_add(1);
+        else if (!(st.code() == ErrorCode::kParamInvalid && !after))
+          wrong.fetch_add(1);  // ok after, or another error
       }
     });
   const auto bound = Clock::now() + std::chrono::seconds(60);

@@ -141,7 +141,7 @@ struct Conn {
   std::array<uint8_t, 16> identity{};  // the acceptor's, from its Welcome
   std::vector<wire::Message> unsent;
   std::shared_ptr<Waiter> connect_waiter;
-  NetPeerInfo* connect_info = nullptr;
+  PeerInfo* connect_info = nullptr;
   std::map<uint64_t, RemoteRegion> regions;  // by remote address
   std::set<Job*> jobs;
   std::unordered_map<uint64_t, Piece*> pieces;  // in flight, by tag
@@ -233,18 +233,21 @@ class UcxTransport::Worker {
   // A connection about to be dialed, known by its token from now on.
   void Expect(const std::string& text, Token token, Clock::time_point deadline, uint64_t* id, std::shared_ptr<Waiter> w);
   // The listener admitted it (Dial): its endpoint, then (or already) its Welcome.
-  void Attach(uint64_t id, const Dialed& dialed, NetPeerInfo* info, std::shared_ptr<Waiter> w);
+  void Attach(uint64_t id, const Dialed& dialed, PeerInfo* info, std::shared_ptr<Waiter> w);
   void Close(uint64_t id, Clock::time_point deadline, std::shared_ptr<Waiter> w);
   void Transfer(uint64_t id, TransferOp op, const std::vector<TransferOpDesc>* descs, Clock::time_point deadline,
                 std::shared_ptr<Waiter> w);
   void SendNotify(uint64_t id, const std::string& name, const std::string& message, Clock::time_point deadline,
                   std::shared_ptr<Waiter> w);
 
-  std::vector<NetNotify> TakeNotifies() {
+  void TakeNotifies(std::vector<ReceivedNotify>* out) {
     std::lock_guard<std::mutex> lk(mu_);
-    std::vector<NetNotify> out(notifies_.begin(), notifies_.end());
+    out->insert(out->end(), notifies_.begin(), notifies_.end());
     notifies_.clear();
-    return out;
+  }
+  bool Broken(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return broken_.count(id) != 0;
   }
   NetStats stats() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -346,11 +349,12 @@ class UcxTransport::Worker {
   int worker_fds_[2] = {-1, -1};
   std::thread thread_;
 
-  std::mutex mu_;  // commands_, stopping_, notifies_, stats_
+  std::mutex mu_;  // commands_, stopping_, notifies_, stats_, broken_
   std::deque<std::function<void()>> commands_;
   bool stopping_ = false;
-  std::deque<NetNotify> notifies_;
+  std::deque<ReceivedNotify> notifies_;
   NetStats stats_;
+  std::set<uint64_t> broken_;  // connections broken and not yet forgotten (Lost)
   std::atomic<uint64_t> changes_{0};
 
   // Progress thread only.
@@ -691,6 +695,10 @@ void UcxTransport::Worker::Break(Conn& c, Status st, bool goodbye) {
   if (goodbye) Send(c, wire::Goodbye{st.message()});
   c.state = Conn::State::kBroken;
   c.broken = st;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    broken_.insert(c.id);
+  }
   if (c.connect_waiter) {
     c.connect_waiter->Finish(st);
     c.connect_waiter.reset();
@@ -743,6 +751,7 @@ void UcxTransport::Worker::Forget(uint64_t id) {
   by_token_.erase(c.token);
   conns_.erase(it);
   std::lock_guard<std::mutex> lk(mu_);
+  broken_.erase(id);
   stats_.connections = conns_.size();
   changes_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -868,7 +877,7 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
         ack.code = static_cast<int32_t>(ErrorCode::kResourceExhausted);
         ack.message = "the engine's notify queue is full (256)";
       } else {
-        notifies_.push_back(NetNotify{c.engine, std::move(n->name), std::move(n->message)});
+        notifies_.push_back(ReceivedNotify{c.engine, std::move(n->name), std::move(n->message)});
       }
     }
     return Send(c, ack);
@@ -1080,7 +1089,7 @@ void UcxTransport::Worker::Expect(const std::string& text, Token token, Clock::t
   w->Finish(Status::Ok());
 }
 
-void UcxTransport::Worker::Attach(uint64_t id, const Dialed& dialed, NetPeerInfo* info, std::shared_ptr<Waiter> w) {
+void UcxTransport::Worker::Attach(uint64_t id, const Dialed& dialed, PeerInfo* info, std::shared_ptr<Waiter> w) {
   Conn* c = Find(id);
   if (c == nullptr || c->state == Conn::State::kBroken)
     return w->Finish(c != nullptr ? c->broken : Status(ErrorCode::kNotConnected, "not connected"));
@@ -1465,9 +1474,9 @@ UcxTransport::~UcxTransport() = default;
 
 std::string UcxTransport::listen_address() const { return worker_->listen_address(); }
 
-Status UcxTransport::AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only) {
+Status UcxTransport::AddRegion(const RegionDesc& r) {
   return worker_->Ask(Clock::now(), [=, this](std::shared_ptr<Waiter> w) {
-    worker_->AddRegion(handle, address, length, read_only, std::move(w));
+    worker_->AddRegion(r.handle, r.address, r.length, r.read_only, std::move(w));
   });
 }
 
@@ -1475,7 +1484,7 @@ Status UcxTransport::RemoveRegion(uint64_t handle, Clock::time_point deadline) {
   return worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) { worker_->RemoveRegion(handle, deadline, std::move(w)); });
 }
 
-Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, NetPeerInfo* info) {
+Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_point deadline, PeerInfo* info) {
   MB_ASSIGN_OR_RETURN(SocketAddress addr, ParseHostPort(address));
   // The connection is known by its token first; the handshake runs on this
   // thread; the progress thread then only makes the endpoint.
@@ -1487,7 +1496,7 @@ Result<uint64_t> UcxTransport::Connect(const std::string& address, Clock::time_p
   const NetOptions& o = worker_->options();
   auto dialed = Dial(addr, address, deadline, DialRequest{o.secret, o.engine_name, worker_->worker_address(), token});
   Status st = dialed.status();
-  auto out = std::make_shared<NetPeerInfo>();
+  auto out = std::make_shared<PeerInfo>();
   if (st.ok())
     st = worker_->Ask(deadline, [=, this, d = *dialed](std::shared_ptr<Waiter> w) {
       worker_->Attach(*id, d, out.get(), std::move(w));
@@ -1520,7 +1529,12 @@ Status UcxTransport::SendNotify(uint64_t conn, const std::string& name, const st
   });
 }
 
-std::vector<NetNotify> UcxTransport::TakeNotifies() { return worker_->TakeNotifies(); }
+bool UcxTransport::Lost(uint64_t conn) { return worker_->Broken(conn); }
+
+Status UcxTransport::TakeNotifies(std::vector<ReceivedNotify>* out) {
+  worker_->TakeNotifies(out);
+  return Status::Ok();
+}
 NetStats UcxTransport::stats() { return worker_->stats(); }
 uint64_t UcxTransport::changes() const { return worker_->changes(); }
 

@@ -53,25 +53,27 @@ class UcxTransport final : public NetTransport {
   // by the kernel where the option said 0.
   std::string listen_address() const override;
 
-  // Makes [address, address+length) reachable by connectors' pieces and
-  // announces it to those connected.
-  Status AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only) override;
+  // Makes the range reachable by connectors' pieces and announces it to
+  // those connected.
+  Status AddRegion(const RegionDesc& region) override;
   // Announces it gone and forgets it once no connector uses it (and no answer
   // is still sent from it); TIMEOUT at deadline (still served: a later call
   // waits again).
   Status RemoveRegion(uint64_t handle, Clock::time_point deadline) override;
 
   // Connects and shakes hands; the connection's id.
-  Result<uint64_t> Connect(const std::string& address, Clock::time_point deadline, NetPeerInfo* info) override;
+  Result<uint64_t> Connect(const std::string& address, Clock::time_point deadline, PeerInfo* info) override;
   // Waits for the connection's transfers (until deadline), then closes it.
   Status Close(uint64_t conn, Clock::time_point deadline) override;
+  // Broken: its peer died, its link failed, or a transfer timed out.
+  bool Lost(uint64_t conn) override;
   // Checks every descriptor against the remote's ranges first
   // (PARAM_INVALID naming the index), then moves the bytes.
   Status Transfer(uint64_t conn, TransferOp op, const std::vector<TransferOpDesc>& descs,
                   Clock::time_point deadline) override;
   Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
                     Clock::time_point deadline) override;
-  std::vector<NetNotify> TakeNotifies() override;
+  Status TakeNotifies(std::vector<ReceivedNotify>* out) override;
   NetStats stats() override;
   // Bumped whenever a connection opens, closes or is refused (cheap to poll).
   uint64_t changes() const override;
