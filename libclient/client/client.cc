@@ -93,7 +93,7 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,
                                  /*read_only=*/false, m->pinned, m->fixed_address, /*created=*/true);
-  if (!m->token.empty()) core_->RecordExport(m->token, m->handle, prop.export_flags);
+  if (!m->token.empty()) core_->journal().RecordExport(m->token, m->handle, prop.export_flags);
   h.fell_back_ = m->fell_back;
   h.from_pool_ = m->from_pool;
   h.export_token_ = std::move(m->token);
@@ -174,7 +174,7 @@ Result<std::string> Client::ExportToShareableHandle(const PhysicalHandle& handle
                       handle.core_->conn().Call(ipc::ExportRequest{handle.id_, flags}));
   auto* m = std::get_if<ipc::ExportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ExportRequest got a wrong reply");
-  handle.core_->RecordExport(m->token, handle.id_, flags);
+  handle.core_->journal().RecordExport(m->token, handle.id_, flags);
   return std::move(m->token);
 }
 
@@ -193,7 +193,7 @@ Status Client::SetPidToShareableHandle(const std::string& token, std::span<const
   }
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::SetPidRequest{
                                            token, std::vector<int32_t>(pids.begin(), pids.end())}));
-  core_->RecordPids(token, std::move(allowed));
+  core_->journal().RecordPids(token, std::move(allowed));
   return Status::Ok();
 }
 

@@ -110,8 +110,7 @@ Status ClientCore::SendFrees(const Frees& frees) {
     Status st = conn_.SendOneWay(ipc::FreeRequest{id});
     if (st.code() == ErrorCode::kNotConnected && options_.reattach) {
       // No broker now: the next one, if it takes this handle back, hears of it.
-      std::lock_guard<std::mutex> lk(mu_);
-      lost_frees_.push_back(id);
+      journal_.AddLostFree(id);
       continue;
     }
     if (first.ok()) first = st;

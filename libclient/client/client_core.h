@@ -20,6 +20,7 @@
 
 #include "client/process_id.h"
 #include "client/connection.h"
+#include "client/reattach_journal.h"
 #include "membroker/client.h"
 #include "membroker/ipc/protocol.h"
 
@@ -70,18 +71,6 @@ struct ReservationState {
 // What every Client call returns on a default-constructed (never connected) Client.
 inline Status NotConnectedClient() { return Status(ErrorCode::kNotConnected, "client is not connected"); }
 
-// What this client re-presents when it reattaches (reattach.cc).
-struct ExportRecord {
-  uint64_t handle = 0;
-  uint32_t flags = 0;
-  std::vector<ipc::AllowedPid> pids;
-};
-struct PublicationRecord {
-  uint64_t handle = 0;
-  uint32_t flags = 0;
-  std::string metadata;
-};
-
 class ClientCore {
  public:
   ClientCore(ipc::UniqueFd sock, const ConnectOptions& options)
@@ -102,16 +91,8 @@ class ClientCore {
   uint64_t reattaches() const;
   ReattachReport last_reattach() const;
   Status WaitForReattach(uint64_t count, std::chrono::milliseconds timeout) const;
-  // Records of what a reattach re-presents.
-  void RecordExport(const std::string& token, uint64_t handle, uint32_t flags);
-  void RecordPids(const std::string& token, std::vector<ipc::AllowedPid> pids);
-  void RecordPublication(const std::string& name, uint64_t handle, uint32_t flags, std::string metadata);
-  void ForgetPublication(const std::string& name);
-  void RecordSubscription(const std::string& prefix);
-  // The transfer engine of this client (one at most): its name and control
-  // block, re-registered at a reattach with its ranges.
-  void RecordEngine(const std::string& name, uint64_t control_allocation);
-  void ForgetEngine();
+  // What a reattach presents again besides the handles.
+  ReattachJournal& journal() { return journal_; }
 
   Connection& conn() { return conn_; }
   uint64_t client_id() const { return client_id_; }
@@ -185,12 +166,7 @@ class ClientCore {
   mutable std::condition_variable reattach_cv_;  // notified at each reattach
   uint64_t reattaches_ = 0;
   ReattachReport last_reattach_;
-  std::vector<uint64_t> lost_frees_;  // freed while detached (guarded by mu_)
-  std::map<std::string, ExportRecord> exports_;           // by token (guarded by mu_)
-  std::map<std::string, PublicationRecord> publications_;  // by name (guarded by mu_)
-  std::set<std::string> subscriptions_;                   // (guarded by mu_)
-  std::string engine_name_;                               // (guarded by mu_)
-  uint64_t engine_control_ = 0;                           // (guarded by mu_)
+  ReattachJournal journal_;
   std::vector<ipc::Granularity> granularities_;
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;

@@ -24,7 +24,7 @@ Status Client::Publish(const std::string& name, const PhysicalHandle& handle, ui
     return Status(ErrorCode::kInvalidHandle, "PhysicalHandle is empty or freed");
   MB_RETURN_IF_ERROR(
       core_->conn().Call(ipc::PublishRequest{name, handle.id(), flags, std::string(metadata)}).status());
-  core_->RecordPublication(name, handle.id(), flags, std::string(metadata));  // for a reattach
+  core_->journal().RecordPublication(name, handle.id(), flags, std::string(metadata));  // for a reattach
   return Status::Ok();
 }
 
@@ -45,7 +45,7 @@ Status Client::Unpublish(const std::string& name) {
   if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));
   MB_RETURN_IF_ERROR(core_->conn().Call(ipc::UnpublishRequest{name}).status());
-  core_->ForgetPublication(name);
+  core_->journal().ForgetPublication(name);
   return Status::Ok();
 }
 
@@ -76,7 +76,7 @@ Status Client::Subscribe(const std::string& prefix) {
   if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
   MB_RETURN_IF_ERROR(core_->conn().Call(ipc::SubscribeRequest{prefix}).status());
-  core_->RecordSubscription(prefix);
+  core_->journal().RecordSubscription(prefix);
   return Status::Ok();
 }
 

@@ -155,9 +155,6 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     ipc::UniqueFd fd;
   };
   std::vector<Presented> handles;
-  std::map<std::string, ExportRecord> exports;
-  std::map<std::string, PublicationRecord> publications;
-  std::set<std::string> subscriptions;
   std::map<uintptr_t, size_t> host_regs;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -167,13 +164,6 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
       if (dup < 0) return ipc::ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", "a handle's fd", errno);
       handles.push_back({ipc::ReattachHandle{id, held.created, held.pinned, held.fixed_address}, ipc::UniqueFd(dup)});
     }
-    // Exports and names of handles still held (a freed handle's memory
-    // cannot be presented again).
-    for (const auto& [token, e] : exports_)
-      if (handles_.count(e.handle)) exports.emplace(token, e);
-    for (const auto& [name, p] : publications_)
-      if (handles_.count(p.handle)) publications.emplace(name, p);
-    subscriptions = subscriptions_;
     host_regs = host_regs_;
   }
   std::set<uint64_t> taken;  // handles the new broker holds for this client again
@@ -202,13 +192,16 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
                                                    ": " + res.message);
     }
   }
-  for (const auto& [token, e] : exports)
+  // Exports and names of handles the new broker took back (a freed handle's
+  // memory cannot be presented again).
+  const ReattachJournal::Entries journal = journal_.entries();
+  for (const auto& [token, e] : journal.exports)
     if (taken.count(e.handle))
       Note(report, fresh.Call(ipc::RestoreExportRequest{e.handle, token, e.flags, e.pids}).status());
-  for (const auto& [name, p] : publications)
+  for (const auto& [name, p] : journal.publications)
     if (taken.count(p.handle))
       Note(report, fresh.Call(ipc::PublishRequest{name, p.handle, p.flags, p.metadata}).status());
-  for (const std::string& prefix : subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
+  for (const std::string& prefix : journal.subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
   for (const auto& [addr, size] : host_regs)
     Note(report, fresh.Call(ipc::RegisterHostRequest{addr, size, 0}).status());
   const std::map<uintptr_t, uint64_t> regions = ReattachEngine(fresh, taken, report);
@@ -241,13 +234,12 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
 
 std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, const std::set<uint64_t>& taken,
                                                          ReattachReport* report) {
-  std::string name;
-  uint64_t control = 0;
+  const ReattachJournal::Entries journal = journal_.entries();
+  const std::string& name = journal.engine_name;
+  const uint64_t control = journal.engine_control;
   std::map<uintptr_t, EngineRegistration> ranges;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    name = engine_name_;
-    control = engine_control_;
     for (const auto& [va, r] : engine_ranges_)
       if (r.region != 0) ranges.emplace(va, r);
   }
@@ -279,53 +271,11 @@ std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, cons
   return regions;
 }
 
-void ClientCore::RecordEngine(const std::string& name, uint64_t control_allocation) {
-  std::lock_guard<std::mutex> lk(mu_);
-  engine_name_ = name;
-  engine_control_ = control_allocation;
-}
-
-void ClientCore::ForgetEngine() {
-  std::lock_guard<std::mutex> lk(mu_);
-  engine_name_.clear();
-  engine_control_ = 0;
-}
-
 void ClientCore::SendLostFrees(const std::set<uint64_t>& taken) {
-  std::vector<uint64_t> frees;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    frees.swap(lost_frees_);
-  }
+  const std::vector<uint64_t> frees = journal_.TakeLostFrees();
   // Freed before they were presented: the new broker never held them.
   for (uint64_t id : frees)
     if (taken.count(id)) (void)conn_.SendOneWay(ipc::FreeRequest{id});
-}
-
-void ClientCore::RecordExport(const std::string& token, uint64_t handle, uint32_t flags) {
-  std::lock_guard<std::mutex> lk(mu_);
-  exports_[token] = ExportRecord{handle, flags, {}};
-}
-
-void ClientCore::RecordPids(const std::string& token, std::vector<ipc::AllowedPid> pids) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (auto it = exports_.find(token); it != exports_.end()) it->second.pids = std::move(pids);
-}
-
-void ClientCore::RecordPublication(const std::string& name, uint64_t handle, uint32_t flags,
-                                   std::string metadata) {
-  std::lock_guard<std::mutex> lk(mu_);
-  publications_[name] = PublicationRecord{handle, flags, std::move(metadata)};
-}
-
-void ClientCore::ForgetPublication(const std::string& name) {
-  std::lock_guard<std::mutex> lk(mu_);
-  publications_.erase(name);
-}
-
-void ClientCore::RecordSubscription(const std::string& prefix) {
-  std::lock_guard<std::mutex> lk(mu_);
-  subscriptions_.insert(prefix);
 }
 
 }  // namespace membroker::detail

@@ -394,7 +394,7 @@ Status TransferEngine::Impl::GetTransferStatus(TransferReq req, TransferStatus& 
 Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms) {
   if (!initialized_) return NotInitialized();
   std::shared_ptr<Connection> c = Find(remote);
-  if (c == nullptr || c->transport->Lost(c->id)) return NotConnected(remote);
+  if (c == nullptr) return NotConnected(remote);
   if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
     return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
   if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");

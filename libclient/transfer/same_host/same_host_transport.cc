@@ -227,7 +227,7 @@ Result<std::unique_ptr<SameHostTransport>> SameHostTransport::Start(const Client
   std::memcpy(control->identity, identity.data(), identity.size());
   control->magic.store(ipc::kEngineControlMagic);
   MB_RETURN_IF_ERROR(t->core_->conn().Call(ipc::EngineInitRequest{name, h.id()}).status());
-  t->core_->RecordEngine(name, h.id());
+  t->core_->journal().RecordEngine(name, h.id());
   t->control_ = control;
   t->control_handle_ = std::move(h);
   t->control_range_ = std::move(range);
@@ -254,7 +254,7 @@ SameHostTransport::~SameHostTransport() {
   if (control_ != nullptr) {
     // Who may still be inside our memory: asked before the broker forgets them.
     auto peers = ConnectedPeers(*core_);
-    core_->ForgetEngine();
+    core_->journal().ForgetEngine();
     (void)core_->conn().Call(ipc::EngineFinalizeRequest{});
     if (peers.ok())  // bounded either way
       (void)WaitForPeers(control_, *peers, Clock::now() + options_.drain_timeout, options_.drain_timeout);
@@ -365,6 +365,7 @@ Status SameHostTransport::SendNotify(uint64_t conn, const std::string& name, con
                                      Clock::time_point deadline) {
   std::shared_ptr<Peer> peer = Find(conn);
   if (peer == nullptr) return Status(ErrorCode::kNotConnected, "no such connection");
+  if (peer->lost.load()) return NotConnected(peer->name);
   if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
   return core_->conn().Call(ipc::EngineNotifyRequest{peer->name, name, message}).status();
 }
