@@ -338,6 +338,10 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   // Local ranges stay registered (and mapped) until the transfer is over.
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
   MB_RETURN_IF_ERROR(CheckLocal(op, descs));
+  // Past its deadline before it starts (timeout 0, or a queued async request):
+  // nothing moves, whichever transport it would take.
+  if (Clock::now() >= deadline)
+    return Status(ErrorCode::kTimeout, "the transfer's timeout passed before it started; nothing was moved");
   return c->transport->Transfer(c->id, op, descs, deadline);
 }
 
@@ -367,8 +371,7 @@ Status TransferEngine::Impl::TransferAsync(const std::string& remote, TransferOp
   }
   const auto deadline = DeadlineAfter(timeout_ms);
   async_pool_.Post([this, r, remote, op, descs, deadline] {
-    Status st = Clock::now() > deadline ? Status(ErrorCode::kTimeout, "transfer waited past its timeout")
-                                        : Transfer(remote, op, descs, deadline);
+    Status st = Transfer(remote, op, descs, deadline);  // TIMEOUT when it waited past its deadline
     if (!st.ok()) {
       std::lock_guard<std::mutex> lk(req_mu_);
       last_error_ = st;

@@ -196,7 +196,7 @@ TEST_P(TransportConformance, NotifiesArriveInOrder) {
 // deregistration waits for the writes in flight, a write that starts after it
 // returned is refused, and nothing lands in the range afterwards.
 TEST_P(TransportConformance, DeregistrationWhileTransfersAreInFlight) {
-  RemoteBuffer r = Alloc("broker", 1 << 20);
+  RemoteBuffer r = Alloc("broker", 2 << 20);  // a MiB per thread: the threads never write the same bytes
   std::atomic<bool> stop{false}, deregistered{false};
   std::atomic<int> moved{0}, refused_after{0}, wrong{0};
   std::vector<std::thread> threads;
@@ -204,7 +204,8 @@ TEST_P(TransportConformance, DeregistrationWhileTransfersAreInFlight) {
     threads.emplace_back([&, t] {
       while (!stop.load()) {
         const bool after = deregistered.load();
-        Status st = engine_->TransferSync(remote_, WRITE, {{local_.addr() + t * (1 << 20), r.addr, 1 << 20}}, 30'000);
+        Status st =
+            engine_->TransferSync(remote_, WRITE, {{local_.addr() + t * (1 << 20), r.addr + t * (1 << 20), 1 << 20}}, 30'000);
         if (st.ok() && !after)
           moved.fetch_add(1);
         else if (st.code() == ErrorCode::kParamInvalid && after)
@@ -224,7 +225,7 @@ TEST_P(TransportConformance, DeregistrationWhileTransfersAreInFlight) {
   for (auto& th : threads) th.join();
   EXPECT_GE(refused_after.load(), 4);
   EXPECT_EQ(wrong.load(), 0);
-  EXPECT_EQ(Check(r, 17, 0, 1 << 20), "ok") << "written after DeregisterMem returned";
+  EXPECT_EQ(Check(r, 17, 0, 2 << 20), "ok") << "written after DeregisterMem returned";
 }
 
 // The peer's process is SIGKILLed: transfers and notifies say NOT_CONNECTED
@@ -252,8 +253,8 @@ TEST_P(TransportConformance, APeerKilledIsNotConnectedAndANewOneCanBeReached) {
   EXPECT_EQ(FirstWrongByte(19, 0, 1 << 20), -1);
 }
 
-// A transfer whose time is up before its bytes could have moved says TIMEOUT,
-// synchronous or asynchronous, and the seed's recovery works on both paths:
+// A transfer whose time is up before it starts says TIMEOUT and moves
+// nothing, synchronous or asynchronous, and the seed's recovery works on both paths:
 // Disconnect, Connect, retry. (The UCX path closes the connection at a
 // timeout, which cancels what is outstanding; the same-host path stops its own
 // copies and could go on: docs/TRANSFER.md.)
@@ -261,8 +262,11 @@ TEST_P(TransportConformance, ATimeoutIsReportedAndTheConnectionStillWorks) {
   const size_t big = 64 << 20;
   Memory large = Register(client_, *engine_, big);
   RemoteBuffer r = Alloc("broker", big);
+  Fill(r, 21);
+  std::memset(large.data(), 0, big);
   Status st = engine_->TransferSync(remote_, READ, {{large.addr(), r.addr, big}}, 0);
   EXPECT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
+  for (size_t i = 0; i < big; i += 4096) ASSERT_EQ(large.data()[i], 0) << "byte " << i << " moved";
   TransferReq req = 0;
   ASSERT_TRUE(engine_->TransferAsync(remote_, WRITE, {{large.addr(), r.addr, big}}, req, 0).ok());
   TransferStatus ts = TransferStatus::WAITING;
@@ -273,6 +277,7 @@ TEST_P(TransportConformance, ATimeoutIsReportedAndTheConnectionStillWorks) {
   }
   EXPECT_EQ(ts, TransferStatus::TIMEOUT);
   EXPECT_EQ(engine_->last_error().code(), ErrorCode::kTimeout);
+  EXPECT_EQ(Check(r, 21, 0, big), "ok") << "the timed-out WRITE moved bytes";
   Fill(r, 23);
   st = engine_->Disconnect(remote_, 30'000);
   ASSERT_TRUE(st.ok()) << st.ToString();
