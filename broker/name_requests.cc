@@ -29,10 +29,19 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
     e->awaiting_publisher = false;
     return Status::Ok();
   }
+  // A name taken: replaced where asked and the user is its own (the old
+  // allocation's readers keep their pages), else ALREADY_EXISTS unless its
+  // publisher has exited.
+  uint64_t replaced = 0;
   if (const NamedEntry* e = names_.Find(m.name)) {
     const uint64_t publisher = e->publisher_session;
-    if (!(publisher != 0 && !e->persist && ReapIfExited(publisher)))
+    if (m.flags & ipc::kPublishReplace) {
+      if (e->uid != s.cred.uid)
+        return Status(ErrorCode::kPermissionDenied, "\"" + m.name + "\" belongs to another user");
+      replaced = e->allocation;
+    } else if (!(publisher != 0 && !e->persist && ReapIfExited(publisher))) {
       return Status(ErrorCode::kAlreadyExists, "\"" + m.name + "\" is already published");
+    }
   }
   const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
   NamedEntry e;
@@ -46,11 +55,18 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   e.read_only = read_only;
   e.persist = m.flags & ipc::kPublishPersist;
   e.metadata = m.metadata;
-  MB_ASSIGN_OR_RETURN(NamedEntry * entry, names_.Add(m.name, std::move(e)));
-  holdings_.AddReference(m.allocation);  // the publication's own
+  holdings_.AddReference(m.allocation);  // the publication's own (before the one it replaces goes)
+  if (replaced != 0) holdings_.DropReference(names_.Remove(m.name));
+  auto added = names_.Add(m.name, std::move(e));
+  if (!added.ok()) {
+    holdings_.DropReference(m.allocation);
+    return added.status();
+  }
+  NamedEntry* entry = *added;
   fd_store_.StateChanged();
-  MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d", static_cast<unsigned long long>(s.id),
-           LogText(m.name).c_str(), static_cast<unsigned long long>(m.allocation), entry->persist ? 1 : 0);
+  MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d replaced=%llu",
+           static_cast<unsigned long long>(s.id), LogText(m.name).c_str(), static_cast<unsigned long long>(m.allocation),
+           entry->persist ? 1 : 0, static_cast<unsigned long long>(replaced));
   PostEvent(ipc::NameEventKind::kPublished, m.name, m.allocation, s.cred.pid);
   AnswerWaiters(Waiter::Kind::kLookup, m.name,
                 [&](Session& waiting, uint64_t rid) { return GrantNamed(waiting, rid, m.name, *entry); });

@@ -32,7 +32,7 @@ static_assert(kMallocPinned == w::MallocFlags_PINNED && kMallocSameAddress == w:
 static_assert(kExportNoPidCheck == w::ExportFlags_NO_PID_CHECK && kExportReadOnly == w::ExportFlags_READ_ONLY &&
               kExportKnownFlags == w::ExportFlags_ANY);
 static_assert(kPublishReadOnly == w::PublishFlags_READ_ONLY && kPublishPersist == w::PublishFlags_PERSIST &&
-              kPublishKnownFlags == w::PublishFlags_ANY);
+              kPublishReplace == w::PublishFlags_REPLACE && kPublishKnownFlags == w::PublishFlags_ANY);
 static_assert(kFlagNoReplyOnSuccess == w::EnvelopeFlags_NO_REPLY_ON_SUCCESS);
 
 namespace {

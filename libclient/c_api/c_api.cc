@@ -44,7 +44,8 @@ struct mb_engine {
 MEMBROKER_ERROR_CODES(MB_C_ERROR_MATCHES)
 #undef MB_C_ERROR_MATCHES
 static_assert(MB_EXPORT_NO_PID_CHECK == kExportNoPidCheck && MB_EXPORT_READ_ONLY == kExportReadOnly);
-static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist);
+static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist &&
+              MB_PUBLISH_REPLACE == kPublishReplace);
 static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
 static_assert(MB_TRANSFER_FAILED == static_cast<int>(TransferStatus::FAILED) &&

@@ -16,7 +16,8 @@ using detail::ClientCore;
 // The public API's enums and flags mirror the protocol's (which protocol.cc
 // checks against the schema): the values cross the wire as they are.
 static_assert(kExportNoPidCheck == ipc::kExportNoPidCheck && kExportReadOnly == ipc::kExportReadOnly);
-static_assert(kPublishReadOnly == ipc::kPublishReadOnly && kPublishPersist == ipc::kPublishPersist);
+static_assert(kPublishReadOnly == ipc::kPublishReadOnly && kPublishPersist == ipc::kPublishPersist &&
+              kPublishReplace == ipc::kPublishReplace);
 static_assert(static_cast<int>(PagePolicy::kNormalOnly) == static_cast<int>(ipc::PagePolicy::kNormalOnly) &&
               static_cast<int>(PagePolicy::kHugeFirst) == static_cast<int>(ipc::PagePolicy::kHugeFirst) &&
               static_cast<int>(PagePolicy::kHugeOnly) == static_cast<int>(ipc::PagePolicy::kHugeOnly) &&

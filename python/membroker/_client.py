@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _dtypes, _errors, _membroker
+from . import _dtypes, _errors, _membroker, _state_dict
 from ._tensor import Tensor, _np
 
 
@@ -120,8 +120,13 @@ class Client:
 
     # -- named objects ---------------------------------------------------------------------------------
     def publish(self, name: str, handle, read_only: bool = False, persist: bool = False,
-                metadata: bytes = b"") -> None:
-        self.native.publish(handle, name, read_only, persist, metadata)
+                metadata: bytes = b"", replace: bool = False) -> None:
+        """Publishes handle's allocation under name. replace: a name this user
+        already published is swapped to it in one step (lookups from then on
+        get the new one; holders of the old keep theirs). persist: the name
+        outlives this process until unpublished (and a broker crash only where
+        something keeps the broker's memory: docs/RESTART.md)."""
+        self.native.publish(handle, name, read_only, persist, metadata, replace)
 
     def lookup(self, name: str, timeout_ms: int = 0):
         """The handle published as name, waiting up to timeout_ms (membroker.Timeout after)."""
@@ -160,16 +165,35 @@ class Client:
         t.numpy()[...] = src
         return t
 
-    def publish_tensor(self, name: str, tensor: Tensor, read_only: bool = False, persist: bool = False) -> None:
-        """Publishes the tensor's memory under name with its dtype, shape and strides."""
-        self.publish(name, tensor.handle, read_only, persist, tensor.metadata())
+    def publish_tensor(self, name: str, tensor: Tensor, read_only: bool = False, persist: bool = False,
+                       metadata: dict | None = None, replace: bool = False) -> None:
+        """Publishes the tensor's memory under name with its dtype, shape and
+        strides, and metadata (a dict of JSON values, given back as
+        .user_metadata by lookup_tensor; all of it at most 4 KiB)."""
+        self.publish(name, tensor.handle, read_only, persist, tensor.metadata(metadata), replace)
 
     def lookup_tensor(self, name: str, timeout_ms: int = 0) -> Tensor:
         """The tensor published as name, mapped here (read-only if published so)."""
         handle = self.lookup(name, timeout_ms)
         meta = Tensor.parse_metadata(handle.metadata)
         return Tensor(handle, self.map_handle(handle), meta["dtype"], meta["shape"], meta["strides"],
-                      meta["offset"])
+                      meta["offset"], meta["user"])
+
+    # -- state dicts -----------------------------------------------------------------------------------
+    def publish_state_dict(self, name: str, state_dict, read_only: bool = True, persist: bool = False,
+                           replace: bool = False, page_policy: str = "normal") -> None:
+        """Publishes every tensor of state_dict (a mapping of str to torch
+        tensors or numpy arrays) under one name, in one allocation, in one
+        step: a reader sees the whole dict or nothing. replace: swaps a new
+        version in for new readers while readers of the old keep their pages."""
+        _state_dict.publish(self, name, state_dict, read_only, persist, replace, page_policy)
+
+    def lookup_state_dict(self, name: str, timeout_ms: int = 0, framework: str = "torch") -> dict:
+        """The state dict published as name: a dict of torch tensors
+        (framework="numpy": ndarrays) over the broker's pages, no copy; read-only
+        pages where it was published read-only (a write through a torch view of
+        them is a SIGSEGV: torch has no read-only tensors)."""
+        return _state_dict.lookup(self, name, timeout_ms, framework)
 
 
 def connect(socket: str, name: str = "", call_timeout_ms: int = 30000, reattach: bool = True) -> Client:

@@ -28,9 +28,10 @@ class Tensor:
     lives."""
 
     def __init__(self, handle, mapping, dtype, shape: Sequence[int], strides: Sequence[int] | None = None,
-                 offset: int = 0):
+                 offset: int = 0, user_metadata: dict | None = None):
         self.handle = handle
         self.mapping = mapping
+        self.user_metadata = user_metadata  # what publish_tensor(metadata=) gave, or None
         self.element = _dtypes.dtype(dtype)  # the canonical type, as it travels
         self.shape = tuple(int(s) for s in shape)
         itemsize = self.element.itemsize
@@ -95,17 +96,28 @@ class Tensor:
             flat = torch.frombuffer(memoryview(self.mapping), dtype=t, count=count)
         return flat.as_strided(self.shape, [st // itemsize for st in self.strides], self.offset // itemsize)
 
-    def metadata(self) -> bytes:
-        return json.dumps({"dtype": self.element.name, "shape": list(self.shape), "strides": list(self.strides),
-                           "offset": self.offset}).encode()
+    def metadata(self, user: dict | None = None) -> bytes:
+        """What travels with a published tensor: its layout, and the user's
+        dict under "user"."""
+        meta = {"dtype": self.element.name, "shape": list(self.shape), "strides": list(self.strides),
+                "offset": self.offset}
+        if user is not None:
+            if not isinstance(user, dict):
+                raise TypeError(f"metadata must be a dict of JSON values, not {type(user).__name__}")
+            meta["user"] = user
+        return json.dumps(meta).encode()
 
     @staticmethod
     def parse_metadata(blob: bytes) -> dict:
         try:
             meta = json.loads(blob.decode())
+            user = meta.get("user")
+            if user is not None and not isinstance(user, dict):
+                raise TypeError("user metadata is not a dict")
             return {"dtype": str(meta["dtype"]), "shape": [int(x) for x in meta["shape"]],
-                    "strides": [int(x) for x in meta["strides"]], "offset": int(meta.get("offset", 0))}
-        except (ValueError, KeyError, TypeError) as e:
+                    "strides": [int(x) for x in meta["strides"]], "offset": int(meta.get("offset", 0)),
+                    "user": user}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a membroker tensor's metadata: {blob[:80]!r}") from e
 
     def close(self):

@@ -426,13 +426,14 @@ PYBIND11_MODULE(_membroker, mod) {
       .def(
           "publish",
           [](PyClient& c, PyHandle& h, const std::string& name, bool read_only, bool persist,
-             py::bytes metadata) {
-            uint32_t flags = (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0);
+             py::bytes metadata, bool replace) {
+            uint32_t flags = (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0) |
+                             (replace ? kPublishReplace : 0);
             std::string meta = metadata;
             Check(Unlocked([&] { return c.client.Publish(name, h.handle, flags, meta); }));
           },
           py::arg("handle"), py::arg("name"), py::arg("read_only") = false, py::arg("persist") = false,
-          py::arg("metadata") = py::bytes())
+          py::arg("metadata") = py::bytes(), py::arg("replace") = false)
       .def(
           "lookup",
           [](std::shared_ptr<PyClient> c, const std::string& name, int timeout_ms) {

@@ -608,3 +608,134 @@ def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handl
     assert "Fatal Python error: Segmentation fault" in p.stderr, p.stderr
     assert 'File "<string>", line 11 in <module>' in p.stderr, p.stderr
     assert "ucs_handle_error" not in p.stderr, p.stderr
+
+
+def test_a_state_dict_is_published_whole_and_a_new_version_replaces_it_for_new_readers_only(mb):
+    import torch
+    c = membroker.connect(mb.socket, "trainer")
+    torch.manual_seed(7)
+    v1 = {"embed.weight": torch.randn(64, 32).to(torch.bfloat16), "norm.bias": torch.randn(32),
+          "step": torch.tensor(1, dtype=torch.int64), "mask": torch.rand(5, 3) > 0.5,
+          "transposed": torch.arange(12, dtype=torch.float16).reshape(3, 4).t(),  # not contiguous
+          "empty": torch.zeros(0, 4)}
+    c.publish_state_dict("py/model", v1, persist=True)
+    # A reader in another process: every tensor, exactly, read-only pages.
+    reader = child("""
+        import sys, torch, membroker
+        c = membroker.connect(sys.argv[1], "server")
+        sd = c.lookup_state_dict("py/model", timeout_ms=5000)
+        def digest(sd):
+            return sorted((k, str(v.dtype), list(v.shape), v.float().sum().item() if v.numel() else 0.0)
+                          for k, v in sd.items())
+        print(digest(sd), flush=True)
+        assert sys.stdin.readline() == "again\\n"
+        print(digest(sd), flush=True)  # the old version's pages, after the replace
+        fresh = c.lookup_state_dict("py/model")
+        print(digest(fresh), flush=True)
+        print(sd["embed.weight"].data_ptr() != fresh["embed.weight"].data_ptr(), flush=True)
+        """, mb.socket, stdin=subprocess.PIPE)
+
+    def digest(sd):
+        return str(sorted((k, str(v.dtype), list(v.shape), v.float().sum().item() if v.numel() else 0.0)
+                          for k, v in sd.items()))
+    assert reader.stdout.readline().strip() == digest(v1)
+    v2 = {k: (v + 1 if v.dtype not in (torch.bool,) else ~v) for k, v in v1.items()}
+    other = membroker.connect(mb.socket, "trainer-restarted")  # another process of the same user may replace
+    other.publish_state_dict("py/model", v2, persist=True, replace=True)
+    reader.stdin.write("again\n")
+    reader.stdin.flush()
+    assert reader.stdout.readline().strip() == digest(v1)
+    assert reader.stdout.readline().strip() == digest(v2)
+    assert reader.stdout.readline().strip() == "True"
+    finish(reader)
+    # Numpy in, numpy out: ndarrays over read-only pages.
+    c.publish_state_dict("py/np", {"a": np.arange(10, dtype=np.float32), "b": np.eye(3, dtype=np.int8)})
+    arrays = membroker.connect(mb.socket, "numpy-reader").lookup_state_dict("py/np", framework="numpy")
+    assert arrays["a"].tolist() == list(range(10)) and arrays["b"].tolist() == np.eye(3).tolist()
+    assert not arrays["a"].flags.writeable
+    with pytest.raises(membroker.AlreadyExists):
+        other.publish_state_dict("py/model", v2)  # no replace: the name is taken
+    names = [o["name"] for o in c.list_names("py/model")]
+    assert names == ["py/model"]
+    c.unpublish("py/model")
+    c.unpublish("py/np")
+    del arrays
+    gc.collect()
+
+
+def test_a_state_dict_reader_trusts_nothing_in_it(mb):
+    import json
+    c = membroker.connect(mb.socket, "vandal")
+    with pytest.raises(TypeError, match="'opt'"):
+        c.publish_state_dict("py/bad", {"w": np.zeros(4), "opt": {"lr": 0.1}})
+    with pytest.raises(membroker.NotFound):
+        c.lookup("py/bad")  # nothing half-published
+    h = c.malloc_physical(4096)
+    m = c.map_handle(h)
+    cases = {
+        "py/damaged/manifest": (b"{not json", {"manifest_bytes": 9}),
+        "py/damaged/too-long": (b"{}", {"manifest_bytes": 1 << 20}),
+        "py/damaged/outside": (json.dumps({"tensors": [{"name": "w", "dtype": "float32", "shape": [4096],
+                                                        "offset": 64}]}).encode(), None),
+        "py/damaged/dtype": (json.dumps({"tensors": [{"name": "w", "dtype": "no-such", "shape": [1],
+                                                      "offset": 128}]}).encode(), None),
+        "py/damaged/overlap": (json.dumps({"tensors": [{"name": "w", "dtype": "uint8", "shape": [1],
+                                                        "offset": 0}]}).encode(), None),
+    }
+    for name, (manifest, meta) in cases.items():
+        memoryview(m)[:len(manifest)] = manifest
+        meta = meta or {"manifest_bytes": len(manifest)}
+        c.publish(name, h, metadata=json.dumps({"kind": "membroker.state_dict", "format": 1, **meta}).encode())
+    c.publish("py/damaged/not-one", h, metadata=b"\xff\xfe")
+    reader = membroker.connect(mb.socket, "reader")
+    for name in [*cases, "py/damaged/not-one"]:
+        with pytest.raises(ValueError):
+            reader.lookup_state_dict(name, framework="numpy")
+    with pytest.raises(ValueError, match="framework"):
+        reader.lookup_state_dict("py/damaged/manifest", framework="jax")
+
+
+def test_publish_tensor_carries_user_metadata_and_replaces(mb):
+    c = membroker.connect(mb.socket, "publisher")
+    a = c.tensor_from(np.arange(6, dtype=np.int32))
+    b = c.tensor_from(np.arange(6, dtype=np.int32) * 2)
+    c.publish_tensor("py/layer3", a, metadata={"layer": 3, "source": "ckpt-17"})
+    out = finish(child("""
+        import sys, membroker
+        c = membroker.connect(sys.argv[1], "reader")
+        t = c.lookup_tensor("py/layer3", timeout_ms=5000)
+        print(t.user_metadata, t.numpy().tolist())
+        """, mb.socket))
+    assert out.strip() == "{'layer': 3, 'source': 'ckpt-17'} [0, 1, 2, 3, 4, 5]"
+    c.publish_tensor("py/layer3", b, replace=True)
+    reader = membroker.connect(mb.socket, "reader2")
+    t = reader.lookup_tensor("py/layer3")
+    assert t.user_metadata is None and t.numpy().tolist() == [0, 2, 4, 6, 8, 10]
+    with pytest.raises(TypeError):
+        c.publish_tensor("py/x", a, metadata=["not", "a", "dict"])
+    with pytest.raises(membroker.ParamInvalid):
+        c.publish_tensor("py/x", a, metadata={"big": "x" * 5000})
+
+
+def test_a_model_loads_a_published_state_dict_without_a_copy(mb):
+    import torch
+    torch.manual_seed(3)
+    src = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    loader = membroker.connect(mb.socket, "loader")
+    loader.publish_state_dict("py/mlp", src.state_dict())
+    out = finish(child("""
+        import sys, torch, membroker
+        c = membroker.connect(sys.argv[1], "worker")
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        sd = c.lookup_state_dict("py/mlp", timeout_ms=5000)
+        # The broker's pages as the model's parameters, no copy: load_state_dict(sd, assign=True)
+        # where torch has it (2.1+), functional_call on the torch here.
+        try:
+            from torch.func import functional_call
+        except ImportError:
+            from torch.nn.utils.stateless import functional_call
+        with torch.no_grad():
+            print(functional_call(model, sd, (torch.ones(1, 8),)).tolist())
+        """, mb.socket))
+    with torch.no_grad():
+        assert out.strip() == str(src(torch.ones(1, 8)).tolist())

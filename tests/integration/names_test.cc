@@ -1,5 +1,7 @@
 // Named objects between real processes: publish, lookup (waiting in the
 // broker), persistence past the publisher, events with a bounded queue.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -166,6 +168,59 @@ TEST(Names, PersistentObjectsOutliveTheirPublisherOthersDoNot) {
   }
   EXPECT_TRUE(c.Unpublish("model/weights").ok());
   EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u) << "the last reference went with the name";
+}
+
+// A new version of a persistent object swapped in under its name: lookups
+// from then on get it, a reader of the old version keeps its pages, the old
+// version's memory goes when its last holder does, and another user cannot
+// replace the name.
+TEST(Names, ReplaceSwapsTheNameAndOldReadersKeepTheirPages) {
+  BrokerProcess broker;
+  auto loader = *Client::Connect({broker.socket(), "loader"});
+  auto reader = *Client::Connect({broker.socket(), "reader"});
+  {
+    Reservation r1, r2;
+    Mapping m1, m2;
+    auto v1 = Filled(loader, '1', &r1, &m1);
+    auto v2 = Filled(loader, '2', &r2, &m2);
+    ASSERT_TRUE(loader.Publish("model/weights", v1, kPublishPersist | kPublishReadOnly).ok());
+    auto old = reader.Lookup("model/weights");
+    ASSERT_TRUE(old.ok());
+    auto old_range = *reader.ReserveMemAddress(old->size());
+    auto old_map = *reader.MapMem(old_range.base(), old->size(), 0, *old);
+    EXPECT_EQ(loader.Publish("model/weights", v2, kPublishPersist).code(), ErrorCode::kAlreadyExists);
+    Status st = loader.Publish("model/weights", v2, kPublishPersist | kPublishReadOnly | kPublishReplace);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    auto names = *reader.ListNames("model/");
+    ASSERT_EQ(names.size(), 1u);
+    EXPECT_TRUE(names[0].persist);
+    auto fresh = reader.Lookup("model/weights");
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_TRUE(AllBytesAre(reader, *fresh, '2'));
+    for (size_t i = 0; i < kSize; i += 4096) ASSERT_EQ(old_map.as<char>()[i], '1') << "the old reader lost its pages";
+    // Replace onto a name nobody holds publishes it.
+    ASSERT_TRUE(loader.Publish("model/new", v1, kPublishReplace).ok());
+    EXPECT_TRUE(loader.Unpublish("model/new").ok());
+    // Another user may not.
+    if (::geteuid() == 0) {
+      std::string s = broker.socket();
+      pid_t other = ForkChild([&] {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 20;
+        auto c = Client::Connect({s, "other-user"});
+        if (!c.ok()) return 0;  // the socket's mode keeps other users out altogether: nothing to replace
+        Reservation r;
+        Mapping m;
+        auto mine = Filled(*c, 'X', &r, &m);
+        return c->Publish("model/weights", mine, kPublishReplace).code() == ErrorCode::kPermissionDenied ? 0 : 21;
+      });
+      EXPECT_EQ(WaitChild(other), 0);
+    }
+  }
+  // The loader's handles, the reader's imports and mappings are gone: the
+  // named version is the one allocation left.
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 1), 1u);
+  EXPECT_TRUE(reader.Unpublish("model/weights").ok());
+  EXPECT_EQ(broker.WaitForStat("allocations_live", 0), 0u);
 }
 
 TEST(Names, OperatorsListAndRemovePersistentObjects) {

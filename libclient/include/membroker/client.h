@@ -99,6 +99,9 @@ inline constexpr uint32_t kExportReadOnly = 1u << 1;    // importers get a read-
 // Publish flags.
 inline constexpr uint32_t kPublishReadOnly = 1u << 0;  // lookups get a read-only handle
 inline constexpr uint32_t kPublishPersist = 1u << 1;   // outlives this process until unpublished
+// A name this user already published is swapped to this handle's allocation
+// in one step: lookups from then on get the new one, holders of the old keep it.
+inline constexpr uint32_t kPublishReplace = 1u << 2;
 
 struct NamedObjectInfo {
   std::string name;
@@ -305,8 +308,9 @@ class MEMBROKER_API Client {
 
   // Named objects (docs/PIPELINE.md, "Named objects"). Publish: one round trip; the name refers to
   // the handle's allocation (the publication holds its own reference). Names
-  // are unique per broker (ALREADY_EXISTS). Without kPublishPersist the name
-  // goes when this process exits.
+  // are unique per broker (ALREADY_EXISTS; with kPublishReplace the name is
+  // swapped atomically, PERMISSION_DENIED when another user's). Without
+  // kPublishPersist the name goes when this process exits.
   // metadata (at most 4 KiB, e.g. a tensor's dtype and shape) is kept with the
   // name and given to every Lookup (PhysicalHandle::metadata()).
   Status Publish(const std::string& name, const PhysicalHandle& handle, uint32_t flags = 0,

@@ -117,7 +117,7 @@ MB_C_API int mb_set_pids(mb_client* client, const char* token, const pid_t* pids
 MB_C_API int mb_import(mb_client* client, const char* token, mb_handle** out);
 
 /* --- named objects ------------------------------------------------------------ */
-enum mb_publish_flags { MB_PUBLISH_READ_ONLY = 1, MB_PUBLISH_PERSIST = 2 };
+enum mb_publish_flags { MB_PUBLISH_READ_ONLY = 1, MB_PUBLISH_PERSIST = 2, MB_PUBLISH_REPLACE = 4 };
 MB_C_API int mb_publish(mb_client* client, const char* name, const mb_handle* handle, uint32_t flags);
 /* Waits up to timeout_ms for the name (MB_TIMEOUT); 0: MB_NOT_FOUND at once. */
 MB_C_API int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** out);

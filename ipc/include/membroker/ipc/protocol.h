@@ -38,7 +38,8 @@ inline constexpr size_t kMaxEnginePeers = 63;  // = kEngineSlots (engine_control
 // Publish flags.
 inline constexpr uint32_t kPublishReadOnly = 1u << 0;
 inline constexpr uint32_t kPublishPersist = 1u << 1;
-inline constexpr uint32_t kPublishKnownFlags = kPublishReadOnly | kPublishPersist;
+inline constexpr uint32_t kPublishReplace = 1u << 2;
+inline constexpr uint32_t kPublishKnownFlags = kPublishReadOnly | kPublishPersist | kPublishReplace;
 
 // Envelope flag: the sender does not wait; the broker answers only on failure.
 inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
