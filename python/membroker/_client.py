@@ -1,6 +1,7 @@
 """The Pythonic client: membroker.connect() and what it returns."""
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 from . import _dtypes, _errors, _membroker, _state_dict
@@ -12,8 +13,9 @@ class Client:
     manager, or call close(); everything the process holds is released by
     the broker when the process ends, whatever way it ends."""
 
-    def __init__(self, native):
+    def __init__(self, native, socket: str = ""):
         self._c = native
+        self.socket = socket  # the broker's, as given to connect
         self._registered = {}  # host_register'ed address -> the buffer, kept alive
 
     # -- the connection ---------------------------------------------------------------------------------
@@ -65,7 +67,9 @@ class Client:
     def map(self, reservation, handle, at: int = 0, size: int = 0, offset: int = 0, populate: bool = False):
         """Maps handle (from offset, size bytes; all by default) at reservation.base + at: a
         Mapping, which supports the buffer protocol, __array_interface__ and DLPack."""
-        return self.native.map(reservation, handle, at, size, offset, populate)
+        mapping = self.native.map(reservation, handle, at, size, offset, populate)
+        _mapped.add(mapping, handle, offset, self)
+        return mapping
 
     def map_handle(self, handle):
         """Reserves a range for the whole handle and maps it there."""
@@ -196,12 +200,38 @@ class Client:
         return _state_dict.lookup(self, name, timeout_ms, framework)
 
 
+class _MappedMemory:
+    """Broker memory mapped in this process, by address, for as long as each
+    mapping lives: what membroker.torch needs to send a tensor that already
+    lives there by name instead of copying it."""
+
+    def __init__(self):
+        self._by_address = {}  # address -> (weakref to the Mapping, handle, offset into it, client)
+
+    def add(self, mapping, handle, offset, client):
+        address = mapping.address
+        self._by_address[address] = (weakref.ref(mapping), handle, offset, client)
+        weakref.finalize(mapping, self._by_address.pop, address, None)
+
+    def find(self, pointer: int, nbytes: int):
+        """(mapping, handle, offset of pointer in the allocation, client) of a
+        live mapping that holds [pointer, pointer + nbytes), or None."""
+        for address, (ref, handle, offset, client) in list(self._by_address.items()):
+            mapping = ref()
+            if mapping is not None and address <= pointer and pointer + nbytes <= address + mapping.size:
+                return mapping, handle, offset + pointer - address, client
+        return None
+
+
+_mapped = _MappedMemory()
+
+
 def connect(socket: str, name: str = "", call_timeout_ms: int = 30000, reattach: bool = True) -> Client:
     """Connects to the broker at `socket` (one round trip). call_timeout_ms bounds how long
     any call waits for the broker beyond what it asks the broker to wait. With reattach,
     the client reattaches to the next broker on the socket by itself when this one goes
     away, keeping its handles, mappings, exports and names (docs/RESTART.md)."""
-    return Client(_membroker.Client.connect(socket, name, call_timeout_ms, reattach))
+    return Client(_membroker.Client.connect(socket, name, call_timeout_ms, reattach), socket)
 
 
 __all__ = ["Client", "connect"]

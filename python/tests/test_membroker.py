@@ -739,3 +739,86 @@ def test_a_model_loads_a_published_state_dict_without_a_copy(mb):
         """, mb.socket))
     with torch.no_grad():
         assert out.strip() == str(src(torch.ones(1, 8)).tolist())
+
+
+# A torch.multiprocessing program written as torch's docs show it (fork, a
+# Queue, a consumer Process), with the one line that makes it share through
+# the broker. torch's file_system strategy is set on purpose: without the
+# broker, every tensor would be a /dev/shm/torch_* file while shared.
+TORCH_MP_PROGRAM = """
+import os, sys, torch, torch.multiprocessing as mp
+import membroker.torch
+
+def consumer(q, results):
+    held = []
+    while True:
+        t = q.get()
+        if t is None:
+            break
+        results.put((str(t.dtype), type(t).__name__, float(t.float().sum())))
+        held.append(t)
+        if len(held) == 1:
+            t.mul_(2)  # shared pages: the producer sees this
+        results.put("received")
+    results.put("done")
+
+if __name__ == "__main__":
+    membroker.torch.enable(sys.argv[1])  # the one line
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    mode = sys.argv[2]
+    q, results = mp.Queue(), mp.Queue()
+    p = mp.Process(target=consumer, args=(q, results))
+    p.start()
+    first = torch.arange(1000, dtype=torch.float32)
+    q.put(first)
+    print(results.get(timeout=60), results.get(timeout=60), flush=True)
+    print("shared", first[1].item() == 2.0, flush=True)
+    q.put(torch.nn.Parameter(torch.ones(4, 4)))
+    q.put(torch.ones(3, 5, dtype=torch.bfloat16).t())  # not contiguous, no numpy type
+    q.put(first)  # already in broker memory: no copy, the consumer maps it once
+    for _ in range(3):
+        print(results.get(timeout=60), results.get(timeout=60), flush=True)
+    print("torch files in /dev/shm:", len([f for f in os.listdir("/dev/shm") if f.startswith("torch_")]), flush=True)
+    if mode == "kill":
+        print("holding", flush=True)
+        sys.stdin.readline()  # SIGKILLed here, the consumer too
+    q.put(None)
+    print(results.get(timeout=60), flush=True)
+    p.join(60)
+    print("exit", p.exitcode, flush=True)
+"""
+
+
+def test_torch_multiprocessing_shares_through_the_broker_with_one_line(mb):
+    p = subprocess.run([sys.executable, "-c", TORCH_MP_PROGRAM, mb.socket, "normal"], capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "('torch.float32', 'Tensor', 499500.0) received", p.stdout
+    assert lines[1] == "shared True"
+    assert lines[2] == "('torch.float32', 'Parameter', 16.0) received"
+    assert lines[3] == "('torch.bfloat16', 'Tensor', 15.0) received"
+    assert lines[4] == "('torch.float32', 'Tensor', 999000.0) received"  # the doubled pages
+    assert lines[5] == "torch files in /dev/shm: 0"
+    assert lines[6:] == ["done", "exit 0"]
+    assert mb.wait_for_stat("allocations_live", 0) == 0
+
+
+def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb):
+    before = set(os.listdir("/dev/shm"))
+    p = subprocess.Popen([sys.executable, "-c", TORCH_MP_PROGRAM, mb.socket, "kill"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in iter(p.stdout.readline, ""):
+            if line.strip() == "holding":
+                break
+        else:
+            pytest.fail("the program ended before holding: " + p.stderr.read())
+        assert mb.stats()["allocations_live"] >= 3  # in broker memory, not in files
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        p.kill()
+        p.wait(60)
+    assert mb.wait_for_stat("allocations_live", 0) == 0
+    assert mb.wait_for_stat("clients_connected", 0) == 0
+    assert set(os.listdir("/dev/shm")) == before
