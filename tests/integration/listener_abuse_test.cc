@@ -4,6 +4,7 @@
 // one, keep serving its legitimate peers, and come back to no connection
 // held on its port. Built only with the network module.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -169,7 +170,47 @@ class ListenerAbuse : public ::testing::Test {
   std::string secret_;
 };
 
+// This process's stderr into a file while it lives (the engines log their
+// refusals there); the brokers, started before, keep the real one.
+class StderrCapture {
+ public:
+  StderrCapture() : path_("/tmp/membroker-stderr-" + std::to_string(::getpid())) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    ipc::UniqueFd file(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (saved_ < 0 || !file.valid() || ::dup2(file.get(), 2) < 0) std::abort();
+  }
+  ~StderrCapture() { Stop(); }
+  // Restores stderr and returns what was written meanwhile.
+  std::string Stop() {
+    if (saved_ < 0) return text_;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+    std::ifstream in(path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text_ = ss.str();
+    ::unlink(path_.c_str());
+    return text_;
+  }
+
+ private:
+  std::string path_, text_;
+  int saved_ = -1;
+};
+
+size_t CountLines(const std::string& text, const std::string& containing) {
+  size_t n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) n += line.find(containing) != std::string::npos;
+  return n;
+}
+
 TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
+  StderrCapture log;  // refusals are logged at most 10 lines a minute: checked at the end
+  const auto started = Clock::now();
   TransferEngine decode(ca_), prefill(cb_);
   const std::string addr = ListenOnLoopback(decode, "decode", secret_);
   ASSERT_FALSE(addr.empty());
@@ -239,6 +280,14 @@ TEST_F(ListenerAbuse, RawBytesSilenceAndFloodsAreClosedCountedAndHarmless) {
   ASSERT_TRUE(decode.GetNetworkStats(ns).ok());
   EXPECT_EQ(ns.accepted, 2u);
   EXPECT_EQ(a_.WaitForStat("engine_network_refused", refused_garbage + 200), refused_garbage + 200);
+  // 207 refusals, but at most 10 lines in each minute the test took (a
+  // window that ended says how many it left out), and at least one.
+  const auto minutes = std::chrono::duration_cast<std::chrono::minutes>(Clock::now() - started).count() + 1;
+  const std::string text = log.Stop();
+  const size_t lines = CountLines(text, "\"decode\" refused a connection");
+  EXPECT_GE(lines, 1u) << text;
+  EXPECT_LE(lines, static_cast<size_t>(10 * minutes)) << text;
+  EXPECT_GE(CountLines(text, "(no more such lines this minute)"), 1u) << text;
 }
 
 TEST_F(ListenerAbuse, TheSecretNeverCrossesTheWireAndARecordedProofDoesNotReplay) {
