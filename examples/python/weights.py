@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Weight sharing: one loader fills a model's weights into broker memory once and
-publishes them (read-only, persistent); N worker processes map the same pages
-as numpy arrays / torch tensors with no copy; the loader exits and the workers
-go on. Afterwards the weights are unpublished and the broker holds nothing.
+"""Weight sharing: one loader puts a model's weights into broker memory once and
+publishes them as one state dict (read-only, persistent: publish_state_dict);
+N worker processes look the dict up and use the same pages as torch tensors
+with no copy, all of it or nothing; the loader exits and the workers go on.
+Afterwards the weights are unpublished and the broker holds nothing.
 
     examples/python/weights.py --socket /run/membroker.sock [--workers 4] [--mib 64]
 """
@@ -12,22 +13,21 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+import torch
 
 import membroker
 
 LAYERS = 4
+NAME = "model/weights"
 
 
 def loader(socket: str, mib: int) -> None:
     c = membroker.connect(socket, "weights-loader")
     rows = mib * (1 << 20) // (LAYERS * 1024 * 4)
     t0 = time.perf_counter()
-    for layer in range(LAYERS):
-        w = c.new_tensor((rows, 1024), "float32")
-        a = w.numpy()
-        a[:] = np.float32(layer + 1)  # "loading" the checkpoint: every page written once
-        c.publish_tensor(f"model/layer{layer}", w, read_only=True, persist=True)
+    # "Loading" the checkpoint: each layer's weights, then one request publishes all of them.
+    state = {f"layer{layer}.weight": torch.full((rows, 1024), float(layer + 1)) for layer in range(LAYERS)}
+    c.publish_state_dict(NAME, state, read_only=True, persist=True)
     print(f"loader: published {LAYERS} layers, {mib} MiB, in {(time.perf_counter() - t0) * 1e3:.1f} ms; exiting",
           flush=True)
 
@@ -35,16 +35,14 @@ def loader(socket: str, mib: int) -> None:
 def worker(socket: str, index: int) -> None:
     c = membroker.connect(socket, f"worker-{index}")
     t0 = time.perf_counter()
-    layers = [c.lookup_tensor(f"model/layer{i}", timeout_ms=10000) for i in range(LAYERS)]
+    weights = c.lookup_state_dict(NAME, timeout_ms=10000)  # the broker's pages, read-only as published
     mapped_ms = (time.perf_counter() - t0) * 1e3
-    # Torch sees the same pages (read-only as published: numpy refuses writes).
-    import torch
     total = 0.0
-    for i, t in enumerate(layers):
-        arr = t.numpy()
-        assert not arr.flags.writeable and float(arr[0, 0]) == i + 1
-        total += float(t.torch()[:64].sum())
-    print(f"worker {index} (pid {os.getpid()}): mapped {LAYERS} layers in {mapped_ms:.2f} ms, "
+    for i in range(LAYERS):
+        w = weights[f"layer{i}.weight"]
+        assert float(w[0, 0]) == i + 1
+        total += float(w[:64].sum())
+    print(f"worker {index} (pid {os.getpid()}): mapped {len(weights)} tensors in {mapped_ms:.2f} ms, "
           f"checksum {total:.0f}", flush=True)
 
 
@@ -66,9 +64,7 @@ def main() -> int:
     subprocess.run(me + ["--role", "loader", "--mib", str(args.mib)], check=True)  # loader gone
     workers = [subprocess.Popen(me + ["--role", "worker", "--index", str(i)]) for i in range(args.workers)]
     codes = [w.wait(timeout=120) for w in workers]
-    c = membroker.connect(args.socket, "weights-cleanup")
-    for i in range(LAYERS):
-        c.unpublish(f"model/layer{i}")
+    membroker.connect(args.socket, "weights-cleanup").unpublish(NAME)
     print("weights: ok" if not any(codes) else f"weights: workers failed {codes}", flush=True)
     return 1 if any(codes) else 0
 
