@@ -1238,16 +1238,21 @@ void UcxTransport::Worker::SendPiece(Conn& c, Piece* p) {
   prm.flags = UCP_AM_SEND_FLAG_EAGER;
   prm.cb.send = &Worker::OnPieceSent;
   prm.user_data = p;
+  // Sending while in the call: UCX may report the endpoint's failure from
+  // inside it (a peer just killed), and the Break that follows retires every
+  // piece of the connection; this one must outlive the call (CI saw a
+  // SIGSEGV here when it did not).
+  p->sending = true;
   ucs_status_ptr_t r = ucp_am_send_nbx(c.ep, kDataAmId, p->header.data(), p->header.size(), data, bytes, &prm);
-  if (UCS_PTR_IS_PTR(r)) {
-    p->sending = true;
-  } else if (UCS_PTR_IS_ERR(r)) {
+  if (UCS_PTR_IS_PTR(r)) return;  // OnPieceSent ends it
+  p->sending = false;
+  if (UCS_PTR_IS_ERR(r)) {
     if (p->job->result.ok())
       p->job->result = Status(ErrorCode::kNotConnected,
                               std::string("UCX refused the transfer: ") + ucs_status_string(UCS_PTR_STATUS(r)));
     p->answered = true;  // it never left
-    Retire(p);
   }
+  Retire(p);  // gone if it never left, or if a Break during the call answered it
 }
 
 void UcxTransport::Worker::OnPieceSent(void* request, ucs_status_t status, void* user_data) {
