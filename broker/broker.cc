@@ -56,7 +56,7 @@ Broker::Broker(Options options)
       admin_(&loop_, [this](const std::string& line) { return AdminCommand(line); }),
       takeover_(&loop_, [this] { BeginHandOver(); }, [this] { ContinueHandOver(); }),
       fd_store_(&loop_, [this] { return StateRecords(); }),
-      pools_(&loop_, MemfdBackend(), options_.pools, [this](const std::string& what) { return identity_->NameFor(what); }),
+      pools_(&loop_, MemfdBackend(), options_.pools, [this](const std::string& what) { return state_file_->NameFor(what); }),
       workers_(&loop_, MemfdBackend(), pools_, options_.background_delay_ms),
       holdings_(MemfdBackend(), pools_, workers_, fd_store_, AddressWindow(options_.va_window_base, options_.va_window_size),
                 options_.inline_alloc_bytes),
@@ -115,13 +115,13 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
                                            : b->admission_.Listen(b->options_, std::move(passed.client_socket)));
   // After Listen: a live broker on this socket has refused us by now, so the
   // state file is this broker's to carry on.
-  MB_ASSIGN_OR_RETURN(b->identity_, BrokerIdentity::Open(b->options_.state_file));
+  MB_ASSIGN_OR_RETURN(b->state_file_, StateFile::Open(b->options_.state_file));
   b->proc_fd_dir_.reset(::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!b->proc_fd_dir_) return ipc::ErrnoStatus("open", "/proc/self/fd", errno);
-  b->holdings_.StartIdsAt(b->identity_->first_id());
-  if (b->identity_->first_id() > 1)
+  b->holdings_.StartIdsAt(b->state_file_->first_id());
+  if (b->state_file_->first_id() > 1)
     MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",
-            LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->identity_->first_id()));
+            LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->state_file_->first_id()));
   if (b->options_.fd_store || systemd::StoreAnnounced()) b->fd_store_.Enable();
   if (!passed.stored.empty() && !b->options_.take_over)
     MB_RETURN_IF_ERROR(b->RestoreFromFdStore(std::move(passed.stored)));

@@ -24,7 +24,7 @@
 #include "name_registry.h"
 #include "options.h"
 #include "restart/fd_store_sync.h"
-#include "restart/identity.h"
+#include "restart/state_file.h"
 #include "restart/takeover.h"
 #include "server/admission.h"
 #include "server/sessions.h"
@@ -131,7 +131,7 @@ class Broker {
   uv_timer_t watchdog_timer_{};  // WATCHDOG=1 pings, when systemd asks for them
   bool stopping_ = false;
   BrokerCounters counters_;
-  std::unique_ptr<BrokerIdentity> identity_ = BrokerIdentity::Ephemeral();
+  std::unique_ptr<StateFile> state_file_ = StateFile::Ephemeral();
   ipc::UniqueFd proc_fd_dir_;  // /proc/self/fd, where reattach reads memfd names
   Admission admission_;
   Sessions sessions_;

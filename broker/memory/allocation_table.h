@@ -97,7 +97,7 @@ class AllocationTable {
   // inode: (st_dev, st_ino) of mem's fd, as the caller read it.
   Allocation& Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePolicy policy, uint64_t creator,
                     uid_t creator_uid, std::pair<uint64_t, uint64_t> inode);
-  // Ids are handed out from first upwards (BrokerIdentity keeps them above a
+  // Ids are handed out from first upwards (StateFile keeps them above a
   // predecessor's); next_id() is the next one.
   void StartIdsAt(uint64_t first) { next_id_ = first_id_ = first; }
   uint64_t first_id() const { return first_id_; }

@@ -79,7 +79,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
     return Deferred{};  // FinishMalloc answered
   }
   counters_.bytes_pending += reserve;
-  MemorySpec spec{identity_->NameFor("membroker:client" + std::to_string(s.id)), m.size, m.policy, pinned};
+  MemorySpec spec{state_file_->NameFor("membroker:client" + std::to_string(s.id)), m.size, m.policy, pinned};
   if (reserve <= options_.inline_alloc_bytes) {
     FinishMalloc(p, backend.Create(spec), -1);
     return Deferred{};  // FinishMalloc answered

@@ -47,7 +47,7 @@ struct Pool {
 
 class Pools {
  public:
-  // name(what) is the tagged memfd name of new memory (restart/identity.h).
+  // name(what) is the tagged memfd name of new memory (restart/state_file.h).
   Pools(uv_loop_t* loop, PhysicalBackend& backend, const std::vector<PoolSpec>& specs,
         std::function<std::string(const std::string&)> name);
   Pools(const Pools&) = delete;

@@ -111,7 +111,7 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
                    "handle " + Id(h.handle) + " was not given out by an earlier broker on this socket");
   if (holdings_.Find(h.handle) != nullptr)
     return Refused(ErrorCode::kInvalidHandle, "handle " + Id(h.handle) + " is other memory here");
-  if (!identity_->Tagged(MemfdName(proc_fd_dir_.get(), fd.get())))
+  if (!state_file_->Tagged(MemfdName(proc_fd_dir_.get(), fd.get())))
     return Refused(ErrorCode::kPermissionDenied,
                    "the fd of handle " + Id(h.handle) +
                        " is not memory a broker on this socket handed out (no valid tag)");
@@ -158,12 +158,12 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::RestoreExportRequest& m) 
 
 void Broker::ReserveIds() {
   const uint64_t next = holdings_.table().next_id();
-  if (next <= identity_->limit()) return;
-  Status st = identity_->Reserve(next);
+  if (next <= state_file_->limit()) return;
+  Status st = state_file_->Reserve(next);
   if (!st.ok())
     MB_ERROR("state_file_write_failed", "path=\"%s\" reason=\"%s\" (a broker started after a crash may "
              "refuse some reattaching handles)",
-             LogText(identity_->path()).c_str(), LogText(st.message()).c_str());
+             LogText(state_file_->path()).c_str(), LogText(st.message()).c_str());
 }
 
 }  // namespace membroker::broker

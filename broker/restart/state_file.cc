@@ -1,4 +1,4 @@
-#include "restart/identity.h"
+#include "restart/state_file.h"
 
 #include <fcntl.h>
 #include <sys/random.h>
@@ -57,8 +57,8 @@ Status Corrupt(const std::string& path, const std::string& why) {
 }
 }  // namespace
 
-std::unique_ptr<BrokerIdentity> BrokerIdentity::Ephemeral() {
-  std::unique_ptr<BrokerIdentity> id(new BrokerIdentity());
+std::unique_ptr<StateFile> StateFile::Ephemeral() {
+  std::unique_ptr<StateFile> id(new StateFile());
   if (!FillRandom(id->key_.data(), id->key_.size()).ok()) {
     // No randomness: tags still tell apart nothing from nothing; reattach is refused.
     id->key_.fill(0);
@@ -71,8 +71,8 @@ std::unique_ptr<BrokerIdentity> BrokerIdentity::Ephemeral() {
   return id;
 }
 
-Result<std::unique_ptr<BrokerIdentity>> BrokerIdentity::Open(const std::string& path) {
-  std::unique_ptr<BrokerIdentity> id(new BrokerIdentity());
+Result<std::unique_ptr<StateFile>> StateFile::Open(const std::string& path) {
+  std::unique_ptr<StateFile> id(new StateFile());
   id->path_ = path;
   uint8_t bytes[kFileBytes] = {};
   int raw = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -102,13 +102,13 @@ Result<std::unique_ptr<BrokerIdentity>> BrokerIdentity::Open(const std::string& 
   return id;
 }
 
-Status BrokerIdentity::Reserve(uint64_t next) {
+Status StateFile::Reserve(uint64_t next) {
   if (next <= limit_) return Status::Ok();
   limit_ = next - 1 + kIdBlock;
   return WriteLimit();
 }
 
-Status BrokerIdentity::WriteLimit() {
+Status StateFile::WriteLimit() {
   if (!fd_.valid()) return Status::Ok();
   uint8_t bytes[kFileBytes];
   std::memcpy(bytes, kMagic, sizeof(kMagic));
@@ -121,7 +121,7 @@ Status BrokerIdentity::WriteLimit() {
   return Status::Ok();
 }
 
-std::string BrokerIdentity::NameFor(std::string_view what) {
+std::string StateFile::NameFor(std::string_view what) {
   const uint64_t nonce = next_nonce_.fetch_add(1, std::memory_order_relaxed);
   std::string name(what);
   name += ':';
@@ -131,7 +131,7 @@ std::string BrokerIdentity::NameFor(std::string_view what) {
   return name;
 }
 
-bool BrokerIdentity::Tagged(std::string_view name) const {
+bool StateFile::Tagged(std::string_view name) const {
   // "...:<16 hex>.<16 hex>"
   constexpr size_t kTail = 1 + 16 + 1 + 16;
   if (name.size() < kTail || name[name.size() - kTail] != ':' || name[name.size() - 17] != '.')

@@ -1,4 +1,4 @@
-// BrokerIdentity: what a broker leaves for the next broker on the same socket,
+// StateFile: what a broker leaves for the next broker on the same socket,
 // in a small state file (--state-file; default: the socket path + ".state",
 // mode 0600, never removed by the broker):
 //  - a 128-bit key. Every memfd the broker creates is named
@@ -24,15 +24,15 @@
 
 namespace membroker::broker {
 
-class BrokerIdentity {
+class StateFile {
  public:
   static constexpr uint64_t kIdBlock = 1u << 20;
 
   // Reads the state file at path, or creates it. Refuses one that is not a
   // regular file owned by this uid with mode 0600 (or stricter).
-  static Result<std::unique_ptr<BrokerIdentity>> Open(const std::string& path);
+  static Result<std::unique_ptr<StateFile>> Open(const std::string& path);
   // A throwaway identity with a random key and no file (unit tests, fuzzing).
-  static std::unique_ptr<BrokerIdentity> Ephemeral();
+  static std::unique_ptr<StateFile> Ephemeral();
 
   // The first id this broker hands out; every smaller id may have been given
   // out by a predecessor.
@@ -50,7 +50,7 @@ class BrokerIdentity {
   const std::string& path() const { return path_; }
 
  private:
-  BrokerIdentity() = default;
+  StateFile() = default;
   Status WriteLimit();
 
   std::string path_;

@@ -1,5 +1,5 @@
 // The restart identity: SipHash-2-4 against the reference vectors, memfd tags,
-// and the state file's checks and id blocks (broker/identity.h).
+// and the state file's checks and id blocks (broker/restart/state_file.h).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "memory/address_window.h"
-#include "restart/identity.h"
+#include "restart/state_file.h"
 #include "restart/siphash.h"
 
 namespace membroker::broker {
@@ -28,7 +28,7 @@ TEST(SipHash, MatchesTheReferenceVectors) {
   EXPECT_EQ(SipHash24(key, msg, 15), 0xa129ca6149be45e5ull);  // the paper's example
 }
 
-class StateFile : public ::testing::Test {
+class StateFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/membroker-identity.XXXXXX";
@@ -40,8 +40,8 @@ class StateFile : public ::testing::Test {
   std::string dir_, path_;
 };
 
-TEST_F(StateFile, TagsAreMadeWithItsKeyOnly) {
-  auto a = BrokerIdentity::Open(path_);
+TEST_F(StateFileTest, TagsAreMadeWithItsKeyOnly) {
+  auto a = StateFile::Open(path_);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   const std::string name = (*a)->NameFor("membroker:client1");
   EXPECT_EQ(name.rfind("membroker:client1:", 0), 0u);
@@ -51,39 +51,39 @@ TEST_F(StateFile, TagsAreMadeWithItsKeyOnly) {
   EXPECT_FALSE((*a)->Tagged(tampered));
   EXPECT_FALSE((*a)->Tagged("membroker:client1"));
   EXPECT_FALSE((*a)->Tagged(""));
-  EXPECT_FALSE(BrokerIdentity::Ephemeral()->Tagged(name)) << "another key must not check";
+  EXPECT_FALSE(StateFile::Ephemeral()->Tagged(name)) << "another key must not check";
   // The next broker on the same file has the same key.
   a->reset();
-  auto b = BrokerIdentity::Open(path_);
+  auto b = StateFile::Open(path_);
   ASSERT_TRUE(b.ok());
   EXPECT_TRUE((*b)->Tagged(name));
 }
 
-TEST_F(StateFile, EachBrokerStartsAboveEveryIdBefore) {
+TEST_F(StateFileTest, EachBrokerStartsAboveEveryIdBefore) {
   uint64_t first = 0, limit = 0;
   {
-    auto a = BrokerIdentity::Open(path_);
+    auto a = StateFile::Open(path_);
     ASSERT_TRUE(a.ok());
     first = (*a)->first_id();
     EXPECT_EQ(first, 1u);
     ASSERT_TRUE((*a)->Reserve((*a)->limit() + 5).ok());  // ids past the first block
     limit = (*a)->limit();
-    EXPECT_GT(limit, BrokerIdentity::kIdBlock);
+    EXPECT_GT(limit, StateFile::kIdBlock);
   }
-  auto b = BrokerIdentity::Open(path_);
+  auto b = StateFile::Open(path_);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)->first_id(), limit + 1);
 }
 
-TEST_F(StateFile, AFileOthersCanReadOrACorruptOneIsRefused) {
-  ASSERT_TRUE(BrokerIdentity::Open(path_).ok());
+TEST_F(StateFileTest, AFileOthersCanReadOrACorruptOneIsRefused) {
+  ASSERT_TRUE(StateFile::Open(path_).ok());
   ASSERT_EQ(::chmod(path_.c_str(), 0644), 0);
-  auto open = BrokerIdentity::Open(path_);
+  auto open = StateFile::Open(path_);
   ASSERT_FALSE(open.ok());
   EXPECT_NE(open.status().message().find("chmod 600"), std::string::npos) << open.status().ToString();
   ASSERT_EQ(::chmod(path_.c_str(), 0600), 0);
   ASSERT_EQ(::truncate(path_.c_str(), 7), 0);
-  open = BrokerIdentity::Open(path_);
+  open = StateFile::Open(path_);
   ASSERT_FALSE(open.ok());
   EXPECT_NE(open.status().message().find("not a membrokerd state file"), std::string::npos);
 }
