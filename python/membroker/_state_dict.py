@@ -50,7 +50,6 @@ def publish(client, name: str, state_dict, read_only: bool, persist: bool, repla
         sources.append((value, element, shape))
     # Offsets depend on the manifest's length, which depends on the offsets'
     # digits: lay the data out after a generous guess, then check it.
-    manifest = b""
     start = _round_up(len(json.dumps({"tensors": entries}).encode()) + 32 * len(entries) + 64)
     offset = start
     for entry, (_, element, shape) in zip(entries, sources):
@@ -60,7 +59,8 @@ def publish(client, name: str, state_dict, read_only: bool, persist: bool, repla
         entry["offset"] = offset
         offset = _round_up(offset + nbytes)
     manifest = json.dumps({"tensors": entries}).encode()
-    assert len(manifest) <= start, "the manifest outgrew its room"
+    if len(manifest) > start:  # 32 bytes an entry hold any offset's digits: never
+        raise RuntimeError(f"a state dict manifest of {len(manifest)} bytes outgrew its {start}")
     handle = client.malloc_physical(max(offset, 1), page_policy)
     mapping = client.map_handle(handle)
     try:

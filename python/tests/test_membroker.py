@@ -18,7 +18,7 @@ def child(code: str, *args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def finish(p: subprocess.Popen, timeout: float = 30) -> str:
+def finish(p: subprocess.Popen, timeout: float = 180) -> str:
     out, err = p.communicate(timeout=timeout)
     assert p.returncode == 0, f"child failed ({p.returncode}):\n{out}\n{err}"
     return out
@@ -773,20 +773,20 @@ if __name__ == "__main__":
     p.start()
     first = torch.arange(1000, dtype=torch.float32)
     q.put(first)
-    print(results.get(timeout=60), results.get(timeout=60), flush=True)
+    print(results.get(timeout=180), results.get(timeout=180), flush=True)
     print("shared", first[1].item() == 2.0, flush=True)
     q.put(torch.nn.Parameter(torch.ones(4, 4)))
     q.put(torch.ones(3, 5, dtype=torch.bfloat16).t())  # not contiguous, no numpy type
     q.put(first)  # already in broker memory: no copy, the consumer maps it once
     for _ in range(3):
-        print(results.get(timeout=60), results.get(timeout=60), flush=True)
+        print(results.get(timeout=180), results.get(timeout=180), flush=True)
     print("torch files in /dev/shm:", len([f for f in os.listdir("/dev/shm") if f.startswith("torch_")]), flush=True)
     if mode == "kill":
         print("holding", flush=True)
         sys.stdin.readline()  # SIGKILLed here, the consumer too
     q.put(None)
-    print(results.get(timeout=60), flush=True)
-    p.join(60)
+    print(results.get(timeout=180), flush=True)
+    p.join(180)
     print("exit", p.exitcode, flush=True)
 """
 
