@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -96,8 +97,7 @@ TEST(Admin, ShowKickAndFree) {
   auto other = Client::Connect({b.socket(), "reader"});
   auto imported = other->ImportFromShareableHandle(*tok);
   ASSERT_TRUE(imported.ok());
-  auto r = other->ReserveMemAddress(1 << 20);
-  auto m = other->MapMem(r->base(), 1 << 20, 0, *imported);
+  auto m = MapWhole(*other, *imported);
   ASSERT_TRUE(m.ok());
   std::memset(m->data(), 7, 1 << 20);
 

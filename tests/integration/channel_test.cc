@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
 #include "shm/channel_layout.h"
@@ -526,8 +527,7 @@ TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
   auto vandal = Client::Connect({b.socket(), "vandal"});
   auto h = vandal->Lookup("chan/ok");
   ASSERT_TRUE(h.ok());
-  auto r = vandal->ReserveMemAddress(h->size());
-  auto m = vandal->MapMem(r->base(), h->size(), 0, *h);
+  auto m = MapWhole(*vandal, *h);
   ASSERT_TRUE(m.ok());
   uint64_t x = 0x9e3779b97f4a7c15ull;
   for (size_t off = 256; off + 8 <= h->size(); off += 8) {
@@ -546,8 +546,7 @@ TEST(Channel, BadArgumentsAndADamagedControlBlockAreClearErrors) {
   ASSERT_TRUE(odd.ok());
   auto oh = vandal->Lookup("chan/odd");
   ASSERT_TRUE(oh.ok());
-  auto orange = vandal->ReserveMemAddress(oh->size());
-  auto om = vandal->MapMem(orange->base(), oh->size(), 0, *oh);
+  auto om = MapWhole(*vandal, *oh);
   ASSERT_TRUE(om.ok());
   const uint32_t seven = 7;
   std::memcpy(om->as<char>() + 24, &seven, sizeof(seven));
@@ -570,8 +569,7 @@ TEST(Channel, AScribbledControlBlockIsAnErrorNeverAWedgeOrAStrayWrite) {
   auto vandal = Client::Connect({b.socket(), "vandal"});
   auto h = vandal->Lookup("chan/scribble");
   ASSERT_TRUE(h.ok());
-  auto r = vandal->ReserveMemAddress(h->size());
-  auto m = vandal->MapMem(r->base(), h->size(), 0, *h);
+  auto m = MapWhole(*vandal, *h);
   ASSERT_TRUE(m.ok());
   namespace layout = detail::channel;
   const auto l = layout::Layout::For(o.chunks, o.chunk_bytes, o.queue_depth);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -73,8 +74,7 @@ TEST(Crash, SigkillWhileHoldingManyAllocationsReleasesAll) {
     if (!c.ok()) return 1;
     std::vector<PhysicalHandle> held;
     for (int i = 0; i < 100; ++i) held.push_back(std::move(*c->MallocPhysical(64 << 10)));
-    auto r = c->ReserveMemAddress(64 << 10);
-    auto m = c->MapMem(r->base(), 64 << 10, 0, held[0]);
+    auto m = MapWhole(*c, held[0]);
     ch.Send("holding");
     ch.Receive();
     return 0;

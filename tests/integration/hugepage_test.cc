@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
 #include "proc_status.h"
@@ -93,8 +94,7 @@ TEST(HugePages, HugeOnlyIsGrantedAndImportersMapHugePages) {
     auto other = Client::Connect({s, "huge-importer"});
     auto imported = other->ImportFromShareableHandle(t);
     if (!imported.ok() || imported->page_size() != k2M) return 1;
-    auto r = other->ReserveMemAddress(imported->size());
-    auto m = other->MapMem(r->base(), imported->size(), 0, *imported, kMapPopulate);
+    auto m = MapWhole(*other, *imported, kMapPopulate);
     if (!m.ok()) return 2;
     MappingInfo info = SmapsOf(m->data());
     return info.kernel_page_size == k2M && info.hugetlb == imported->size() ? 0 : 3;

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "proc_status.h"
 
@@ -298,8 +299,7 @@ TEST(Free, LargeAllocationsGoBackToTheKernelOnAWorkerAndNothingLeaks) {
   {
     auto h = c.MallocPhysical(kSize);
     ASSERT_TRUE(h.ok()) << h.status().ToString();
-    auto r = c.ReserveMemAddress(kSize);
-    auto m = c.MapMem(r->base(), kSize, 0, *h);
+    auto m = MapWhole(c, *h);
     ASSERT_TRUE(m.ok());
     std::memset(m->data(), 0x5a, kSize);  // pages the kernel must free
   }  // unmap, release, free (the broker holds the last reference)

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -19,18 +20,16 @@ constexpr size_t kSize = 1 << 20;
 // Maps a handle whole and returns the first byte and a checksum-free check
 // that every byte equals `want`.
 bool AllBytesAre(Client& c, const PhysicalHandle& h, char want) {
-  auto r = c.ReserveMemAddress(h.size());
-  auto m = c.MapMem(r->base(), h.size(), 0, h);
+  auto m = MapWhole(c, h);
   if (!m.ok()) return false;
   for (size_t i = 0; i < h.size(); ++i)
     if (m->as<char>()[i] != want) return false;
   return true;
 }
 
-PhysicalHandle Filled(Client& c, char fill, Reservation* r, Mapping* m) {
+PhysicalHandle Filled(Client& c, char fill, WholeMapping* m) {
   auto h = *c.MallocPhysical(kSize);
-  *r = *c.ReserveMemAddress(kSize);
-  *m = *c.MapMem(r->base(), kSize, 0, h);
+  *m = *MapWhole(c, h);
   std::memset(m->data(), fill, kSize);
   return h;
 }
@@ -52,9 +51,8 @@ TEST(Names, PublishedInOneProcessFoundInAnother) {
   });
   ch.AsParent();
   auto c = *Client::Connect({broker.socket(), "producer"});
-  Reservation r;
-  Mapping m;
-  auto h = Filled(c, 'A', &r, &m);
+  WholeMapping m;
+  auto h = Filled(c, 'A', &m);
   ASSERT_TRUE(c.Publish("tensors/a", h, kPublishReadOnly).ok());
   EXPECT_EQ(c.Publish("tensors/a", h).code(), ErrorCode::kAlreadyExists);
   EXPECT_EQ(c.Publish("", h).code(), ErrorCode::kParamInvalid);
@@ -122,9 +120,8 @@ TEST(Names, LookupWaitsInTheBrokerForThePublisher) {
     ch.AsChild();
     if (ch.Receive() != "go") return 9;
     auto c = *Client::Connect({broker.socket(), "late-publisher"});
-    Reservation r;
-    Mapping m;
-    auto h = Filled(c, 'L', &r, &m);
+    WholeMapping m;
+    auto h = Filled(c, 'L', &m);
     if (!c.Publish("late", h).ok()) return 10;
     return ch.Receive() == "exit" ? 0 : 11;
   });
@@ -146,10 +143,9 @@ TEST(Names, PersistentObjectsOutliveTheirPublisherOthersDoNot) {
   BrokerProcess broker;
   pid_t child = ForkChild([&] {
     auto c = *Client::Connect({broker.socket(), "loader"});
-    Reservation r1, r2;
-    Mapping m1, m2;
-    auto weights = Filled(c, 'W', &r1, &m1);
-    auto scratch = Filled(c, 'S', &r2, &m2);
+    WholeMapping m1, m2;
+    auto weights = Filled(c, 'W', &m1);
+    auto scratch = Filled(c, 'S', &m2);
     if (!c.Publish("model/weights", weights, kPublishPersist | kPublishReadOnly).ok()) return 10;
     if (!c.Publish("model/scratch", scratch).ok()) return 11;
     return 0;  // exits: scratch goes, weights stay
@@ -179,15 +175,13 @@ TEST(Names, ReplaceSwapsTheNameAndOldReadersKeepTheirPages) {
   auto loader = *Client::Connect({broker.socket(), "loader"});
   auto reader = *Client::Connect({broker.socket(), "reader"});
   {
-    Reservation r1, r2;
-    Mapping m1, m2;
-    auto v1 = Filled(loader, '1', &r1, &m1);
-    auto v2 = Filled(loader, '2', &r2, &m2);
+    WholeMapping m1, m2;
+    auto v1 = Filled(loader, '1', &m1);
+    auto v2 = Filled(loader, '2', &m2);
     ASSERT_TRUE(loader.Publish("model/weights", v1, kPublishPersist | kPublishReadOnly).ok());
     auto old = reader.Lookup("model/weights");
     ASSERT_TRUE(old.ok());
-    auto old_range = *reader.ReserveMemAddress(old->size());
-    auto old_map = *reader.MapMem(old_range.base(), old->size(), 0, *old);
+    auto old_map = *MapWhole(reader, *old);
     EXPECT_EQ(loader.Publish("model/weights", v2, kPublishPersist).code(), ErrorCode::kAlreadyExists);
     Status st = loader.Publish("model/weights", v2, kPublishPersist | kPublishReadOnly | kPublishReplace);
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -208,9 +202,8 @@ TEST(Names, ReplaceSwapsTheNameAndOldReadersKeepTheirPages) {
         if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 20;
         auto c = Client::Connect({s, "other-user"});
         if (!c.ok()) return 0;  // the socket's mode keeps other users out altogether: nothing to replace
-        Reservation r;
-        Mapping m;
-        auto mine = Filled(*c, 'X', &r, &m);
+        WholeMapping m;
+        auto mine = Filled(*c, 'X', &m);
         return c->Publish("model/weights", mine, kPublishReplace).code() == ErrorCode::kPermissionDenied ? 0 : 21;
       });
       EXPECT_EQ(WaitChild(other), 0);
@@ -248,9 +241,8 @@ TEST(Names, SubscribersSeePublishUnpublishAndAHolderThatDied) {
     ch.AsChild();
     if (ch.Receive() != "go") return 9;
     auto c = *Client::Connect({broker.socket(), "stage"});
-    Reservation r;
-    Mapping m;
-    auto h = Filled(c, 'P', &r, &m);
+    WholeMapping m;
+    auto h = Filled(c, 'P', &m);
     if (!c.Publish("pipe/frame", h).ok()) return 10;
     ch.Send("published");
     ch.Receive();  // killed here

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "membroker/region_heap.h"
 #include "membroker/tensor_ring.h"
@@ -22,15 +23,13 @@ using IntVector = boost::interprocess::vector<int, RegionHeap::Allocator<int>>;
 // A published region, mapped by this process.
 struct Region {
   PhysicalHandle handle;
-  Reservation range;
-  Mapping map;
+  WholeMapping mem;
 };
 
 Region CreateAndPublish(Client& c, const std::string& name) {
   Region r;
   r.handle = *c.MallocPhysical(kRegion);
-  r.range = *c.ReserveMemAddress(kRegion);
-  r.map = *c.MapMem(r.range.base(), kRegion, 0, r.handle);
+  r.mem = *MapWhole(c, r.handle);
   EXPECT_TRUE(c.Publish(name, r.handle).ok());
   return r;
 }
@@ -40,8 +39,7 @@ Result<Region> LookupAndMap(Client& c, const std::string& name, Reservation* els
   *elsewhere = *c.ReserveMemAddress(kRegion);
   Region r;
   MB_ASSIGN_OR_RETURN(r.handle, c.Lookup(name, 5000));
-  MB_ASSIGN_OR_RETURN(r.range, c.ReserveMemAddress(kRegion));
-  MB_ASSIGN_OR_RETURN(r.map, c.MapMem(r.range.base(), kRegion, 0, r.handle));
+  MB_ASSIGN_OR_RETURN(r.mem, MapWhole(c, r.handle));
   return r;
 }
 
@@ -49,7 +47,7 @@ TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
   BrokerProcess broker;
   auto c = *Client::Connect({broker.socket(), "builder"});
   Region region = CreateAndPublish(c, "heap/table");
-  auto heap = RegionHeap::Create(region.map.data(), kRegion);
+  auto heap = RegionHeap::Create(region.mem.data(), kRegion);
   ASSERT_TRUE(heap.ok()) << heap.status().ToString();
   auto made = heap->Construct<IntVector>("numbers", heap->allocator<int>());
   ASSERT_TRUE(made.ok()) << made.status().ToString();
@@ -63,14 +61,14 @@ TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
   EXPECT_EQ(heap->Construct<IntVector>("numbers", heap->allocator<int>()).code(), ErrorCode::kAlreadyExists)
       << "names are unique";
   EXPECT_EQ(heap->Find<IntVector>("absent").code(), ErrorCode::kNotFound);
-  uintptr_t here = reinterpret_cast<uintptr_t>(region.map.data());
+  uintptr_t here = reinterpret_cast<uintptr_t>(region.mem.data());
   pid_t child = ForkChild([&] {
     auto other = *Client::Connect({broker.socket(), "reader"});
     Reservation elsewhere;
     auto r = LookupAndMap(other, "heap/table", &elsewhere);
     if (!r.ok()) return 10;
-    if (reinterpret_cast<uintptr_t>(r->map.data()) == here) return 11;  // must prove address independence
-    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    if (reinterpret_cast<uintptr_t>(r->mem.data()) == here) return 11;  // must prove address independence
+    auto h = RegionHeap::Open(r->mem.data(), kRegion);
     if (!h.ok()) return 12;
     auto named = h->Find<IntVector>("numbers");
     if (!named.ok() || named->previous_holder_died) return 13;
@@ -86,7 +84,7 @@ TEST(RegionHeap, ContainersBuiltInOneProcessAreReadInAnotherAtAnotherAddress) {
   EXPECT_EQ(WaitChild(child), 0);
   EXPECT_EQ(v->size(), 1001u);
   EXPECT_EQ(v->back(), -1);
-  EXPECT_EQ(RegionHeap::Open(static_cast<char*>(region.map.data()) + 4096, kRegion - 4096).code(),
+  EXPECT_EQ(RegionHeap::Open(static_cast<char*>(region.mem.data()) + 4096, kRegion - 4096).code(),
             ErrorCode::kParamInvalid);
 }
 
@@ -94,7 +92,7 @@ TEST(RegionHeap, ALockHolderKilledDoesNotWedgeTheHeap) {
   BrokerProcess broker;
   auto c = *Client::Connect({broker.socket(), "owner"});
   Region region = CreateAndPublish(c, "heap/locked");
-  auto heap = *RegionHeap::Create(region.map.data(), kRegion);
+  auto heap = *RegionHeap::Create(region.mem.data(), kRegion);
   Channel ch;
   pid_t child = ForkChild([&] {
     ch.AsChild();
@@ -102,7 +100,7 @@ TEST(RegionHeap, ALockHolderKilledDoesNotWedgeTheHeap) {
     Reservation elsewhere;
     auto r = LookupAndMap(other, "heap/locked", &elsewhere);
     if (!r.ok()) return 10;
-    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    auto h = RegionHeap::Open(r->mem.data(), kRegion);
     auto guard = h->Lock();
     ch.Send("locked");
     ch.Receive();  // killed while holding the lock
@@ -121,7 +119,7 @@ TEST(RegionHeap, ALockHolderKilledDoesNotWedgeTheHeap) {
     Reservation elsewhere;
     auto r = LookupAndMap(other, "heap/locked", &elsewhere);
     if (!r.ok()) return 10;
-    auto h = RegionHeap::Open(r->map.data(), kRegion);
+    auto h = RegionHeap::Open(r->mem.data(), kRegion);
     auto g = h->Lock();
     if (!g.ok()) return 12;
     ::raise(SIGKILL);  // dies holding it again
@@ -199,7 +197,7 @@ TEST(TensorRing, FramesCrossProcessesInOrderAndAKilledConsumerLosesNone) {
       Reservation elsewhere;
       auto r = LookupAndMap(c, "ring/0", &elsewhere);
       if (!r.ok()) return 10;
-      auto ring = TensorRing::Attach(r->map.data(), kRegion);
+      auto ring = TensorRing::Attach(r->mem.data(), kRegion);
       if (!ring.ok()) return 11;
       uint64_t expected = 0;
       for (;;) {
@@ -230,9 +228,9 @@ TEST(TensorRing, FramesCrossProcessesInOrderAndAKilledConsumerLosesNone) {
 
   auto c = *Client::Connect({broker.socket(), "producer"});
   Region region = CreateAndPublish(c, "ring/0");
-  auto ring = TensorRing::Create(region.map.data(), kRegion, 8, kSlotBytes);
+  auto ring = TensorRing::Create(region.mem.data(), kRegion, 8, kSlotBytes);
   ASSERT_TRUE(ring.ok()) << ring.status().ToString();
-  EXPECT_EQ(TensorRing::Create(region.map.data(), kRegion, 1000, kSlotBytes).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(TensorRing::Create(region.mem.data(), kRegion, 1000, kSlotBytes).code(), ErrorCode::kParamInvalid);
   first.Send("go");
   uint64_t frame = 1;
   auto produce_until = [&](uint64_t last) {

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 #include "raw_client.h"
@@ -230,8 +231,7 @@ TEST(Restart, EightClientsReattachAfterSigkillWithEverythingTheyHeld) {
     auto named = reader->Lookup("restart/" + std::to_string(i));
     ASSERT_TRUE(named.ok()) << "holder " << i << ": " << named.status().ToString();
     for (auto [handle, kind] : {std::pair<PhysicalHandle*, int>{&*imported, kExported}, {&*named, kPlain}}) {
-      auto r = reader->ReserveMemAddress(kSize);
-      auto m = reader->MapMem(r->base(), kSize, 0, *handle);
+      auto m = MapWhole(*reader, *handle);
       ASSERT_TRUE(m.ok()) << m.status().ToString();
       EXPECT_TRUE(HasPattern(m->data(), i, kind)) << "holder " << i << " kind " << kind;
     }
@@ -380,10 +380,9 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
 // Memory a client maps and registers with its engine.
 struct EngineMemory {
   PhysicalHandle handle;
-  Reservation range;
-  Mapping map;
+  WholeMapping mem;
   MemHandle registered = nullptr;
-  uintptr_t address() const { return reinterpret_cast<uintptr_t>(map.data()); }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(mem.data()); }
 };
 
 EngineMemory Registered(Client& c, TransferEngine& engine) {
@@ -391,8 +390,7 @@ EngineMemory Registered(Client& c, TransferEngine& engine) {
   auto h = c.MallocPhysical(kSize);
   EXPECT_TRUE(h.ok());
   m.handle = std::move(*h);
-  m.range = std::move(*c.ReserveMemAddress(kSize));
-  m.map = std::move(*c.MapMem(m.range.base(), kSize, 0, m.handle));
+  m.mem = *MapWhole(c, m.handle);
   EXPECT_TRUE(engine.RegisterMem({m.address(), kSize}, MEM_HOST, m.registered).ok());
   return m;
 }
@@ -428,10 +426,10 @@ TEST(Restart, AnEngineThatDoesNotComeBackIsNotConnectedAndConnectStartsOver) {
   TransferEngine eb2(*again);
   ASSERT_TRUE(eb2.Initialize("b").ok());
   EngineMemory mb2 = Registered(*again, eb2);
-  std::memset(mb2.map.data(), 0x5a, 4096);
+  std::memset(mb2.mem.data(), 0x5a, 4096);
   ASSERT_TRUE(ea.Connect("b").ok());
   ASSERT_TRUE(ea.TransferSync("b", READ, {{ma.address(), mb2.address(), 4096}}).ok());
-  EXPECT_EQ(static_cast<uint8_t*>(ma.map.data())[4095], 0x5a);
+  EXPECT_EQ(static_cast<uint8_t*>(ma.mem.data())[4095], 0x5a);
   // "a" itself came back whole: its registered memory is deregistered cleanly.
   EXPECT_TRUE(ea.DeregisterMem(ma.registered).ok());
 }
@@ -475,8 +473,7 @@ int Looper(const std::string& socket, int index, Channel& ch) {
   prop.export_flags = kExportNoPidCheck;
   auto h = c->MallocPhysical(kSize, prop);
   if (!h.ok()) return 11;
-  auto r = c->ReserveMemAddress(kSize);
-  auto m = c->MapMem(r->base(), kSize, 0, *h);
+  auto m = MapWhole(*c, *h);
   if (!m.ok()) return 12;
   for (size_t i = 0; i < kSize; ++i) m->as<uint8_t>()[i] = Pattern(index, kExported, i);
   const std::string name = "loop/" + std::to_string(index);
@@ -532,8 +529,7 @@ TEST(TakeOver, RequestsRunAcrossTheHandOverAndNothingIsLost) {
     ASSERT_TRUE(p.ok());
     auto h = p->MallocPhysical(kSize);
     ASSERT_TRUE(h.ok());
-    auto r = p->ReserveMemAddress(kSize);
-    auto m = p->MapMem(r->base(), kSize, 0, *h);
+    auto m = MapWhole(*p, *h);
     ASSERT_TRUE(m.ok());
     for (size_t i = 0; i < kSize; ++i) m->as<uint8_t>()[i] = Pattern(9, kPlain, i);
     ASSERT_TRUE(p->Publish("keep/persistent", *h, kPublishPersist).ok());
@@ -568,8 +564,7 @@ TEST(TakeOver, RequestsRunAcrossTheHandOverAndNothingIsLost) {
   ASSERT_TRUE(reader.ok());
   auto kept = reader->Lookup("keep/persistent");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
-  auto r = reader->ReserveMemAddress(kSize);
-  auto m = reader->MapMem(r->base(), kSize, 0, *kept);
+  auto m = MapWhole(*reader, *kept);
   ASSERT_TRUE(m.ok());
   EXPECT_TRUE(HasPattern(m->data(), 9, kPlain));
   auto names = reader->ListNames("loop/");
@@ -584,7 +579,7 @@ TEST(TakeOver, RequestsRunAcrossTheHandOverAndNothingIsLost) {
   // Left: the persistent object (its own reference) and the reader's import of it.
   EXPECT_EQ(b.WaitForStat("allocations_live", 1), 1u);
   ASSERT_TRUE(reader->Unpublish("keep/persistent").ok());
-  m = Mapping();
+  *m = WholeMapping();
   kept = PhysicalHandle();
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
 }

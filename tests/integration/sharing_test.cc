@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -21,8 +22,7 @@ int ImportAndCheck(const std::string& socket, const std::string& token, char exp
   if (!c.ok()) return 10;
   auto h = c->ImportFromShareableHandle(token);
   if (!h.ok()) return h.code() == ErrorCode::kNotFound ? 3 : 11;
-  auto r = c->ReserveMemAddress(h->size());
-  auto m = c->MapMem(r->base(), h->size(), 0, *h);
+  auto m = MapWhole(*c, *h);
   if (!m.ok()) return 12;
   const char* p = m->as<char>();
   if (p[0] != expect || p[h->size() - 1] != expect) return 13;
@@ -87,8 +87,7 @@ TEST_F(Sharing, ExportedWhenMadeTheTokenComesInTheSameRoundTrip) {
   EXPECT_NE(*other, h->export_token());
   EXPECT_EQ(broker.Stat("exports_live"), 2u);
   {
-    auto r = client.ReserveMemAddress(kSize);
-    auto m = client.MapMem(r->base(), kSize, 0, *h);
+    auto m = MapWhole(client, *h);
     ASSERT_TRUE(m.ok());
     std::memset(m->data(), 'E', kSize);
   }
@@ -198,8 +197,7 @@ TEST_F(Sharing, ReadOnlyExportCannotBeMadeWritable) {
   auto h = other->ImportFromShareableHandle(*token);
   ASSERT_TRUE(h.ok());
   EXPECT_TRUE(h->read_only());
-  auto r = other->ReserveMemAddress(kSize);
-  auto m = other->MapMem(r->base(), kSize, 0, *h);
+  auto m = MapWhole(*other, *h);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->as<char>()[100], 'A');
   EXPECT_EQ(other->MemSetAccess(m->data(), kSize, Access::kReadWrite).code(),
@@ -221,12 +219,11 @@ TEST_F(Sharing, MemoryOutlivesItsCreator) {
   client = Client();
   ASSERT_TRUE(other->Ping().ok());
   EXPECT_EQ(broker.Stat("allocations_live"), 1u);
-  auto r = other->ReserveMemAddress(kSize);
-  auto m = other->MapMem(r->base(), kSize, 0, *h);
+  auto m = MapWhole(*other, *h);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->as<char>()[kSize / 2], 'A');
   // The last holder lets go: the broker frees it.
-  *m = Mapping();
+  *m = WholeMapping();
   *h = PhysicalHandle();
   ASSERT_TRUE(other->Ping().ok());
   EXPECT_EQ(broker.Stat("allocations_live"), 0u);
@@ -241,8 +238,7 @@ TEST_F(Sharing, CreatorCrashDoesNotTakeTheMemoryFromImporters) {
     auto c = Client::Connect({s, "doomed-creator"});
     if (!c.ok()) return 1;
     auto h = c->MallocPhysical(kSize);
-    auto r = c->ReserveMemAddress(kSize);
-    auto m = c->MapMem(r->base(), kSize, 0, *h);
+    auto m = MapWhole(*c, *h);
     std::memset(m->data(), 'Z', kSize);
     auto t = c->ExportToShareableHandle(*h, kExportNoPidCheck);
     ch.Send(*t);
@@ -256,8 +252,7 @@ TEST_F(Sharing, CreatorCrashDoesNotTakeTheMemoryFromImporters) {
   ::kill(creator, SIGKILL);
   EXPECT_EQ(WaitChild(creator), 128 + SIGKILL);
   EXPECT_EQ(broker.WaitForStat("clients_crashed", 1), 1u);
-  auto r = client.ReserveMemAddress(kSize);
-  auto m = client.MapMem(r->base(), kSize, 0, *h);
+  auto m = MapWhole(client, *h);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->as<char>()[kSize - 1], 'Z');
 }

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -44,8 +45,7 @@ TEST(Threads, ConcurrentCallsOnOneConnection) {
           ++failures;
           continue;
         }
-        auto r = client.ReserveMemAddress(4096);
-        auto m = client.MapMem(r->base(), 4096, 0, *h);
+        auto m = MapWhole(client, *h);
         if (!m.ok()) {
           ++failures;
           continue;

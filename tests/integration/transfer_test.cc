@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 #include "membroker/ipc/engine_control.h"
@@ -28,11 +29,10 @@ constexpr size_t kSize = 1 << 20;
 // heap memory pinned with HostRegister (reached by cross-memory attach).
 struct Region {
   PhysicalHandle handle;
-  Reservation range;
-  Mapping map;
+  WholeMapping mem;
   void* heap = nullptr;
   size_t size = 0;
-  char* data() const { return heap ? static_cast<char*>(heap) : map.as<char>(); }
+  char* data() const { return heap ? static_cast<char*>(heap) : mem.as<char>(); }
 };
 
 Region MakeRegion(Client& c, size_t size, bool pageable) {
@@ -43,8 +43,7 @@ Region MakeRegion(Client& c, size_t size, bool pageable) {
     if (r.heap == nullptr || !c.HostRegister(r.heap, size).ok()) std::abort();
   } else {
     r.handle = *c.MallocPhysical(size);
-    r.range = *c.ReserveMemAddress(size);
-    r.map = *c.MapMem(r.range.base(), size, 0, r.handle);
+    r.mem = *MapWhole(c, r.handle);
   }
   return r;
 }
@@ -412,8 +411,7 @@ TEST(Transfer, ReadOnlyMemoryOfThePeerCannotBeWritten) {
     TransferEngine engine(c);
     if (!engine.Initialize("reader").ok()) return 10;
     auto imported = *c.ImportFromShareableHandle(token);
-    auto r = *c.ReserveMemAddress(kSize);
-    auto m = *c.MapMem(r.base(), kSize, 0, imported);
+    auto m = *MapWhole(c, imported);
     MemHandle mh = nullptr;
     if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(m.data()), kSize}, MEM_HOST, mh).ok()) return 11;
     ch.Send(std::to_string(reinterpret_cast<uintptr_t>(m.data())));
@@ -422,8 +420,7 @@ TEST(Transfer, ReadOnlyMemoryOfThePeerCannotBeWritten) {
   ch.AsParent();
   Local local(broker);
   auto h = *local.client.MallocPhysical(kSize);
-  auto range = *local.client.ReserveMemAddress(kSize);
-  auto map = *local.client.MapMem(range.base(), kSize, 0, h);
+  auto map = *MapWhole(local.client, h);
   std::memset(map.data(), 'R', kSize);
   ch.Send(*local.client.ExportToShareableHandle(h, kExportReadOnly | kExportNoPidCheck));
   uintptr_t remote = std::stoull(ch.Receive());
@@ -515,7 +512,7 @@ TEST(TransferTest, AHostilePeerCannotWedgeDeregisterMem) {
   EXPECT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
   EXPECT_NE(st.message().find("pid " + std::to_string(evil)), std::string::npos) << st.message();
   // The range stays locked while it may still be written: no unmap yet.
-  EXPECT_EQ(owner->UnmapMem(region.map).code(), ErrorCode::kBusy);
+  EXPECT_EQ(owner->UnmapMem(region.mem.map).code(), ErrorCode::kBusy);
   ::kill(evil, SIGKILL);
   EXPECT_EQ(WaitChild(evil), 128 + SIGKILL);
   EXPECT_EQ(b.WaitForStat("clients_connected", 1), 1u);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -240,8 +241,7 @@ TEST_F(Vmm, ReleaseAfterUnmapAndRaiiCleanup) {
   {
     // Destructors do it all: mapping, reservation, handle.
     auto h = Malloc(4 * kPage);
-    auto r = client.ReserveMemAddress(4 * kPage);
-    auto m = client.MapMem(r->base(), 4 * kPage, 0, h);
+    auto m = MapWhole(client, h);
     ASSERT_TRUE(m.ok());
   }
   ASSERT_TRUE(client.Ping().ok());
@@ -274,8 +274,7 @@ TEST_F(Vmm, ExpectedAddressIsHonouredWhenFree) {
 
 TEST_F(Vmm, AccessNoneFaultsAndReadOnlyRejectsWrites) {
   auto h = Malloc(kPage);
-  auto r = client.ReserveMemAddress(kPage);
-  auto m = client.MapMem(r->base(), kPage, 0, h);
+  auto m = MapWhole(client, h);
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(client.MemSetAccess(m->data(), kPage, Access::kRead).ok());
   // A write must fault: check in a child so the fault does not end the test.
@@ -304,8 +303,7 @@ TEST_F(Vmm, OneClientSharedByManyThreads) {
       for (int i = 0; i < kRounds; ++i) {
         auto h = client.MallocPhysical((1 + (i % 4)) * kPage);
         if (!h.ok()) { ++failures; continue; }
-        auto r = client.ReserveMemAddress(h->size());
-        auto m = client.MapMem(r->base(), h->size(), 0, *h);
+        auto m = MapWhole(client, *h);
         if (!m.ok()) { ++failures; continue; }
         std::memset(m->data(), t, m->size());
         if (m->as<unsigned char>()[m->size() - 1] != t) ++failures;

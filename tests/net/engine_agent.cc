@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 
@@ -71,8 +72,7 @@ struct Buffer {
   bool registered = false;
   // broker memory
   PhysicalHandle physical;
-  Reservation range;
-  Mapping map;
+  testing::WholeMapping mem;
   bool host = false;
 };
 
@@ -125,14 +125,12 @@ int main(int argc, char** argv) {
       Status st;
       if (kind == "broker") {
         auto h = client->MallocPhysical(bytes);
-        auto r = h.ok() ? client->ReserveMemAddress(h->size()) : Result<Reservation>(h.status());
-        auto m = r.ok() ? client->MapMem(r->base(), h->size(), 0, *h, kMapPopulate) : Result<Mapping>(r.status());
+        auto m = h.ok() ? testing::MapWhole(*client, *h, kMapPopulate) : Result<testing::WholeMapping>(h.status());
         st = m.status();
         if (st.ok()) {
-          b->data = static_cast<char*>(m->data());
+          b->data = m->as<char>();
           b->physical = std::move(*h);
-          b->range = std::move(*r);
-          b->map = std::move(*m);
+          b->mem = std::move(*m);
         }
       } else if (kind == "host") {
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

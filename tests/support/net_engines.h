@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "map_whole.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 
@@ -17,18 +18,16 @@ namespace membroker::testing {
 
 struct Memory {
   PhysicalHandle handle;
-  Reservation range;
-  Mapping map;
+  WholeMapping mem;
   MemHandle registered = nullptr;
-  char* data() const { return map.as<char>(); }
-  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(map.data()); }
+  char* data() const { return mem.as<char>(); }
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(mem.data()); }
 };
 
 inline Memory Register(Client& c, TransferEngine& e, size_t size) {
   Memory m;
   m.handle = *c.MallocPhysical(size);
-  m.range = *c.ReserveMemAddress(size);
-  m.map = *c.MapMem(m.range.base(), size, 0, m.handle);
+  m.mem = *MapWhole(c, m.handle);
   Status st = e.RegisterMem({m.addr(), size}, MEM_HOST, m.registered);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return m;
