@@ -47,8 +47,8 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   Answer answer = std::visit(
       [&](const auto& m) -> Answer {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, ipc::ReattachRequest>) {
-          return Handle(s, rid, m, frame.fds);  // the only request whose fds its handler takes
+        if constexpr (std::is_same_v<T, ipc::ReattachRequest> || std::is_same_v<T, ipc::WakeRequest>) {
+          return Handle(s, rid, m, frame.fds);  // the requests whose fds their handlers take
         } else if constexpr (ipc::kIsRequest<T>) {
           return Handle(s, rid, m);
         } else {

@@ -182,8 +182,10 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDisconnectRequest& 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNotifyRequest& m) {
   if (engines_.OwnedBy(s.id) == nullptr) return NoEngine();
   if (!engines_.SlotOf(s.id, m.remote)) return NotConnectedTo(m.remote);
-  return engines_.QueueNotify(*engines_.Find(m.remote), m.remote,
-                              ipc::EngineNotify{engines_.NameOf(s.id), m.name, m.message});
+  Engine& to = *engines_.Find(m.remote);
+  MB_RETURN_IF_ERROR(engines_.QueueNotify(to, m.remote, ipc::EngineNotify{engines_.NameOf(s.id), m.name, m.message}));
+  if (Session* owner = sessions_.Find(to.session_id)) Wake(*owner);
+  return Status::Ok();
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNetworkRequest& m) {

@@ -123,7 +123,9 @@ void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_
   for (uint64_t id : names_.Post(ipc::NameEvent{kind, name, allocation, pid})) {
     Session* s = sessions_.Find(id);
     if (s == nullptr) continue;
-    for (const Waiter& w : waiters_.TakeEvents(id)) SendEvents(*s, w.request_id);
+    const std::vector<Waiter> waiting = waiters_.TakeEvents(id);
+    for (const Waiter& w : waiting) SendEvents(*s, w.request_id);
+    if (waiting.empty()) Wake(*s);  // its event loop takes them
   }
 }
 

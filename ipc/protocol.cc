@@ -277,6 +277,7 @@ struct Encoder {
     return w::CreateTakeOverEnd(b, m.allocations, m.exports, m.names).Union();
   }
   fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
+  fb::Offset<void> operator()(const WakeRequest&) { return w::CreateWakeRequest(b).Union(); }
   fb::Offset<void> operator()(const EngineNetworkRequest& m) {
     std::vector<fb::Offset<w::EngineNetConnection>> cs;
     for (const auto& c : m.connections) {
@@ -698,6 +699,7 @@ Result<Message> Read(const w::TakeOverEnd* m) {
   return Message(TakeOverEnd{m->allocations(), m->exports(), m->names()});
 }
 Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
+Result<Message> Read(const w::WakeRequest*) { return Message(WakeRequest{}); }
 
 Result<Message> Read(const w::EngineNetworkRequest* m) {
   EngineNetworkRequest r;

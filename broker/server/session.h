@@ -71,6 +71,7 @@ struct Session {
   uv_poll_t poll{};
   ipc::PeerCred cred;
   ipc::UniqueFd pidfd;        // the process that connected (pids can be recycled)
+  ipc::UniqueFd wake;         // its wake socket's sending end, if it gave one (server/wake.cc)
   bool admitted = false;      // passed the uid/gid policy
   std::string name;
   std::chrono::system_clock::time_point connected_since;

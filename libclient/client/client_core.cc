@@ -382,4 +382,20 @@ void ClientCore::SetEngineRegion(uintptr_t va, uint64_t region) {
   if (auto it = engine_ranges_.find(va); it != engine_ranges_.end()) it->second.region = region;
 }
 
+Result<int> ClientCore::WakeFd() {
+  bool made = false;
+  MB_ASSIGN_OR_RETURN(int fd, wake_.Open(&made));
+  if (!made) return fd;
+  const int sending = wake_.sending();
+  Status st = conn_.Call(ipc::WakeRequest{}, std::chrono::milliseconds(0), {&sending, 1}).status();
+  if (!st.ok()) {
+    wake_.Close();
+    return st;
+  }
+  // A reader that got the fd from another thread meanwhile looks again now:
+  // what was queued before the broker had the socket sent no byte.
+  wake_.Poke();
+  return fd;
+}
+
 }  // namespace membroker::detail

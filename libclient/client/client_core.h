@@ -21,6 +21,7 @@
 #include "client/process_id.h"
 #include "client/connection.h"
 #include "client/reattach_journal.h"
+#include "client/wake_socket.h"
 #include "membroker/client.h"
 #include "membroker/ipc/protocol.h"
 
@@ -93,6 +94,9 @@ class ClientCore {
   Status WaitForReattach(uint64_t count, std::chrono::milliseconds timeout) const;
   // What a reattach presents again besides the handles.
   ReattachJournal& journal() { return journal_; }
+  // Client::WakeFd's socket pair; presented again at each reattach.
+  WakeSocket& wake() { return wake_; }
+  Result<int> WakeFd();  // Client::WakeFd: the pair, made and given to the broker on first use
 
   Connection& conn() { return conn_; }
   uint64_t client_id() const { return client_id_; }
@@ -167,6 +171,7 @@ class ClientCore {
   uint64_t reattaches_ = 0;
   ReattachReport last_reattach_;
   ReattachJournal journal_;
+  WakeSocket wake_;
   std::vector<ipc::Granularity> granularities_;
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;

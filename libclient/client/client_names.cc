@@ -93,4 +93,13 @@ Result<NameEvents> Client::WaitEvents(int timeout_ms) {
   return out;
 }
 
+Result<int> Client::WakeFd() {
+  if (!core_) return detail::NotConnectedClient();
+  return core_->WakeFd();
+}
+
+void Client::DrainWakeFd() {
+  if (core_) core_->wake().Drain();
+}
+
 }  // namespace membroker

@@ -205,6 +205,8 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   for (const auto& [addr, size] : host_regs)
     Note(report, fresh.Call(ipc::RegisterHostRequest{addr, size, 0}).status());
   const std::map<uintptr_t, uint64_t> regions = ReattachEngine(fresh, taken, report);
+  if (const int wake = wake_.sending(); wake >= 0)
+    Note(report, fresh.Call(ipc::WakeRequest{}, std::chrono::milliseconds(0), {&wake, 1}).status());
 
   // From here on the new broker serves every call of this client.
   {
@@ -229,6 +231,7 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
     reattach_cv_.notify_all();
   }
   SendLostFrees(taken);
+  wake_.Poke();  // an event loop looks again: what was queued at the old broker is gone
   return Status::Ok();
 }
 

@@ -11,6 +11,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,8 @@ struct NetOptions {
   std::string secret;  // empty: none (then only allow_from admits anyone)
   std::vector<AddressPrefix> allow_from;
   std::chrono::milliseconds handshake_timeout{5000};
+  // Called on the transport's thread when a notify is queued (Client::WakeFd's byte).
+  std::function<void()> on_notify;
 };
 
 struct NetStats {

@@ -7,10 +7,12 @@
 // asks for the network never maps UCX.
 #include "membroker/transfer_engine.h"
 
+#include <poll.h>
 #include <sys/random.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -25,6 +27,7 @@
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
+#include "membroker/ipc/syscall.h"
 
 namespace membroker {
 
@@ -83,6 +86,7 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   Status GetTransferStatus(TransferReq req, TransferStatus& status);
   Status SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms);
   Status GetNotifies(std::vector<Notify>& notifies);
+  Status WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms);
   Status last_error() const {
     std::lock_guard<std::mutex> lk(req_mu_);
     return last_error_;
@@ -421,6 +425,22 @@ Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
   return st.ok() || from_other_hosts > 0 ? Status::Ok() : st;
 }
 
+Status TransferEngine::Impl::WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms) {
+  if (!initialized_) return NotInitialized();
+  if (timeout_ms < 0 || timeout_ms > 600'000) return Status(ErrorCode::kParamInvalid, "timeout_ms must be 0 to 600000");
+  MB_ASSIGN_OR_RETURN(const int fd, core_->WakeFd());
+  const auto deadline = DeadlineAfter(timeout_ms);
+  for (;;) {
+    core_->wake().Drain();  // before taking: a notify queued after the take wakes the poll below
+    MB_RETURN_IF_ERROR(GetNotifies(notifies));
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (!notifies.empty() || left <= 0) return Status::Ok();
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR)
+      return ipc::ErrnoStatus("poll", "the wake fd", errno);
+  }
+}
+
 Result<detail::NetTransport*> TransferEngine::Impl::Net() {
   // Ranges registered before the transport existed are told to it now
   // (RegisterMem, exclusive on local_mu_, tells it of later ones).
@@ -431,6 +451,7 @@ Result<detail::NetTransport*> TransferEngine::Impl::Net() {
       net_options_.engine_name = name_;
       net_options_.identity = same_host_->identity();
     }
+    net_options_.on_notify = [core = core_.get()] { core->wake().Poke(); };  // the engine outlives its transport
     MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::NetTransport> t, detail::StartNetTransport(net_options_));
     for (const auto& [addr, r] : local_)
       if (!r.draining) MB_RETURN_IF_ERROR(t->AddRegion(r.desc));
@@ -530,6 +551,9 @@ Status TransferEngine::SendNotify(const std::string& remote, const NotifyDesc& n
   return impl_->SendNotify(remote, notify, timeout_ms);
 }
 Status TransferEngine::GetNotifies(std::vector<Notify>& notifies) { return impl_->GetNotifies(notifies); }
+Status TransferEngine::WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms) {
+  return impl_->WaitNotifies(notifies, timeout_ms);
+}
 Status TransferEngine::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) const {
   return impl_->GetConnectionInfo(remote, info);
 }

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
       EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false}}}, EngineRegisterReply{1},
       EngineNotifiesReply{{{"e", "n", "m"}}, 0}, PublishRequest{"p/a", 1, kPublishPersist},
       LookupRequest{"p/a", 0}, LookupRequest{"p/b", 5}, UnpublishRequest{"p/a"},
-      ListNamesRequest{"p/", ""}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5},
+      ListNamesRequest{"p/", ""}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5}, WakeRequest{},
       ListNamesReply{{{"p/a", 1, 4096, false, true, 1}}, false},
       EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2}}, 0}};
   int i = 0;
@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   AddRecord(&names, Encode({kProtocolVersion, 7, 0, WaitEventsRequest{5}}));
   AddRecord(&names, Encode({kProtocolVersion, 8, 0, UnpublishRequest{"p/a"}}));
   AddRecord(&names, Encode({kProtocolVersion, 9, 0, PublishRequest{"p/c", 1, kPublishPersist}}));
+  AddRecord(&names, Encode({kProtocolVersion, 10, 0, WakeRequest{}}), 1);  // (the fuzzer's fd: /dev/null)
   Write(std::string(argv[2]) + "/names-session", names);
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "broker_process.h"
 #include "map_whole.h"
+#include "readable.h"
 #include "membroker/client.h"
 
 namespace membroker::testing {
@@ -293,6 +294,31 @@ TEST(Names, AFullEventQueueCountsWhatItDropped) {
   }
   EXPECT_EQ(received, 1024u);
   EXPECT_EQ(dropped, 176u);
+}
+
+// The wake fd (an event loop's) becomes readable when an event is queued for
+// this client and stays quiet otherwise; drained, then taken, it is quiet again.
+TEST(Names, TheWakeFdWakesForQueuedEventsOnly) {
+  BrokerProcess broker;
+  auto watcher = *Client::Connect({broker.socket(), "watcher"});
+  ASSERT_TRUE(watcher.Subscribe("w/").ok());
+  auto fd = watcher.WakeFd();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(*watcher.WakeFd(), *fd) << "one fd for the life of the client";
+  watcher.DrainWakeFd();
+  EXPECT_FALSE(Readable(*fd, 0));
+  auto maker = *Client::Connect({broker.socket(), "maker"});
+  auto a = *maker.MallocPhysical(4096), b = *maker.MallocPhysical(4096);
+  ASSERT_TRUE(maker.Publish("other/b", b).ok());  // answered after any wake it causes
+  EXPECT_FALSE(Readable(*fd, 0)) << "woken for a name it did not subscribe to";
+  ASSERT_TRUE(maker.Publish("w/a", a).ok());
+  ASSERT_TRUE(Readable(*fd, 30'000));
+  watcher.DrainWakeFd();
+  auto got = watcher.WaitEvents(0);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->events.size(), 1u);
+  EXPECT_EQ(got->events[0].name, "w/a");
+  EXPECT_FALSE(Readable(*fd, 0));
 }
 
 }  // namespace

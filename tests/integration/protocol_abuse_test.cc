@@ -82,6 +82,30 @@ TEST_F(Abuse, FdsAttachedToARequestAreClosedAndTheClientDropped) {
   EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
 }
 
+// The wake socket must be an AF_UNIX datagram socket: a file, a stream
+// socket or a WakeRequest without its fd gets a clear error, and the broker
+// never writes to what it refused.
+TEST_F(Abuse, AWakeFdThatIsNotADatagramSocketIsRefused) {
+  RawClient raw(broker.socket());
+  raw.Hello();
+  int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  ASSERT_TRUE(raw.SendMsg(WakeRequest{}, 0, kProtocolVersion, {&devnull, 1}).ok());
+  ::close(devnull);
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  int stream[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stream), 0);
+  ASSERT_TRUE(raw.SendMsg(WakeRequest{}, 0, kProtocolVersion, {&stream[1], 1}).ok());
+  EXPECT_EQ(ErrorOf(raw.Next()), ErrorCode::kParamInvalid);
+  ASSERT_TRUE(raw.SendMsg(PingRequest{}).ok());  // still served
+  EXPECT_TRUE(std::holds_alternative<OkReply>(raw.Next()->body));
+  char byte;
+  EXPECT_EQ(::recv(stream[0], &byte, 1, MSG_DONTWAIT), -1) << "the broker wrote to a socket it refused";
+  ::close(stream[0]);
+  ::close(stream[1]);
+  ASSERT_TRUE(raw.SendMsg(WakeRequest{}).ok());  // no fd: out of protocol
+  EXPECT_EQ(raw.Next().code(), ErrorCode::kNotConnected);
+}
+
 TEST_F(Abuse, UnknownForeignAndFreedHandles) {
   RawClient raw(broker.socket());
   raw.Hello();

@@ -18,6 +18,7 @@
 
 #include "broker_process.h"
 #include "map_whole.h"
+#include "readable.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 #include "raw_client.h"
@@ -452,6 +453,36 @@ TEST(Restart, ReattachOffStaysDisconnected) {
   EXPECT_TRUE(other->Ping().ok());
   EXPECT_EQ(b.Stat("allocations_live"), 0u);
   EXPECT_EQ(c->reattaches(), 0u);
+}
+
+// The wake fd an event loop polls is the same fd after a broker restart, and
+// it wakes for the new broker's events: the reattach gives the new broker the
+// socket's sending end, and wakes the loop once so it looks again.
+TEST(Restart, TheWakeFdKeepsWorkingAcrossARestart) {
+  BrokerProcess b;
+  auto watcher = Client::Connect({b.socket(), "watcher"});
+  ASSERT_TRUE(watcher.ok());
+  ASSERT_TRUE(watcher->Subscribe("w/").ok());
+  auto fd = watcher->WakeFd();
+  ASSERT_TRUE(fd.ok());
+  watcher->DrainWakeFd();
+  b.Kill();
+  b.Restart();
+  ASSERT_TRUE(watcher->WaitForReattach(1, 30'000).ok());
+  EXPECT_EQ(*watcher->WakeFd(), *fd);
+  EXPECT_TRUE(Readable(*fd, 30'000)) << "no wake after the reattach";
+  watcher->DrainWakeFd();
+  auto maker = Client::Connect({b.socket(), "maker"});
+  ASSERT_TRUE(maker.ok());
+  auto h = maker->MallocPhysical(4096);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(maker->Publish("w/after", *h).ok());
+  ASSERT_TRUE(Readable(*fd, 30'000)) << "no wake for the new broker's event";
+  watcher->DrainWakeFd();
+  auto got = watcher->WaitEvents(0);
+  ASSERT_TRUE(got.ok());
+  ASSERT_FALSE(got->events.empty());
+  EXPECT_EQ(got->events.back().name, "w/after");
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "broker_process.h"
 #include "engine_agent_process.h"
 #include "net_engines.h"
+#include "readable.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 
@@ -190,6 +191,52 @@ TEST_P(TransportConformance, NotifiesArriveInOrder) {
   EXPECT_EQ(agent_->Command("notifies"), "ok 0");
   EXPECT_EQ(engine_->SendNotify(remote_, {std::string(129, 'n'), ""}).code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(engine_->SendNotify(remote_, {"kv_ready", std::string(1025, 'm')}).code(), ErrorCode::kParamInvalid);
+}
+
+// A notify for an engine of this process wakes its Client's wake fd (an event
+// loop's) and a WaitNotifies, by either path: the broker sends the byte on the
+// same host, the transport itself for a notify from another host.
+TEST_P(TransportConformance, ANotifyWakesTheWakeFdAndWaitNotifies) {
+  const bool ucx = GetParam() == Path::kUcx;
+  Client rc = *Client::Connect({(own_broker_ ? *own_broker_ : *peer_broker_).socket(), "receiver"});
+  TransferEngine receiver(rc);
+  std::map<std::string, std::string> options;
+  if (ucx) options = {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret_}};
+  ASSERT_TRUE(receiver.Initialize("receiver", options).ok());
+  NetworkStats ns;
+  ASSERT_TRUE(receiver.GetNetworkStats(ns).ok());
+  const std::string address = ucx ? ns.listen_address : "receiver";
+  agent_->Ok("connect " + address + " 10000");
+  auto fd = rc.WakeFd();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  rc.DrainWakeFd();
+  std::vector<Notify> got;
+  ASSERT_TRUE(receiver.GetNotifies(got).ok());
+  EXPECT_TRUE(got.empty());
+  EXPECT_FALSE(Readable(*fd, 0));
+
+  agent_->Ok("notify " + address + " kv_ready one");
+  ASSERT_TRUE(Readable(*fd, 30'000)) << "no wake for a notify";
+  rc.DrainWakeFd();
+  ASSERT_TRUE(receiver.GetNotifies(got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].remote_engine, "decode");
+  EXPECT_EQ(got[0].notify_msg, "one");
+  EXPECT_FALSE(Readable(*fd, 0));
+
+  // A wait that may begin before or after the notify is sent gets it either way.
+  std::vector<Notify> waited;
+  Status waited_status;
+  std::thread waiter([&] { waited_status = receiver.WaitNotifies(waited, 60'000); });
+  agent_->Ok("notify " + address + " kv_ready two");
+  waiter.join();
+  ASSERT_TRUE(waited_status.ok()) << waited_status.ToString();
+  ASSERT_EQ(waited.size(), 1u);
+  EXPECT_EQ(waited[0].notify_msg, "two");
+  // Nothing more: the wait ends at its bound with none.
+  ASSERT_TRUE(receiver.WaitNotifies(waited, 10).ok());
+  EXPECT_TRUE(waited.empty());
+  EXPECT_EQ(receiver.WaitNotifies(waited, -1).code(), ErrorCode::kParamInvalid);
 }
 
 // Threads here write into the peer's range while the peer deregisters it: the

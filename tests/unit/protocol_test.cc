@@ -74,6 +74,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
       ListNamesReply{{{"pipeline/ring0", 7, 1 << 20, true, true, 4242}}, true},
       SubscribeRequest{"pipeline/"},
       WaitEventsRequest{100},
+      WakeRequest{},
       EventsReply{{{NameEventKind::kHolderDied, "pipeline/ring0", 7, 4243}}, 3},
   };
   std::set<size_t> covered;
@@ -89,6 +90,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
 TEST(Protocol, ExpectedFdsOnlyForRepliesCarryingMemory) {
   EXPECT_EQ(ExpectedFds(MallocReply{}), 1u);
   EXPECT_EQ(ExpectedFds(ImportReply{}), 1u);
+  EXPECT_EQ(ExpectedFds(WakeRequest{}), 1u);  // the wake socket's sending end
   EXPECT_EQ(ExpectedFds(MallocRequest{}), 0u);
   EXPECT_EQ(ExpectedFds(ErrorReply{}), 0u);
 }

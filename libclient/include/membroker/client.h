@@ -328,6 +328,15 @@ class MEMBROKER_API Client {
   Status Subscribe(const std::string& prefix);
   // Waits up to timeout_ms for at least one event; an empty list on timeout.
   Result<NameEvents> WaitEvents(int timeout_ms);
+  // An fd for an event loop (epoll, asyncio's add_reader): readable when
+  // something may be queued for this client - a name event (WaitEvents(0)
+  // takes it) or a notify for its transfer engine (GetNotifies). Its one
+  // reader calls DrainWakeFd and then takes what is queued, in that order, so
+  // a wake that comes after is never lost; a wake may find nothing. Made on
+  // the first call (one round trip); the same fd for the life of the Client,
+  // reattaches included. The Client owns it: do not close it.
+  Result<int> WakeFd();
+  void DrainWakeFd();
 
   // One round trip with no effect: a liveness check.
   Status Ping();

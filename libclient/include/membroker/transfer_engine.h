@@ -145,6 +145,10 @@ class MEMBROKER_API TransferEngine {
                     int32_t timeout_ms = 1000);
   // Takes every notify queued for this engine, oldest first.
   Status GetNotifies(std::vector<Notify>& notifies);
+  // Waits up to timeout_ms (0 to 600000) for a notify, then takes every one
+  // queued (none: the time ran out). It reads the Client's wake fd
+  // (Client::WakeFd), so not while an event loop reads that fd too.
+  Status WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms);
 
   // The path of a connection (remote_engine as given to Connect).
   Status GetConnectionInfo(const std::string& remote_engine, ConnectionInfo& info) const;

@@ -880,6 +880,7 @@ void UcxTransport::Worker::Handle(Conn& c, wire::Message&& m) {
         notifies_.push_back(ReceivedNotify{c.engine, std::move(n->name), std::move(n->message)});
       }
     }
+    if (ack.code == 0 && options_.on_notify) options_.on_notify();
     return Send(c, ack);
   }
   if (auto* a = std::get_if<wire::NotifyAck>(&m)) {

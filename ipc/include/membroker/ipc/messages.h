@@ -65,7 +65,8 @@
   X(TakeOverName, Reply, 0)             \
   X(TakeOverEnd, Reply, 0)              \
   X(TakeOverAck, Reply, 0)              \
-  X(EngineNetworkRequest, Request, 0)
+  X(EngineNetworkRequest, Request, 0)   \
+  X(WakeRequest, Request, 1)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

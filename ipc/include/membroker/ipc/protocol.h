@@ -378,6 +378,9 @@ struct EngineNetworkRequest {
   std::vector<EngineNetConnection> connections;
   bool operator==(const EngineNetworkRequest&) const = default;
 };
+struct WakeRequest {
+  bool operator==(const WakeRequest&) const = default;
+};
 struct RestoreExportRequest {
   uint64_t handle = 0;
   std::string token;
