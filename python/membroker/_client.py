@@ -4,7 +4,7 @@ from __future__ import annotations
 import weakref
 from typing import Sequence
 
-from . import _dtypes, _errors, _membroker, _state_dict
+from . import _dtypes, _errors, _membroker, _state_dict, _waker
 from ._tensor import Tensor, _np
 
 
@@ -39,6 +39,8 @@ class Client:
     def close(self) -> None:
         """Drops this object's hold on the connection (it closes when the last
         handle and mapping made through it are gone too)."""
+        if self._c is not None:
+            _waker.forget(self._c)
         self._c = None
 
     def __enter__(self):
@@ -121,6 +123,27 @@ class Client:
         """(events, dropped): each event a dict with kind, name, allocation, pid; waits in the broker
         up to timeout_ms for one."""
         return self.native.wait_events(timeout_ms)
+
+    async def wait_events_async(self, timeout_ms: int = 1000):
+        """wait_events for asyncio: (events, dropped), waiting up to timeout_ms on the
+        running loop (no thread): it sleeps on fileno() between looks."""
+        def take():
+            events, dropped = self.native.wait_events(0)
+            return (events, dropped) if events else None
+
+        got = await _waker.wait_until(self.native, take, timeout_ms)
+        return got if got else self.native.wait_events(0)
+
+    def fileno(self) -> int:
+        """The wake fd, for a selector or event loop of your own: readable when a name
+        event or a notify for this client's engine may be queued. Call drain_wake(),
+        then take what is queued (wait_events(0), engine.get_notifies()), in that
+        order. One reader at a time: your loop, the *_async waits (which read it in
+        the running asyncio loop) or a blocking wait_notifies."""
+        return self.native.wake_fd()
+
+    def drain_wake(self) -> None:
+        self.native.drain_wake_fd()
 
     # -- named objects ---------------------------------------------------------------------------------
     def publish(self, name: str, handle, read_only: bool = False, persist: bool = False,

@@ -195,6 +195,8 @@ void BindClient(py::module_& mod) {
             return py::make_tuple(out, ev.dropped);
           },
           py::arg("timeout_ms") = 0)
+      .def("wake_fd", [](PyClient& c) { return Take(Unlocked([&] { return c.client.WakeFd(); })); })
+      .def("drain_wake_fd", [](PyClient& c) { c.client.DrainWakeFd(); })
       // For bench/python_handoff.py: n Pings looped in C++, the seconds they took.
       .def("ping_loop", [](PyClient& c, int n) {
         py::gil_scoped_release nogil;

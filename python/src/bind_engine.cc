@@ -2,6 +2,15 @@
 #include "py_objects.h"
 
 namespace membroker::python {
+namespace {
+
+py::list NotifyList(const std::vector<Notify>& notifies) {
+  py::list out;
+  for (const auto& n : notifies) out.append(py::make_tuple(n.remote_engine, n.name, n.notify_msg));
+  return out;
+}
+
+}  // namespace
 
 void BindEngine(py::module_& mod) {
   py::class_<PyEngine, std::shared_ptr<PyEngine>>(mod, "TransferEngine")
@@ -76,10 +85,16 @@ void BindEngine(py::module_& mod) {
            [](PyEngine& e) {
              std::vector<Notify> n;
              Check(Unlocked([&] { return e.engine->GetNotifies(n); }));
-             py::list out;
-             for (auto& x : n) out.append(py::make_tuple(x.remote_engine, x.name, x.notify_msg));
-             return out;
+             return NotifyList(n);
            })
+      .def(
+          "wait_notifies",
+          [](PyEngine& e, int timeout_ms) {
+            std::vector<Notify> n;
+            Check(Unlocked([&] { return e.engine->WaitNotifies(n, timeout_ms); }));
+            return NotifyList(n);
+          },
+          py::arg("timeout_ms") = 1000)
       .def("connection_info",
            [](PyEngine& e, const std::string& remote) {
              ConnectionInfo info;

@@ -824,3 +824,56 @@ def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb):
     assert mb.wait_for_stat("allocations_live", 0) == 0
     assert mb.wait_for_stat("clients_connected", 0) == 0
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_asyncio_waits_for_events_and_notifies_on_the_loop_without_threads(mb):
+    """One event loop waits for a name event and an engine notify at once, both
+    sent by another process; no thread is started for the waits, and a wait
+    with nothing to come ends at its bound."""
+    import asyncio
+    import threading
+
+    c = membroker.connect(mb.socket, "async-waiter")
+    c.subscribe("async/")
+    eng = membroker.TransferEngine(c, "async-receiver")
+    p = child("""
+        import sys, membroker
+        c = membroker.connect(sys.argv[1], "async-sender")
+        eng = membroker.TransferEngine(c, "async-sender")
+        eng.connect("async-receiver", 10000)
+        sys.stdin.readline()                      # the loop is waiting
+        h = c.malloc_physical(4096)
+        c.publish("async/ready", h)
+        eng.send_notify("async-receiver", "kv_ready", "block-7")
+        sys.stdin.readline()
+        c.unpublish("async/ready")
+        eng.finalize()
+    """, mb.socket, stdin=subprocess.PIPE)
+
+    async def main():
+        threads = threading.active_count()
+        events = asyncio.ensure_future(c.wait_events_async(timeout_ms=60000))
+        notifies = asyncio.ensure_future(eng.wait_notifies_async(timeout_ms=60000))
+        await asyncio.sleep(0)                    # both are armed on the loop
+        assert threading.active_count() == threads
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        got_events, got_notifies = await asyncio.gather(events, notifies)
+        assert threading.active_count() == threads
+        assert [(e["kind"], e["name"]) for e in got_events[0]] == [("published", "async/ready")]
+        assert got_notifies == [("async-sender", "kv_ready", "block-7")]
+        # Nothing more comes: each wait ends at its bound, empty.
+        assert await eng.wait_notifies_async(timeout_ms=20) == []
+        assert await c.wait_events_async(timeout_ms=20) == ([], 0)
+
+    asyncio.run(main())
+    p.stdin.write("done\n")
+    p.stdin.flush()
+    finish(p)
+    # The blocking forms: bounded, and the fd is the client's for any selector.
+    assert eng.wait_notifies(timeout_ms=10) == []
+    assert eng.fileno() == c.fileno() >= 0
+    with pytest.raises(membroker.ParamInvalid):
+        eng.wait_notifies(timeout_ms=-1)
+    eng.finalize()
+    c.close()
