@@ -15,11 +15,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "shm/channel_layout.h"
+#include "shm/channel_wake.h"
 #include "shm/futex.h"
 #include "membroker/ipc/pidfd.h"
 #include "membroker/ipc/unique_fd.h"
@@ -63,9 +65,10 @@ void Wake(std::atomic<uint32_t>* word) {
   detail::FutexWakeAll(word);
 }
 
-// Who waits on a signal word: nobody, a sleeper (futex), or a spinner, which
-// only needs the word to move (no system call).
-enum Waiting : uint32_t { kNobody = 0, kSleeper = 1, kSpinner = 2 };
+// Who waits on a signal word: nobody, a sleeper (futex), a spinner, which
+// only needs the word to move (no system call), or an event loop polling a
+// subscriber's wake fd (a datagram to it: channel_wake.h).
+enum Waiting : uint32_t { kNobody = 0, kSleeper = 1, kSpinner = 2, kWakeFd = 3 };
 uint32_t WaiterFor(WakeMode wake) { return wake == WakeMode::kFutex ? kSleeper : kSpinner; }
 
 // Takes the waiter's mark from `waiting`: who waited, or kNobody (nobody
@@ -100,7 +103,8 @@ void SignalSubscribers(const View& v, uint64_t targets) {
   for (uint64_t rest = targets; rest != 0; rest &= rest - 1) {
     SlotHeader& q = v.slot(static_cast<uint32_t>(std::countr_zero(rest)));
     const uint32_t who = TakeWaiter(q.subscriber_waiting);
-    if (who == kSleeper && v.broadcast) wake_sleepers = true;
+    if (who == kWakeFd) detail::SendChannelWake(q.pid.load(), q.wake_nonce.load());
+    else if (who == kSleeper && v.broadcast) wake_sleepers = true;
     else Nudge(&q.data_signal, who);
   }
   if (wake_sleepers) Wake(&v.header()->sleepers_signal);
@@ -179,7 +183,10 @@ class ChannelPublisher::Impl {
   ~Impl() {
     if (!published) return;
     v.header()->closed.store(1);
-    for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) Wake(&v.slot(s).data_signal);
+    for (uint32_t s = 0; s < kMaxChannelSubscribers; ++s) {
+      Wake(&v.slot(s).data_signal);
+      if (v.slot(s).state.load() == kActive) detail::SendChannelWake(v.slot(s).pid.load(), v.slot(s).wake_nonce.load());
+    }
     Wake(&v.header()->sleepers_signal);
     (void)client.Unpublish(name + "/chunks");
     (void)client.Unpublish(name);
@@ -217,6 +224,7 @@ class ChannelPublisher::Impl {
       slot.head.store(0);
       slot.tail.store(0);
       slot.pid.store(0);
+      slot.wake_nonce.store(0);
       slot.generation.fetch_add(1);
       slot.state.store(kFree);
       ++counts.reaped;
@@ -510,6 +518,16 @@ class ChannelSubscriber::Impl {
   bool joined = false;
   ipc::UniqueFd publisher;  // pidfd
   std::set<uint32_t> held;
+  std::optional<detail::ChannelWakeFd> wake;  // made by WakeFd
+
+  Result<int> WakeFd() {
+    if (!joined) return Status(ErrorCode::kNotConnected, "this subscriber has left channel \"" + name + "\"");
+    if (!wake) {
+      MB_ASSIGN_OR_RETURN(wake, detail::ChannelWakeFd::Open(publisher.valid() ? publisher.get() : -1));
+      v.slot(s).wake_nonce.store(wake->nonce());
+    }
+    return wake->fd();
+  }
 
   ~Impl() { Leave(); }
 
@@ -527,6 +545,12 @@ class ChannelSubscriber::Impl {
     SlotHeader& q = v.slot(s);
     const uint64_t bit = uint64_t{1} << s;
     auto timeout = [&] {
+      if (wake) {
+        // An event loop polls the wake fd next: the publisher sends it a byte
+        // for the next chunk, and one that came before the mark sends it now.
+        q.subscriber_waiting.store(kWakeFd);
+        if (q.tail.load() != q.head.load()) detail::SendChannelWake(static_cast<int32_t>(::getpid()), wake->nonce());
+      }
       return Status(ErrorCode::kTimeout, "nothing published on channel \"" + name + "\" within " +
                                              std::to_string(timeout_ms) + " ms");
     };
@@ -587,6 +611,7 @@ class ChannelSubscriber::Impl {
     q.head.store(0);
     q.tail.store(0);
     q.pid.store(0);
+    q.wake_nonce.store(0);
     q.generation.fetch_add(1);
     q.state.store(kFree);
     // Unmapped and given back now (unless KeepMapped owners still need
@@ -639,6 +664,7 @@ Result<ChannelSubscriber> ChannelSubscriber::Join(Client& client, const std::str
     q.tail.store(0);
     q.subscriber_waiting.store(0);
     q.publisher_waiting.store(0);
+    q.wake_nonce.store(0);
     q.generation.fetch_add(1);
     q.pid.store(static_cast<int32_t>(::getpid()));
     q.state.store(kActive);
@@ -660,6 +686,13 @@ ChannelSubscriber& ChannelSubscriber::operator=(ChannelSubscriber&&) noexcept = 
 Result<Chunk> ChannelSubscriber::Receive(int timeout_ms) {
   if (!impl_) return NoChannel();
   return impl_->Receive(timeout_ms);
+}
+Result<int> ChannelSubscriber::WakeFd() {
+  if (!impl_) return NoChannel();
+  return impl_->WakeFd();
+}
+void ChannelSubscriber::DrainWakeFd() {
+  if (impl_ && impl_->wake) impl_->wake->Drain();
 }
 Status ChannelSubscriber::Release(const Chunk& chunk) {
   if (!impl_) return NoChannel();

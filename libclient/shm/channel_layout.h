@@ -31,7 +31,7 @@
 
 namespace membroker::detail::channel {
 
-inline constexpr uint64_t kMagic = 0x4d424348414e4e32ull;  // "MBCHANN2": layout 2 (the shared sleepers' word)
+inline constexpr uint64_t kMagic = 0x4d424348414e4e33ull;  // "MBCHANN3": layout 3 (slots' wake nonces)
 inline constexpr uint64_t kLoaned = uint64_t{1} << 63;
 inline constexpr size_t kLine = 64;
 inline constexpr uint32_t kMaxChunks = 65536;
@@ -70,6 +70,7 @@ struct SlotHeader {
   std::atomic<uint32_t> state;
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> generation;
+  std::atomic<uint64_t> wake_nonce;  // its wake fd's address (channel_wake.h); 0: none
   alignas(kLine) std::atomic<uint64_t> head;
   std::atomic<uint32_t> space_signal;  // futex: bumped on a take while the publisher waits for room
   std::atomic<uint32_t> publisher_waiting;

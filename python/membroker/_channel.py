@@ -4,7 +4,9 @@ numpy, torch.frombuffer) valid until it is published (publisher) or released
 (subscriber); after that its buffer is empty."""
 from __future__ import annotations
 
-from . import _membroker
+import asyncio
+
+from . import _errors, _membroker
 
 
 class Chunk:
@@ -109,6 +111,39 @@ class ChannelSubscriber:
 
     def receive(self, timeout_ms: int = 1000) -> Chunk:
         return Chunk(self._s.receive(timeout_ms))
+
+    async def receive_async(self, timeout_ms: int = 1000) -> Chunk:
+        """receive for asyncio: waits up to timeout_ms on the running loop (no
+        thread) for a chunk; membroker.Timeout after, NotConnected when the
+        publisher has gone."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000.0
+        fd = self._s.wake_fd()
+        while True:
+            try:
+                return Chunk(self._s.receive(0))  # a TIMEOUT arms the fd
+            except _errors.Timeout:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+            woken = loop.create_future()
+            loop.add_reader(fd, lambda: woken.done() or woken.set_result(None))
+            try:
+                await asyncio.wait_for(woken, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                loop.remove_reader(fd)
+            self._s.drain_wake_fd()
+
+    def fileno(self) -> int:
+        """The wake fd, for a selector of your own: readable when a chunk may be
+        queued or the publisher has gone. Poll it after receive(0) raised
+        membroker.Timeout, then drain_wake() and receive(0) again."""
+        return self._s.wake_fd()
+
+    def drain_wake(self) -> None:
+        self._s.drain_wake_fd()
 
     def release(self, chunk: Chunk) -> None:
         self._s.release(chunk.native)

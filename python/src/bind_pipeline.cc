@@ -155,6 +155,8 @@ void BindPipeline(py::module_& mod) {
             return c;
           },
           py::arg("timeout_ms") = 1000)
+      .def("wake_fd", [](PySubscriber& s) { return Take(s.sub.WakeFd()); })
+      .def("drain_wake_fd", [](PySubscriber& s) { s.sub.DrainWakeFd(); })
       .def("release",
            [](PySubscriber& s, PyChunk& c) {
              if (c.done || c.writable) Raise(Status(ErrorCode::kParamInvalid, "not a received chunk"));

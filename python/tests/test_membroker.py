@@ -877,3 +877,53 @@ def test_asyncio_waits_for_events_and_notifies_on_the_loop_without_threads(mb):
         eng.wait_notifies(timeout_ms=-1)
     eng.finalize()
     c.close()
+
+
+def test_a_channel_subscriber_receives_in_asyncio_and_sees_its_publisher_killed(mb):
+    """A subscriber in an event loop gets every chunk another process publishes,
+    waiting on the loop without a thread, and learns at once (not at its
+    timeout) that the publisher was SIGKILLed."""
+    import asyncio
+    import threading
+
+    p = child("""
+        import sys, membroker
+        c = membroker.connect(sys.argv[1], "async-publisher")
+        pub = membroker.ChannelPublisher(c, "async/chan", chunks=4, chunk_bytes=4096)
+        print("created", flush=True)
+        pub.wait_for_subscribers(1, 60000)
+        for line in sys.stdin:
+            n = int(line)
+            chunk = pub.loan(8)
+            chunk.numpy("int64")[:] = n
+            pub.publish(chunk, size=8)
+            print("published", flush=True)
+    """, mb.socket, stdin=subprocess.PIPE)
+    assert p.stdout.readline() == "created\n"
+    c = membroker.connect(mb.socket, "async-subscriber")
+    sub = membroker.ChannelSubscriber(c, "async/chan", lookup_timeout_ms=10000)
+
+    async def main():
+        threads = threading.active_count()
+        for n in range(1, 4):
+            waiting = asyncio.ensure_future(sub.receive_async(timeout_ms=60000))
+            await asyncio.sleep(0)
+            p.stdin.write(f"{n}\n")
+            p.stdin.flush()
+            chunk = await waiting
+            assert int(chunk.numpy("int64")[0]) == n and chunk.sequence == n
+            sub.release(chunk)
+            assert p.stdout.readline() == "published\n"
+        assert threading.active_count() == threads
+        with pytest.raises(membroker.Timeout):
+            await sub.receive_async(timeout_ms=20)
+        waiting = asyncio.ensure_future(sub.receive_async(timeout_ms=120000))
+        await asyncio.sleep(0)
+        p.kill()
+        with pytest.raises(membroker.NotConnected):
+            await waiting                         # woken by the publisher's pidfd, not by its bound
+
+    asyncio.run(main())
+    p.wait()
+    sub.leave()
+    c.close()

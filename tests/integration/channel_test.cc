@@ -18,6 +18,7 @@
 
 #include "broker_process.h"
 #include "map_whole.h"
+#include "readable.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
 #include "shm/channel_layout.h"
@@ -462,6 +463,54 @@ TEST(Channel, APublisherKilledMidWritePublishesNothing) {
   EXPECT_NE(kids.Wait(0), 0);
   auto got = sub->Receive(5000);
   EXPECT_EQ(got.code(), ErrorCode::kNotConnected) << got.status().ToString();
+}
+
+// A subscriber waits in an event loop: its wake fd becomes readable for a
+// chunk published after a Receive answered TIMEOUT, stays quiet otherwise,
+// and becomes readable when its publisher is SIGKILLed.
+TEST(Channel, ASubscribersWakeFdWakesForChunksAndForItsPublishersDeath) {
+  BrokerProcess b;
+  Children kids(1);
+  kids.Start(0, [&](Channel& ch) {
+    auto cc = Client::Connect({b.socket(), "publisher"});
+    auto pub = ChannelPublisher::Create(*cc, "chan/polled", {});
+    if (!pub.ok()) return 10;
+    ch.Send("created");
+    for (uint64_t n = 1;; ++n) {
+      if (ch.Receive() != "publish") return 11;
+      auto chunk = pub->Loan(SizeOf(n), 10000);
+      if (!chunk.ok()) return 12;
+      Fill(*chunk, n, SizeOf(n));
+      if (!pub->Publish(*chunk, 10000).ok()) return 13;
+      ch.Send("published");
+    }
+  });
+  ASSERT_EQ(kids.channels[0].Receive(), "created");
+  auto c = Client::Connect({b.socket(), "subscriber"});
+  auto sub = ChannelSubscriber::Join(*c, "chan/polled");
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto fd = sub->WakeFd();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(*sub->WakeFd(), *fd);
+  for (uint64_t n = 1; n <= 3; ++n) {
+    EXPECT_EQ(sub->Receive(0).code(), ErrorCode::kTimeout);  // nothing yet: the fd is armed
+    EXPECT_FALSE(Readable(*fd, 0));
+    kids.channels[0].Send("publish");
+    ASSERT_EQ(kids.channels[0].Receive(), "published");
+    ASSERT_TRUE(Readable(*fd, 30'000)) << "no wake for chunk " << n;
+    sub->DrainWakeFd();
+    auto got = sub->Receive(0);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->sequence, n);
+    EXPECT_TRUE(Holds(*got));
+    ASSERT_TRUE(sub->Release(*got).ok());
+  }
+  EXPECT_EQ(sub->Receive(0).code(), ErrorCode::kTimeout);
+  EXPECT_FALSE(Readable(*fd, 0));
+  ::kill(kids.pids[0], SIGKILL);
+  EXPECT_NE(kids.Wait(0), 0);
+  ASSERT_TRUE(Readable(*fd, 30'000)) << "no wake for the publisher's death";
+  EXPECT_EQ(sub->Receive(0).code(), ErrorCode::kNotConnected);
 }
 
 // A publisher's name can outlive it: here a child it forked keeps its broker

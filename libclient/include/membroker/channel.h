@@ -143,6 +143,13 @@ class MEMBROKER_API ChannelSubscriber {
   // (TIMEOUT). NOT_CONNECTED once the publisher is gone and nothing is left
   // queued; PROTOCOL_ERROR when the control block holds something impossible.
   Result<Chunk> Receive(int timeout_ms = 1000);
+  // An fd for an event loop (epoll, asyncio's add_reader), made on the first
+  // call: readable when a chunk may be queued for this subscriber or its
+  // publisher has gone. Poll it after a Receive answered TIMEOUT (which asks
+  // the publisher to send the fd a byte for the next chunk), then call
+  // DrainWakeFd and Receive(0) again, in that order. Owned by the subscriber.
+  Result<int> WakeFd();
+  void DrainWakeFd();
   // Gives a received chunk back (once; PARAM_INVALID for one not held).
   Status Release(const Chunk& chunk);
   // Releases everything held, gives the subscriber slot back and unmaps the
