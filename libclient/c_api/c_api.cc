@@ -240,6 +240,20 @@ int mb_subscribe(mb_client* client, const char* prefix) {
   });
 }
 
+int mb_client_wake_fd(mb_client* client, int* fd) {
+  return Guard([&]() -> int {
+    MB_NEED(client && fd, "client and fd must not be NULL");
+    auto got = client->client.WakeFd();
+    if (!got.ok()) return Fail(got.status());
+    *fd = *got;
+    return MB_OK;
+  });
+}
+
+void mb_client_drain_wake_fd(mb_client* client) {
+  if (client) client->client.DrainWakeFd();
+}
+
 int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out) {
   return Guard([&]() -> int {
     MB_NEED(client && out, "client and out must not be NULL");
@@ -403,6 +417,21 @@ int mb_engine_send_notify(mb_engine* engine, const char* remote, const char* nam
   });
 }
 
+namespace {
+// Hands out the oldest notify taken from the engine (notifies_mu held); false if none.
+bool PopNotify(mb_engine* engine, mb_notify* out) {
+  if (engine->notifies.empty()) return false;
+  const Notify& n = engine->notifies.front();
+  *out = mb_notify{};
+  CopyOut(n.remote_engine, out->remote_engine, sizeof(out->remote_engine));
+  CopyOut(n.name, out->name, sizeof(out->name));
+  out->msg_len = std::min(n.notify_msg.size(), sizeof(out->msg));
+  std::memcpy(out->msg, n.notify_msg.data(), out->msg_len);
+  engine->notifies.pop_front();
+  return true;
+}
+}  // namespace
+
 int mb_engine_get_notify(mb_engine* engine, mb_notify* out) {
   return Guard([&]() -> int {
     MB_NEED(engine && out, "engine and out must not be NULL");
@@ -411,16 +440,24 @@ int mb_engine_get_notify(mb_engine* engine, mb_notify* out) {
       std::vector<Notify> got;
       if (Status st = engine->engine->GetNotifies(got); !st.ok()) return Fail(st);
       for (auto& n : got) engine->notifies.push_back(std::move(n));
-      if (engine->notifies.empty()) return Fail(MB_NOT_FOUND, "no notify is queued for this engine");
     }
-    const Notify& n = engine->notifies.front();
-    *out = mb_notify{};
-    CopyOut(n.remote_engine, out->remote_engine, sizeof(out->remote_engine));
-    CopyOut(n.name, out->name, sizeof(out->name));
-    out->msg_len = std::min(n.notify_msg.size(), sizeof(out->msg));
-    std::memcpy(out->msg, n.notify_msg.data(), out->msg_len);
-    engine->notifies.pop_front();
-    return MB_OK;
+    return PopNotify(engine, out) ? MB_OK : Fail(MB_NOT_FOUND, "no notify is queued for this engine");
+  });
+}
+
+int mb_engine_wait_notify(mb_engine* engine, int timeout_ms, mb_notify* out) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && out, "engine and out must not be NULL");
+    {
+      std::lock_guard<std::mutex> lk(engine->notifies_mu);
+      if (PopNotify(engine, out)) return MB_OK;
+    }
+    // Not under the lock: another thread's call must not wait out this one's timeout.
+    std::vector<Notify> got;
+    if (Status st = engine->engine->WaitNotifies(got, timeout_ms); !st.ok()) return Fail(st);
+    std::lock_guard<std::mutex> lk(engine->notifies_mu);
+    for (auto& n : got) engine->notifies.push_back(std::move(n));
+    return PopNotify(engine, out) ? MB_OK : Fail(MB_TIMEOUT, "no notify within the timeout");
   });
 }
 

@@ -153,6 +153,20 @@ int mb_channel_receive(mb_channel_subscriber* subscriber, int timeout_ms, mb_chu
   });
 }
 
+int mb_channel_wake_fd(mb_channel_subscriber* subscriber, int* fd) {
+  return Guard([&]() -> int {
+    MB_NEED(subscriber && fd, "subscriber and fd must not be NULL");
+    auto got = subscriber->subscriber.WakeFd();
+    if (!got.ok()) return Fail(got.status());
+    *fd = *got;
+    return MB_OK;
+  });
+}
+
+void mb_channel_drain_wake_fd(mb_channel_subscriber* subscriber) {
+  if (subscriber) subscriber->subscriber.DrainWakeFd();
+}
+
 int mb_channel_release(mb_channel_subscriber* subscriber, const mb_chunk* chunk) {
   return Guard([&]() -> int {
     MB_NEED(subscriber && chunk, "subscriber and chunk must not be NULL");

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <membroker/membroker.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -150,15 +151,12 @@ static int child(const char* sock, int in, int out) {
   CHECK(memcmp((char*)mb_mapping_data(om) + 4096, "async from C", 12) == 0);
   /* The parent's notify, queued before it said "written". */
   mb_notify n;
-  int nrc = MB_NOT_FOUND;
-  for (double until = now_s() + 30; nrc == MB_NOT_FOUND && now_s() < until;) {
-    nrc = mb_engine_get_notify(e, &n);
-    if (nrc == MB_NOT_FOUND) sched_yield();
-  }
-  CHECK(nrc == MB_OK);
+  CHECK(mb_engine_wait_notify(e, 30000, &n) == MB_OK);
   CHECK(strcmp(n.remote_engine, "c-parent") == 0 && strcmp(n.name, "kv-ready") == 0);
   CHECK(n.msg_len == 7 && memcmp(n.msg, "layer 7", 7) == 0);
   CHECK(mb_engine_get_notify(e, &n) == MB_NOT_FOUND);
+  CHECK(mb_engine_wait_notify(e, 10, &n) == MB_TIMEOUT);
+  CHECK(mb_engine_wait_notify(e, -1, &n) == MB_PARAM_INVALID);
 
   MUST(mb_engine_deregister(e, reg) == MB_OK);
   mb_engine_destroy(e);
@@ -182,6 +180,8 @@ static int channel_subscriber(const char* sock, int out) {
   MUST(mb_connect(sock, "c-subscriber", 0, &c) == MB_OK);
   mb_channel_subscriber* sub = NULL;
   MUST(mb_channel_join(c, "c-api/chan", MB_WAKE_FUTEX, 5000, &sub) == MB_OK);
+  int wake = -1;
+  CHECK(mb_channel_wake_fd(sub, &wake) == MB_OK && wake >= 0);
   send_line(out, "joined");
   for (uint64_t n = 1; n <= kChunks; ++n) {
     mb_chunk ch;
@@ -399,11 +399,18 @@ int main(int argc, char** argv) {
   MUST(mb_export(c, h, 0, token, sizeof(token)) == MB_OK);
   /* Name events: published and unpublished, then nothing. */
   MUST(mb_subscribe(c, "c-api/ev/") == MB_OK);
+  int wake = -1;
+  MUST(mb_client_wake_fd(c, &wake) == MB_OK && wake >= 0);
+  mb_client_drain_wake_fd(c);
+  struct pollfd pfd = {wake, POLLIN, 0};
+  CHECK(poll(&pfd, 1, 0) == 0); /* nothing queued */
   mb_handle* evh = NULL;
   MUST(mb_malloc_physical(c, 4096, MB_NORMAL_ONLY, 0, &evh) == MB_OK);
   MUST(mb_publish(c, "c-api/ev/x", evh, 0) == MB_OK);
+  CHECK(poll(&pfd, 1, 30000) == 1); /* the event woke the fd */
+  mb_client_drain_wake_fd(c);
   mb_name_event ev;
-  MUST(mb_wait_event(c, 5000, &ev) == MB_OK);
+  MUST(mb_wait_event(c, 0, &ev) == MB_OK);
   CHECK(ev.kind == MB_EVENT_PUBLISHED && strcmp(ev.name, "c-api/ev/x") == 0 && ev.pid == getpid());
   CHECK(ev.allocation == mb_handle_id(evh) && ev.dropped == 0);
   CHECK(mb_unpublish(c, "c-api/ev/x") == MB_OK);

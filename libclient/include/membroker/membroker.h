@@ -136,6 +136,13 @@ typedef struct mb_name_event {
 MB_C_API int mb_subscribe(mb_client* client, const char* prefix);
 /* The oldest event; waits up to timeout_ms for one (MB_TIMEOUT). */
 MB_C_API int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out);
+/* An fd for an event loop (epoll, libuv): readable when a name event or a notify
+ * for this client's engine may be queued. Its one reader calls
+ * mb_client_drain_wake_fd, then takes what is queued (mb_wait_event with timeout
+ * 0, mb_engine_get_notify), in that order. Made on the first call; the same fd for
+ * the client's life, broker restarts included; owned by the client. */
+MB_C_API int mb_client_wake_fd(mb_client* client, int* fd);
+MB_C_API void mb_client_drain_wake_fd(mb_client* client);
 
 /* --- the transfer engine (HIXL's shape; docs/TRANSFER.md) -------------------- */
 enum mb_transfer_op { MB_READ = 0, MB_WRITE = 1 };
@@ -186,6 +193,9 @@ MB_C_API int mb_engine_send_notify(mb_engine* engine, const char* remote, const 
                                    size_t msg_len, int timeout_ms);
 /* The oldest notify queued for this engine; MB_NOT_FOUND when there is none. */
 MB_C_API int mb_engine_get_notify(mb_engine* engine, mb_notify* out);
+/* The same, waiting up to timeout_ms (0 to 600000) for one: MB_TIMEOUT when none
+ * came. It reads the client's wake fd: not while an event loop reads it too. */
+MB_C_API int mb_engine_wait_notify(mb_engine* engine, int timeout_ms, mb_notify* out);
 
 /* --- channels: zero-copy publish/subscribe (docs/PIPELINE.md) ----------------
  * One publisher and up to 63 subscribers over a pool of chunks in broker
@@ -243,6 +253,12 @@ MB_C_API void mb_channel_leave(mb_channel_subscriber* subscriber);
 /* MB_TIMEOUT when nothing came; MB_NOT_CONNECTED once the publisher is gone and nothing is queued. */
 MB_C_API int mb_channel_receive(mb_channel_subscriber* subscriber, int timeout_ms, mb_chunk* out);
 MB_C_API int mb_channel_release(mb_channel_subscriber* subscriber, const mb_chunk* chunk);
+/* An fd for an event loop: readable when a chunk may be queued or the publisher
+ * has gone. Poll it after mb_channel_receive answered MB_TIMEOUT, then call
+ * mb_channel_drain_wake_fd and mb_channel_receive with timeout 0. Owned by the
+ * subscriber. */
+MB_C_API int mb_channel_wake_fd(mb_channel_subscriber* subscriber, int* fd);
+MB_C_API void mb_channel_drain_wake_fd(mb_channel_subscriber* subscriber);
 
 /* --- the tensor ring: one producer, one consumer, in a mapped region -------
  * (docs/PIPELINE.md). The ring lives in memory both processes mapped (any
