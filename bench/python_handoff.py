@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Python hand-off: a producer process hands a float32 tensor of each size to a
 consumer process that reads every element; the clock runs from the producer's
-send to the consumer's last read (CLOCK_MONOTONIC, shared by both). Peers in the
-same run: torch.multiprocessing (a shared-memory tensor through its Queue),
-multiprocessing.shared_memory (create, attach by name), and pickling through a
-pipe. Also: a Python Ping's cost over the C++ Ping it wraps, and the time to make
-1 GiB of published weights visible as tensors in 8 worker processes.
+write to the consumer's last read (CLOCK_MONOTONIC, shared by both). Each
+hand-off writes every element once and reads it once, whatever the method.
+
+membroker's ways: a channel (chunks in broker memory both sides mapped once:
+the best way for a stream of tensors), a fresh published tensor per hand-off,
+and its torch sharing strategy (membroker.torch.enable, a torch.multiprocessing
+Queue). Peers in the same run: torch.multiprocessing Queues with both of
+torch's sharing strategies (file_descriptor, file_system),
+multiprocessing.shared_memory (create, attach by name) and pickling through a
+pipe. Also: a Python Ping's cost over the C++ Ping it wraps, and a state dict
+of 300 tensors (1 GiB) made visible in 8 worker processes, timed from a common
+start after each worker has imported torch and connected.
 
     bench/python_handoff.py --socket S [--quick]     (JSON lines on stdout)
 """
@@ -41,7 +48,27 @@ def consumer_membroker(socket, inbox, outbox):
         del t
 
 
-def consumer_torch(inbox, outbox):
+def consumer_channel(socket, channel, inbox, outbox):
+    import membroker
+    c = membroker.connect(socket, "bench-channel-consumer")
+    sub = membroker.ChannelSubscriber(c, channel, lookup_timeout_ms=10000)
+    outbox.put("joined")
+    while inbox.get() is not None:
+        chunk = sub.receive(timeout_ms=60000)
+        s = float(chunk.numpy("float32").sum(dtype=np.float64))
+        t = now()
+        sub.release(chunk)
+        outbox.put((t, s))
+    sub.leave()
+
+
+def consumer_torch(strategy, socket, inbox, outbox):
+    if strategy == "membroker":
+        import membroker.torch
+        membroker.torch.enable(socket)
+    else:
+        import torch.multiprocessing
+        torch.multiprocessing.set_sharing_strategy(strategy)
     while True:
         x = inbox.get()
         if x is None:
@@ -75,12 +102,25 @@ def consumer_pickle(conn, outbox):
         outbox.put((now(), float(a.sum(dtype=np.float64))))
 
 
+# The methods, membroker's first; "peer" says which are the others.
+METHODS = [("membroker channel", False), ("membroker tensor", False), ("membroker.torch", False),
+           ("torch.mp file_descriptor", True), ("torch.mp file_system", True), ("shared_memory", True),
+           ("pickle", True)]
+
+
 def run_case(method, size, runs, socket):
     n = size // 4
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     times = []
-    if method == "membroker":
+
+    def handed(i, t0, expect):
+        end, s = outbox.get()
+        assert s == expect, f"{method}: the consumer read {s}, not {expect}"
+        if i:
+            times.append(end - t0)
+
+    if method == "membroker tensor":
         import membroker
         c = membroker.connect(socket, "bench-producer")
         p = ctx.Process(target=consumer_membroker, args=(socket, inbox, outbox))
@@ -92,29 +132,52 @@ def run_case(method, size, runs, socket):
             name = f"bench/{os.getpid()}/{i}"
             c.publish_tensor(name, t)
             inbox.put(name)
-            end, s = outbox.get()
+            handed(i, t0, float(n))
             c.unpublish(name)
             del t
-            if i:
-                times.append(end - t0)
         inbox.put(None)
-    elif method == "torch.multiprocessing":
+    elif method == "membroker channel":
+        import membroker
+        c = membroker.connect(socket, "bench-channel-producer")
+        channel = f"bench-channel/{os.getpid()}/{size}"
+        pub = membroker.ChannelPublisher(c, channel, chunks=2, chunk_bytes=size, queue_depth=2)
+        p = ctx.Process(target=consumer_channel, args=(socket, channel, inbox, outbox))
+        p.start()
+        assert outbox.get() == "joined"
+        pub.wait_for_subscribers(1, 60000)
+        for i in range(runs + 1):
+            inbox.put(i)  # the consumer goes into receive; the clock starts with the write, as the peers' do
+            t0 = now()
+            chunk = pub.loan(size, timeout_ms=60000)
+            chunk.numpy("float32")[:] = (i % 7) + 1.0
+            pub.publish(chunk, size=size, timeout_ms=60000)
+            handed(i, t0, float(n) * ((i % 7) + 1.0))
+        inbox.put(None)
+        p.join(timeout=60)
+        pub.close()
+    elif method.startswith("torch.mp") or method == "membroker.torch":
         import torch
         import torch.multiprocessing as tmp
+        strategy = "membroker" if method == "membroker.torch" else method.split()[1]
+        if strategy == "membroker":
+            import membroker.torch
+            membroker.torch.enable(socket)
+        else:
+            tmp.set_sharing_strategy(strategy)
         tctx = tmp.get_context("spawn")
         inbox, outbox = tctx.Queue(), tctx.Queue()
-        p = tctx.Process(target=consumer_torch, args=(inbox, outbox))
+        p = tctx.Process(target=consumer_torch, args=(strategy, socket, inbox, outbox))
         p.start()
         for i in range(runs + 1):
             t0 = now()
-            x = torch.empty(n, dtype=torch.float32).share_memory_()
+            x = torch.empty(n, dtype=torch.float32)
             x.fill_(1.0)
             inbox.put(x)
-            end, s = outbox.get()
+            handed(i, t0, float(n))
             del x
-            if i:
-                times.append(end - t0)
         inbox.put(None)
+        if strategy == "membroker":
+            membroker.torch.disable()
     elif method == "shared_memory":
         from multiprocessing import shared_memory
         p = ctx.Process(target=consumer_shm, args=(inbox, outbox))
@@ -124,11 +187,9 @@ def run_case(method, size, runs, socket):
             shm = shared_memory.SharedMemory(create=True, size=size)
             np.ndarray((n,), dtype=np.float32, buffer=shm.buf)[:] = 1.0
             inbox.put((shm.name, n))
-            end, s = outbox.get()
+            handed(i, t0, float(n))
             shm.close()
             shm.unlink()
-            if i:
-                times.append(end - t0)
         inbox.put(None)
     else:  # pickle through a pipe
         a_end, b_end = ctx.Pipe()
@@ -138,9 +199,7 @@ def run_case(method, size, runs, socket):
             t0 = now()
             a = np.ones(n, dtype=np.float32)
             a_end.send_bytes(pickle.dumps(a, protocol=5))
-            end, s = outbox.get()
-            if i:
-                times.append(end - t0)
+            handed(i, t0, float(n))
         a_end.send_bytes(b"stop")
     p.join(timeout=60)
     return {"bench": "python_handoff", "method": method, "size": size, "runs": runs,
@@ -168,55 +227,64 @@ def ping_overhead(socket, n):
             "overhead_us": py_us - cpp_us}
 
 
-def weights_worker(socket, layers, q):
+def state_dict_worker(socket, prefix, ready, go, q):
     import membroker
-    c = membroker.connect(socket, "bench-weights-worker")
-    ts = [c.lookup_tensor(f"bench-weights/{i}", timeout_ms=10000) for i in range(layers)]
-    arrays = [t.torch() for t in ts]
-    q.put((now(), sum(a.numel() for a in arrays)))
-
-
-def weights_visible(socket, total, workers):
-    import membroker
-    c = membroker.connect(socket, "bench-weights-loader")
-    layers = 16
-    per = total // layers // 4
-    kept = []
-    for i in range(layers):
-        t = c.new_tensor((per,), "float32")
-        t.numpy()[:] = 0.5
-        c.publish_tensor(f"bench-weights/{i}", t, read_only=True)
-        kept.append(t)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    # Start the interpreters first: the clock measures mapping, not Python's start-up.
-    procs = [ctx.Process(target=weights_worker, args=(socket, layers, q)) for _ in range(workers)]
+    import torch  # noqa: F401  (imported before the clock: the bench times the lookups and mappings)
+    c = membroker.connect(socket, "bench-state-dict-worker")
+    ready.put(os.getpid())
+    go.wait(120)
     t0 = now()
+    sd = c.lookup_state_dict(prefix, timeout_ms=10000)
+    t1 = now()
+    q.put((t0, t1, len(sd), sum(t.numel() * t.element_size() for t in sd.values())))
+
+
+def state_dict_visible(socket, total, tensors, workers):
+    """A state dict of `tensors` tensors (total bytes) published once, then looked
+    up whole (every tensor mapped, as torch tensors) by `workers` processes at once."""
+    import membroker
+    import torch
+    c = membroker.connect(socket, "bench-state-dict-loader")
+    per = total // tensors // 4
+    sd = {f"layers.{i}.weight": torch.full((per,), 0.5) for i in range(tensors)}
+    prefix = f"bench-sd/{os.getpid()}"
+    c.publish_state_dict(prefix, sd, read_only=True)
+    del sd
+    ctx = mp.get_context("spawn")
+    ready, q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=state_dict_worker, args=(socket, prefix, ready, go, q)) for _ in range(workers)]
     for p in procs:
         p.start()
-    ends = [q.get()[0] for _ in procs]
+    for _ in procs:  # every interpreter started, torch imported, connected
+        ready.get(timeout=300)
+    t0 = now()
+    go.set()
+    got = [q.get(timeout=300) for _ in procs]
     for p in procs:
         p.join()
-    for i in range(layers):
-        c.unpublish(f"bench-weights/{i}")
-    return {"bench": "python_weights", "bytes": total, "workers": workers, "layers": layers,
-            "all_visible_ms": (max(ends) - t0) * 1e3,
-            "note": "includes starting each worker's interpreter (spawn) and importing torch"}
+    c.unpublish(prefix)
+    assert all(n == tensors and b == per * 4 * tensors for _, _, n, b in got), got
+    each = sorted((t1 - t) * 1e3 for t, t1, _, _ in got)
+    return {"bench": "python_state_dict", "bytes": per * 4 * tensors, "tensors": tensors, "workers": workers,
+            "all_visible_ms": (max(t1 for _, t1, _, _ in got) - t0) * 1e3,
+            "per_worker_median_ms": statistics.median(each), "per_worker_max_ms": each[-1]}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", default="", help="comma-separated sizes in bytes (default: 4 KiB, 1 MiB, 64 MiB, 1 GiB)")
     args = ap.parse_args()
     runs = 3 if args.quick else 10
-    for size in SIZES:
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else SIZES
+    for size in sizes:
         r = max(1, runs // 3) if size >= (1 << 30) else runs
-        for method in ("membroker", "torch.multiprocessing", "shared_memory", "pickle"):
+        for method, _ in METHODS:
             print(json.dumps(run_case(method, size, r, args.socket)), flush=True)
     print(json.dumps(ping_overhead(args.socket, 5000 if args.quick else 50000)), flush=True)
-    print(json.dumps(weights_visible(args.socket, 1 << 30, 8)), flush=True)
+    print(json.dumps(state_dict_visible(args.socket, 1 << 30, 300, 8)), flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -177,17 +177,23 @@ for h in (x for x in load if x["bench"] == "head_of_line"):
                f"when idle and {h['busy_loop_wait_us']:.1f} µs beside the allocations, while its worker threads",
                f"used {h['busy_worker_cpus']:.2f} of the 2 CPUs creating them (`/proc/PID/task/TID/schedstat`)."]
 pyh = [x for x in load if x["bench"] == "python_handoff"]
+# bench/python_handoff.py's METHODS: membroker's ways, then the peers.
+PY_OURS = ["membroker channel", "membroker tensor", "membroker.torch"]
+PY_PEERS = ["torch.mp file_descriptor", "torch.mp file_system", "shared_memory", "pickle"]
 if pyh:
-    methods = ["membroker", "torch.multiprocessing", "shared_memory", "pickle"]
+    methods = PY_OURS + PY_PEERS
     md += ["", "## Python hand-off: producer to consumer process, every element read", "",
-           "Medians in µs, from the producer making the tensor to the consumer's last read (the clock",
-           "is CLOCK_MONOTONIC, shared by both processes); `bench/python_handoff.py`.", "",
-           "| size | " + " | ".join(methods) + " | membroker vs fastest peer |",
+           "Medians in µs, from the producer's write to the consumer's last read (the clock",
+           "is CLOCK_MONOTONIC, shared by both processes); `bench/python_handoff.py`. membroker's best way",
+           "for a stream of tensors is the channel (chunks both sides mapped once); `membroker tensor`",
+           "makes and publishes fresh broker memory per hand-off; `membroker.torch` is the torch sharing",
+           "strategy (a torch.multiprocessing Queue, a fresh tensor each time, as the torch.mp peers).", "",
+           "| size | " + " | ".join(methods) + " | fastest peer / channel |",
            "| --- | " + " | ".join("---" for _ in methods) + " | --- |"]
     for size in sorted({x["size"] for x in pyh}):
         row = {x["method"]: x["median_us"] for x in pyh if x["size"] == size}
-        peers = [row[m] for m in methods[1:] if m in row]
-        ratio = f"{min(peers) / row['membroker']:.2f}x" if peers and row.get("membroker") else "-"
+        peers = [row[m] for m in PY_PEERS if m in row]
+        ratio = f"{min(peers) / row['membroker channel']:.2f}x" if peers and row.get("membroker channel") else "-"
         md.append(f"| {human(size)} | " + " | ".join(f"{row[m]:.0f}" if m in row else "-" for m in methods) +
                   f" | {ratio} |")
     ping = next((x for x in load if x["bench"] == "python_ping"), None)
@@ -195,10 +201,13 @@ if pyh:
         md += ["", f"A Ping from Python costs {ping['python_us']:.1f} µs against {ping['cpp_us']:.1f} µs for the same",
                f"call looped in C++ in the same process (medians of rounds that alternate the two): "
                f"{ping['overhead_us']:.2f} µs of Python per call."]
-    wv = next((x for x in load if x["bench"] == "python_weights"), None)
-    if wv:
-        md += ["", f"1 GiB of published weights ({wv['layers']} tensors) visible as torch tensors in "
-               f"{wv['workers']} worker processes: {wv['all_visible_ms']:.0f} ms ({wv['note']})."]
+    sd = next((x for x in load if x["bench"] == "python_state_dict"), None)
+    if sd:
+        md += ["", f"A state dict of {sd['tensors']} tensors ({human(sd['bytes'])}) made visible as torch tensors in "
+               f"{sd['workers']} worker processes at once (`lookup_state_dict`, every tensor mapped; each worker had "
+               f"started, imported torch and connected before the clock): all done {sd['all_visible_ms']:.0f} ms "
+               f"after the start; each worker's own lookup took a median {sd['per_worker_median_ms']:.0f} ms, "
+               f"the slowest {sd['per_worker_max_ms']:.0f} ms."]
 md += ["", "## Crash cleanup", "",
        "SIGKILL a client holding N allocations of its own and M imports of a surviving client's",
        "exports; time until the admin socket reports them all released. 10,000 allocations plus",
@@ -577,13 +586,12 @@ for n in (64, 256):
          f"percent between runs on 2 shared cores")
 for size in (1 << 20, 64 << 20, 1 << 30):
     row = {x["method"]: x["median_us"] for x in load if x["bench"] == "python_handoff" and x["size"] == size}
-    peers = [row[m] for m in ("torch.multiprocessing", "shared_memory", "pickle") if m in row]
-    r = min(peers) / row["membroker"] if peers and row.get("membroker") else None
+    peers = [row[m] for m in PY_PEERS if m in row]
+    r = min(peers) / row["membroker channel"] if peers and row.get("membroker channel") else None
     goal("python", f"{human(size)} hand-off: at or ahead of the fastest Python peer",
          None if r is None else f"{r:.2f}x", r is not None and r >= 1.0,
-         "membroker makes fresh broker memory per hand-off (a malloc round trip and page faults in the "
-         "producer) and the consumer's lookup and map; the peers' shared memory is made by the producer "
-         "alone")
+         "membroker's channel: the producer writes a chunk both sides mapped once, the consumer reads it in "
+         "place; the peers make fresh shared memory per hand-off")
 ping = next((x for x in load if x["bench"] == "python_ping"), None)
 if ping is not None and ping["overhead_us"] < 0:
     # The C++ reference came out slower than the Python loop around it: the
