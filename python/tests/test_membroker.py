@@ -743,9 +743,9 @@ def test_a_model_loads_a_published_state_dict_without_a_copy(mb):
         assert out.strip() == str(src(torch.ones(1, 8)).tolist())
 
 
-# A torch.multiprocessing program written as torch's docs show it (fork, a
-# Queue, a consumer Process), with the one line that makes it share through
-# the broker. torch's file_system strategy is set on purpose: without the
+# A torch.multiprocessing program written as torch's docs show it (a Queue, a
+# consumer Process; fork or spawn), with the one line that makes it share
+# through the broker. torch's file_system strategy is set on purpose: without the
 # broker, every tensor would be a /dev/shm/torch_* file while shared.
 TORCH_MP_PROGRAM = """
 import os, sys, torch, torch.multiprocessing as mp
@@ -767,9 +767,10 @@ def consumer(q, results):
 if __name__ == "__main__":
     membroker.torch.enable(sys.argv[1])  # the one line
     torch.multiprocessing.set_sharing_strategy("file_system")
-    mode = sys.argv[2]
-    q, results = mp.Queue(), mp.Queue()
-    p = mp.Process(target=consumer, args=(q, results))
+    mode, start = sys.argv[2], sys.argv[3]
+    ctx = mp.get_context(start)
+    q, results = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=consumer, args=(q, results))
     p.start()
     first = torch.arange(1000, dtype=torch.float32)
     q.put(first)
@@ -791,8 +792,16 @@ if __name__ == "__main__":
 """
 
 
-def test_torch_multiprocessing_shares_through_the_broker_with_one_line(mb):
-    p = subprocess.run([sys.executable, "-c", TORCH_MP_PROGRAM, mb.socket, "normal"], capture_output=True,
+def torch_mp_program(tmp_path) -> str:
+    """The program as a file: spawned children import their main module again."""
+    path = tmp_path / "torch_mp_program.py"
+    path.write_text(TORCH_MP_PROGRAM)
+    return str(path)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_torch_multiprocessing_shares_through_the_broker_with_one_line(mb, tmp_path, start):
+    p = subprocess.run([sys.executable, torch_mp_program(tmp_path), mb.socket, "normal", start], capture_output=True,
                        text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
@@ -806,9 +815,9 @@ def test_torch_multiprocessing_shares_through_the_broker_with_one_line(mb):
     assert mb.wait_for_stat("allocations_live", 0) == 0
 
 
-def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb):
+def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb, tmp_path):
     before = set(os.listdir("/dev/shm"))
-    p = subprocess.Popen([sys.executable, "-c", TORCH_MP_PROGRAM, mb.socket, "kill"], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, torch_mp_program(tmp_path), mb.socket, "kill", "fork"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for line in iter(p.stdout.readline, ""):
