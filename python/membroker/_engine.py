@@ -4,14 +4,39 @@ from __future__ import annotations
 from . import _membroker, _waker
 
 
+def _pointer_of(obj) -> tuple[int, int, str]:
+    """(address, bytes, what) of a torch tensor, numpy array or buffer, which
+    must be contiguous: a transfer moves one run of bytes."""
+    what = type(obj).__module__ + "." + type(obj).__qualname__
+    if type(obj).__module__.startswith("torch"):
+        if obj.device.type != "cpu":
+            raise ValueError(f"a {what} on {obj.device} is not host memory (device memory: docs/TRANSFER.md)")
+        if not obj.is_contiguous():
+            raise ValueError(f"a {what} of shape {tuple(obj.shape)} and strides {obj.stride()} is not "
+                             "contiguous: pass .contiguous() memory, or one descriptor per contiguous piece")
+        return obj.data_ptr(), obj.numel() * obj.element_size(), what
+    try:
+        import numpy as np
+        a = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)
+    except (TypeError, ValueError):
+        raise TypeError(f"a {what} is not memory: give a Mapping, a membroker Tensor, a torch tensor, "
+                        "a numpy array or a buffer") from None
+    if not a.flags.c_contiguous:
+        raise ValueError(f"a {what} of shape {a.shape} and strides {a.strides} is not contiguous")
+    return a.__array_interface__["data"][0], a.nbytes, what
+
+
 class TransferEngine:
-    """HIXL's transfer engine over a Client: register_mem(mapping) -> id,
+    """HIXL's transfer engine over a Client: register_mem(memory) -> id,
     deregister_mem(id), connect(remote, timeout_ms), disconnect(remote, timeout_ms),
-    transfer_sync(remote, "read" | "write", [(local_addr, remote_addr, length), ...], timeout_ms),
+    transfer_sync(remote, "read" | "write", descs, timeout_ms),
     transfer_async(...) -> request, transfer_status(request) -> "waiting" | "completed" | "timeout" | "failed",
     send_notify(remote, name, message), get_notifies() -> [(from, name, message)],
     wait_notifies(timeout_ms), await wait_notifies_async(timeout_ms), fileno(), finalize().
-    A registered mapping stays alive until it is deregistered. Options: copy_threads,
+    A descriptor is (local_address, remote_address, length), or (local, remote_address)
+    where local is a torch tensor, numpy array or buffer (a slice of one too) in
+    registered memory: its address and length are taken from it. A registered
+    mapping stays alive until it is deregistered. Options: copy_threads,
     async_threads, drain_timeout_ms (strings, as HIXL's); for engines on other hosts
     (docs/TRANSFER.md) listen_address ("ip:port"), secret_file and allow_from, then
     connect("ip:port"), connection_info(remote) -> {"path": "ucx" | "same-host", ...} and
@@ -21,6 +46,46 @@ class TransferEngine:
         native = client.native if hasattr(client, "native") else client
         self._client = native
         self._e = _membroker.TransferEngine(native, name, {k: str(v) for k, v in (options or {}).items()})
+
+    def register_mem(self, memory) -> int:
+        """Registers broker memory mapped in this process: a Mapping, a membroker
+        Tensor, or a torch tensor, numpy array or buffer that lies in one (the
+        whole mapping it lies in is registered). The id is for deregister_mem."""
+        from ._client import _mapped
+        if isinstance(memory, _membroker.Mapping):
+            return self._e.register_mem(memory)
+        if type(memory).__name__ == "Tensor" and hasattr(memory, "mapping"):  # a membroker Tensor
+            return self._e.register_mem(memory.mapping)
+        address, nbytes, what = _pointer_of(memory)
+        found = _mapped.find(address, max(nbytes, 1))
+        if found is None:
+            raise _membroker_error("ParamInvalid", f"a {what} at {address:#x} ({nbytes} bytes) is not in broker "
+                                   "memory mapped by this process: only broker memory is registered "
+                                   "(client.new_tensor, lookup_tensor, map)")
+        return self._e.register_mem(found[0])
+
+    def transfer_sync(self, remote: str, op: str, descs, timeout_ms: int = 1000) -> None:
+        self._e.transfer_sync(remote, op, self._descs(descs), timeout_ms)
+
+    def transfer_async(self, remote: str, op: str, descs, timeout_ms: int = 1000) -> int:
+        return self._e.transfer_async(remote, op, self._descs(descs), timeout_ms)
+
+    @staticmethod
+    def _descs(descs) -> list[tuple[int, int, int]]:
+        out = []
+        for i, d in enumerate(descs):
+            if len(d) == 3 and all(isinstance(x, int) for x in d):
+                out.append(tuple(d))
+            elif len(d) == 2 and isinstance(d[1], int):
+                try:
+                    address, nbytes, _ = _pointer_of(d[0])
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"descriptor {i}: {e}") from None
+                out.append((address, d[1], nbytes))
+            else:
+                raise TypeError(f"descriptor {i}: ({', '.join(type(x).__name__ for x in d)}) is neither "
+                                "(local_address, remote_address, length) nor (tensor, remote_address)")
+        return out
 
     def wait_notifies(self, timeout_ms: int = 1000) -> list:
         """Waits up to timeout_ms for a notify, then takes every one queued
@@ -38,3 +103,9 @@ class TransferEngine:
 
     def __getattr__(self, attr):
         return getattr(self._e, attr)
+
+
+def _membroker_error(cls: str, message: str):
+    from . import _errors
+    c = getattr(_errors, cls)
+    return c(message, c.code)

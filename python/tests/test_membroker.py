@@ -936,3 +936,45 @@ def test_a_channel_subscriber_receives_in_asyncio_and_sees_its_publisher_killed(
     p.wait()
     sub.leave()
     c.close()
+
+
+def test_transfers_take_tensors_and_slices_and_name_what_is_wrong(mb):
+    """register_mem takes a membroker Tensor or a torch view of one; a descriptor
+    is (tensor slice, remote address); what cannot work is refused with a
+    message that names it, before anything moves."""
+    import torch
+    c = membroker.connect(mb.socket, "tensor-writer")
+    src = c.new_tensor((1024,), "int32")
+    src.numpy()[:] = np.arange(1024, dtype=np.int32)
+    eng = membroker.TransferEngine(c, "tensor-writer")
+    eng.register_mem(src)
+    p = child("""
+        import sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "tensor-target")
+        dst = c.new_tensor((1024,), "int32")
+        dst.numpy()[:] = -1
+        eng = membroker.TransferEngine(c, "tensor-target")
+        eng.register_mem(dst.torch())              # a torch view of broker memory
+        print(dst.mapping.address, flush=True)
+        sys.stdin.readline()
+        got = dst.numpy()
+        assert (got[256:512] == np.arange(256, 512)).all(), got[256:512]
+        assert (got[:256] == -1).all() and (got[512:] == -1).all()
+        eng.finalize()
+    """, mb.socket, stdin=subprocess.PIPE)
+    remote = int(p.stdout.readline())
+    eng.connect("tensor-target", 10000)
+    t = src.torch()
+    eng.transfer_sync("tensor-target", "write", [(t[256:512], remote + 256 * 4)], 10000)
+    with pytest.raises(ValueError, match="descriptor 0: .*not contiguous"):
+        eng.transfer_sync("tensor-target", "write", [(t[::2], remote)], 10000)
+    with pytest.raises(TypeError, match="descriptor 1: "):
+        eng.transfer_sync("tensor-target", "write", [(t[:4], remote), ("x", remote, 4)], 10000)
+    with pytest.raises(membroker.ParamInvalid, match="not in broker memory"):
+        eng.register_mem(torch.zeros(4096))      # the process's own heap
+    with pytest.raises(TypeError, match="is not memory"):
+        eng.register_mem(object())
+    p.stdin.write("check\n")
+    p.stdin.flush()
+    finish(p)
+    eng.finalize()
