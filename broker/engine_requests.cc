@@ -84,6 +84,11 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m)
                   "an engine registers at most " + std::to_string(ipc::kMaxEngineRegions) + " ranges");
   if (ipc::Overlaps(e.regions, m.address, m.length, [](const ipc::EngineRegion& r) { return r.length; }))
     return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
+  if (!m.name.empty()) MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxRegionNameBytes, "a region name"));
+  if (!m.name.empty())
+    for (const auto& [address, r] : e.regions)
+      if (r.name == m.name)
+        return Status(ErrorCode::kAlreadyExists, "this engine has a range named \"" + ipc::EscapeText(m.name) + "\" already");
   bool read_only = false;
   if (m.allocation != 0) {
     const Allocation* a = holdings_.Find(m.allocation);
@@ -99,7 +104,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegisterRequest& m)
                     "the range is neither broker memory nor inside one HostRegister range");
   }
   return ipc::EngineRegisterReply{
-      engines_.AddRegion(e, ipc::EngineRegion{0, m.address, m.length, m.allocation, m.offset, read_only})};
+      engines_.AddRegion(e, ipc::EngineRegion{0, m.address, m.length, m.allocation, m.offset, read_only, m.name})};
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineDeregisterRequest& m) {

@@ -114,7 +114,8 @@ struct Encoder {
     return w::CreateEngineFinalizeRequest(b).Union();
   }
   fb::Offset<void> operator()(const EngineRegisterRequest& m) {
-    return w::CreateEngineRegisterRequest(b, m.address, m.length, m.allocation, m.offset).Union();
+    auto name = m.name.empty() ? fb::Offset<fb::String>() : b.CreateString(m.name);
+    return w::CreateEngineRegisterRequest(b, m.address, m.length, m.allocation, m.offset, name).Union();
   }
   fb::Offset<void> operator()(const EngineRegisterReply& m) {
     return w::CreateEngineRegisterReply(b, m.region).Union();
@@ -132,9 +133,10 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const EngineInfoReply& m) {
     std::vector<fb::Offset<w::EngineRegion>> rs;
-    for (const auto& r : m.regions)
-      rs.push_back(w::CreateEngineRegion(b, r.id, r.address, r.length, r.allocation, r.offset,
-                                         r.read_only));
+    for (const auto& r : m.regions) {
+      auto name = r.name.empty() ? fb::Offset<fb::String>() : b.CreateString(r.name);
+      rs.push_back(w::CreateEngineRegion(b, r.id, r.address, r.length, r.allocation, r.offset, r.read_only, name));
+    }
     auto vec = b.CreateVector(rs);
     return w::CreateEngineInfoReply(b, m.pid, m.slot, m.control_allocation, vec).Union();
   }
@@ -432,7 +434,9 @@ Result<Message> Read(const w::EngineFinalizeRequest*) {
 }
 
 Result<Message> Read(const w::EngineRegisterRequest* m) {
-  return Message(EngineRegisterRequest{m->address(), m->length(), m->allocation(), m->offset()});
+  EngineRegisterRequest r{m->address(), m->length(), m->allocation(), m->offset(), {}};
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxRegionNameBytes, "region name", &r.name));
+  return Message(std::move(r));
 }
 
 Result<Message> Read(const w::EngineRegisterReply* m) {
@@ -461,9 +465,11 @@ Result<Message> Read(const w::EngineInfoReply* m) {
   EngineInfoReply r{m->pid(), m->slot(), m->control_allocation(), {}};
   if (auto rs = m->regions()) {
     if (rs->size() > kMaxEngineRegions) return Malformed("too many regions");
-    for (const auto* g : *rs)
-      r.regions.push_back({g->id(), g->address(), g->length(), g->allocation(), g->offset(),
-                           g->read_only()});
+    for (const auto* g : *rs) {
+      EngineRegion region{g->id(), g->address(), g->length(), g->allocation(), g->offset(), g->read_only(), {}};
+      MB_RETURN_IF_ERROR(ReadName(g->name(), kMaxRegionNameBytes, "region name", &region.name));
+      r.regions.push_back(std::move(region));
+    }
   }
   return Message(std::move(r));
 }

@@ -342,7 +342,7 @@ Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* wh
                                       " (DeregisterMem it first)");
 }
 
-Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size) {
+Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size, const std::string& name) {
   std::lock_guard<std::mutex> lk(mu_);
   EngineRange found;
   bool ok = false;
@@ -362,7 +362,7 @@ Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size) {
                   "range " + ipc::Hex(va) + "+" + std::to_string(size) +
                       " is neither inside one mapping of broker memory nor inside one "
                       "HostRegister range");
-  engine_ranges_[va] = EngineRegistration{size, found, 0};
+  engine_ranges_[va] = EngineRegistration{size, found, 0, name};
   return found;
 }
 

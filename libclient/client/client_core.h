@@ -62,6 +62,7 @@ struct EngineRegistration {
   size_t size = 0;
   EngineRange where;
   uint64_t region = 0;
+  std::string name;  // "" when unnamed
 };
 
 struct ReservationState {
@@ -127,7 +128,7 @@ class ClientCore {
   // Transfer engine: finds what backs [va, va+size) - one mapping of a broker
   // allocation, or one HostRegister range - and keeps the range from being
   // unmapped, protected below read-write or unregistered until ForgetEngineRange.
-  Result<EngineRange> PinForEngine(uintptr_t va, size_t size);
+  Result<EngineRange> PinForEngine(uintptr_t va, size_t size, const std::string& name);
   void ForgetEngineRange(uintptr_t va);
   // The range's region id at the current broker (0: none), and setting it.
   uint64_t EngineRegion(uintptr_t va);

@@ -261,7 +261,7 @@ std::map<uintptr_t, uint64_t> ClientCore::ReattachEngine(Connection& fresh, cons
       Note(report, Status(ErrorCode::kNotFound, "registered memory of a handle the new broker did not take back"));
       continue;
     }
-    auto reply = fresh.Call(ipc::EngineRegisterRequest{va, r.size, r.where.handle, r.where.offset});
+    auto reply = fresh.Call(ipc::EngineRegisterRequest{va, r.size, r.where.handle, r.where.offset, r.name});
     auto* m = reply.ok() ? std::get_if<ipc::EngineRegisterReply>(&reply->body) : nullptr;
     Note(report, m != nullptr ? Status::Ok()
                  : reply.ok() ? Status(ErrorCode::kProtocolError, "EngineRegisterRequest got a wrong reply")

@@ -75,7 +75,8 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
 
   Status Initialize(const std::string& name, const std::map<std::string, std::string>& options);
   void Finalize();
-  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, const std::string& name);
+  Status GetRemoteRegions(const std::string& remote, std::vector<RegionInfo>& regions, int32_t timeout_ms);
   Status DeregisterMem(MemHandle handle);
   Status Connect(const std::string& remote, int32_t timeout_ms);
   Status Disconnect(const std::string& remote, int32_t timeout_ms);
@@ -210,8 +211,10 @@ void TransferEngine::Impl::Finalize() {
   initialized_ = false;
 }
 
-Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle) {
+Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle,
+                                         const std::string& name) {
   if (!initialized_) return NotInitialized();
+  if (!name.empty()) MB_RETURN_IF_ERROR(ipc::CheckName(name, ipc::kMaxRegionNameBytes, "a region name"));
   if (type == MEM_DEVICE)
     return Status(ErrorCode::kUnsupported, "MEM_DEVICE needs a device backend, which this build lacks");
   if (type != MEM_HOST) return Status(ErrorCode::kParamInvalid, "unknown memory type");
@@ -220,9 +223,13 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   std::unique_lock<std::shared_mutex> lk(local_mu_);
   if (ipc::Overlaps(local_, mem.addr, mem.len, [](const LocalRegion& r) { return r.desc.length; }))
     return Status(ErrorCode::kParamInvalid, "range overlaps memory this engine already registered");
+  if (!name.empty())
+    for (const auto& [addr, r] : local_)
+      if (r.desc.name == name)
+        return Status(ErrorCode::kAlreadyExists, "this engine has a range named \"" + name + "\" already");
   // Pinned: not unmappable, protectable or host-unregistered until DeregisterMem.
-  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len));
-  const RegionDesc desc{next_handle_++, mem.addr, mem.len, where.read_only, where.handle, where.offset};
+  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len, name));
+  const RegionDesc desc{next_handle_++, mem.addr, mem.len, where.read_only, where.handle, where.offset, name};
   Status st = same_host_->AddRegion(desc);
   // Known to the network transport too where the engine has one.
   detail::NetTransport* net = st.ok() ? CurrentNet() : nullptr;
@@ -398,6 +405,14 @@ Status TransferEngine::Impl::GetTransferStatus(TransferReq req, TransferStatus& 
   return Status::Ok();
 }
 
+Status TransferEngine::Impl::GetRemoteRegions(const std::string& remote, std::vector<RegionInfo>& regions,
+                                               int32_t timeout_ms) {
+  if (!initialized_) return NotInitialized();
+  std::shared_ptr<Connection> c = Find(remote);
+  if (c == nullptr) return NotConnected(remote);
+  return c->transport->RemoteRegions(c->id, DeadlineAfter(timeout_ms), &regions);
+}
+
 Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms) {
   if (!initialized_) return NotInitialized();
   std::shared_ptr<Connection> c = Find(remote);
@@ -521,7 +536,14 @@ Status TransferEngine::Initialize(const std::string& name, const std::map<std::s
 }
 void TransferEngine::Finalize() { impl_->Finalize(); }
 Status TransferEngine::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle) {
-  return impl_->RegisterMem(mem, type, handle);
+  return impl_->RegisterMem(mem, type, handle, "");
+}
+Status TransferEngine::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, const std::string& name) {
+  return impl_->RegisterMem(mem, type, handle, name);
+}
+Status TransferEngine::GetRemoteRegions(const std::string& remote, std::vector<RegionInfo>& regions,
+                                        int32_t timeout_ms) {
+  return impl_->GetRemoteRegions(remote, regions, timeout_ms);
 }
 Status TransferEngine::DeregisterMem(MemHandle handle) { return impl_->DeregisterMem(handle); }
 Status TransferEngine::Connect(const std::string& remote, int32_t timeout_ms) {

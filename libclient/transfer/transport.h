@@ -30,6 +30,7 @@ struct RegionDesc {
   bool read_only = false;   // for its owner: peers may only READ it
   uint64_t allocation = 0;  // the broker allocation behind it; 0: this process's own memory (HostRegister)
   uint64_t offset = 0;      // into that allocation
+  std::string name;         // "" when unnamed: how peers find it (RegionInfo)
 };
 
 // Who answered a Connect.
@@ -76,6 +77,8 @@ class Transport {
                             Clock::time_point deadline) = 0;
   // Appends the notifies sent to this engine, oldest first.
   virtual Status TakeNotifies(std::vector<ReceivedNotify>* out) = 0;
+  // The ranges the remote of conn has registered now.
+  virtual Status RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) = 0;
 };
 
 }  // namespace membroker::detail

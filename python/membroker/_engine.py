@@ -47,22 +47,31 @@ class TransferEngine:
         self._client = native
         self._e = _membroker.TransferEngine(native, name, {k: str(v) for k, v in (options or {}).items()})
 
-    def register_mem(self, memory) -> int:
+    def register_mem(self, memory, name: str = "") -> int:
         """Registers broker memory mapped in this process: a Mapping, a membroker
         Tensor, or a torch tensor, numpy array or buffer that lies in one (the
-        whole mapping it lies in is registered). The id is for deregister_mem."""
+        whole mapping it lies in is registered). name (up to 32 bytes, unique
+        in this engine) is how connected peers find it: remote_regions(). The
+        id is for deregister_mem."""
         from ._client import _mapped
         if isinstance(memory, _membroker.Mapping):
-            return self._e.register_mem(memory)
+            return self._e.register_mem(memory, name)
         if type(memory).__name__ == "Tensor" and hasattr(memory, "mapping"):  # a membroker Tensor
-            return self._e.register_mem(memory.mapping)
+            return self._e.register_mem(memory.mapping, name)
         address, nbytes, what = _pointer_of(memory)
         found = _mapped.find(address, max(nbytes, 1))
         if found is None:
             raise _membroker_error("ParamInvalid", f"a {what} at {address:#x} ({nbytes} bytes) is not in broker "
                                    "memory mapped by this process: only broker memory is registered "
                                    "(client.new_tensor, lookup_tensor, map)")
-        return self._e.register_mem(found[0])
+        return self._e.register_mem(found[0], name)
+
+    def remote_regions(self, remote: str, timeout_ms: int = 1000) -> dict:
+        """The named ranges a connected remote engine has registered now:
+        {name: {"address", "length", "read_only"}}. A descriptor's remote
+        address is region["address"] plus an offset into it."""
+        return {r["name"]: {"address": r["address"], "length": r["length"], "read_only": r["read_only"]}
+                for r in self._e.remote_regions(remote, timeout_ms) if r["name"]}
 
     def transfer_sync(self, remote: str, op: str, descs, timeout_ms: int = 1000) -> None:
         self._e.transfer_sync(remote, op, self._descs(descs), timeout_ms)

@@ -23,19 +23,38 @@ void BindEngine(py::module_& mod) {
                  return e;
                }),
            py::arg("client"), py::arg("name"), py::arg("options") = std::map<std::string, std::string>{})
-      .def("register_mem",
-           [](PyEngine& e, py::object mapping) {
-             PyMapping& m = mapping.cast<PyMapping&>();
-             m.CheckOpen();
-             MemHandle h = nullptr;
-             Check(Unlocked([&] {
-               return e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()}, MEM_HOST,
-                                            h);
-             }));
-             const uint64_t id = reinterpret_cast<uintptr_t>(h);
-             e.registered[id] = mapping;
-             return id;
-           })
+      .def(
+          "register_mem",
+          [](PyEngine& e, py::object mapping, const std::string& name) {
+            PyMapping& m = mapping.cast<PyMapping&>();
+            m.CheckOpen();
+            MemHandle h = nullptr;
+            Check(Unlocked([&] {
+              return e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()}, MEM_HOST,
+                                           h, name);
+            }));
+            const uint64_t id = reinterpret_cast<uintptr_t>(h);
+            e.registered[id] = mapping;
+            return id;
+          },
+          py::arg("mapping"), py::arg("name") = "")
+      .def(
+          "remote_regions",
+          [](PyEngine& e, const std::string& remote, int timeout_ms) {
+            std::vector<RegionInfo> regions;
+            Check(Unlocked([&] { return e.engine->GetRemoteRegions(remote, regions, timeout_ms); }));
+            py::list out;
+            for (const auto& r : regions) {
+              py::dict d;
+              d["name"] = r.name;
+              d["address"] = r.address;
+              d["length"] = r.length;
+              d["read_only"] = r.read_only;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("remote"), py::arg("timeout_ms") = 1000)
       .def("deregister_mem",
            [](PyEngine& e, uint64_t id) {
              Check(Unlocked(

@@ -18,6 +18,12 @@ def child(code: str, *args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+def shm_files() -> set:
+    """/dev/shm's files, less those of UCX's shared-memory transport, which come
+    and go with the UCX tests ctest runs beside this suite (conftest.py)."""
+    return {n for n in os.listdir("/dev/shm") if not n.startswith("ucx_shm_posix_")}
+
+
 def finish(p: subprocess.Popen, timeout: float = 180) -> str:
     out, err = p.communicate(timeout=timeout)
     assert p.returncode == 0, f"child failed ({p.returncode}):\n{out}\n{err}"
@@ -816,7 +822,7 @@ def test_torch_multiprocessing_shares_through_the_broker_with_one_line(mb, tmp_p
 
 
 def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb, tmp_path):
-    before = set(os.listdir("/dev/shm"))
+    before = shm_files()
     p = subprocess.Popen([sys.executable, torch_mp_program(tmp_path), mb.socket, "kill", "fork"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -832,7 +838,7 @@ def test_torch_multiprocessing_processes_killed_while_sharing_leave_nothing(mb, 
         p.wait(60)
     assert mb.wait_for_stat("allocations_live", 0) == 0
     assert mb.wait_for_stat("clients_connected", 0) == 0
-    assert set(os.listdir("/dev/shm")) == before
+    assert shm_files() == before
 
 
 def test_asyncio_waits_for_events_and_notifies_on_the_loop_without_threads(mb):
@@ -954,16 +960,25 @@ def test_transfers_take_tensors_and_slices_and_name_what_is_wrong(mb):
         dst = c.new_tensor((1024,), "int32")
         dst.numpy()[:] = -1
         eng = membroker.TransferEngine(c, "tensor-target")
-        eng.register_mem(dst.torch())              # a torch view of broker memory
-        print(dst.mapping.address, flush=True)
+        eng.register_mem(dst.torch(), name="kv")   # a torch view of broker memory, under a name
+        print("registered", flush=True)
         sys.stdin.readline()
         got = dst.numpy()
         assert (got[256:512] == np.arange(256, 512)).all(), got[256:512]
         assert (got[:256] == -1).all() and (got[512:] == -1).all()
         eng.finalize()
     """, mb.socket, stdin=subprocess.PIPE)
-    remote = int(p.stdout.readline())
+    assert p.stdout.readline() == "registered\n"
     eng.connect("tensor-target", 10000)
+    regions = eng.remote_regions("tensor-target")
+    assert list(regions) == ["kv"] and regions["kv"]["length"] >= 4096 and not regions["kv"]["read_only"]
+    remote = regions["kv"]["address"]               # found by its name, not carried by hand
+    mine, again = c.new_tensor((16,), "int32"), c.new_tensor((16,), "int32")
+    eng.register_mem(mine, name="mine")
+    with pytest.raises(membroker.AlreadyExists, match="mine"):
+        eng.register_mem(again, name="mine")        # a name is unique in its engine
+    with pytest.raises(membroker.ParamInvalid, match="overlaps"):
+        eng.register_mem(src.torch()[:8])           # registered already (the whole mapping)
     t = src.torch()
     eng.transfer_sync("tensor-target", "write", [(t[256:512], remote + 256 * 4)], 10000)
     with pytest.raises(ValueError, match="descriptor 0: .*not contiguous"):

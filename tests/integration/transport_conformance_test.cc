@@ -7,6 +7,7 @@
 // a caller never has to know which path a connection took.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -78,8 +79,8 @@ class TransportConformance : public ::testing::TestWithParam<Path> {
     ASSERT_EQ(answer.rfind("ok 127.0.0.1:", 0), 0u) << answer;
     remote_ = answer.substr(3);
   }
-  RemoteBuffer Alloc(const std::string& kind, size_t bytes) {
-    std::istringstream in(agent_->Ok("alloc " + kind + " " + std::to_string(bytes)));
+  RemoteBuffer Alloc(const std::string& kind, size_t bytes, const std::string& name = "") {
+    std::istringstream in(agent_->Ok("alloc " + kind + " " + std::to_string(bytes) + " " + name));
     RemoteBuffer b;
     in >> b.index >> b.addr;
     return b;
@@ -237,6 +238,35 @@ TEST_P(TransportConformance, ANotifyWakesTheWakeFdAndWaitNotifies) {
   ASSERT_TRUE(receiver.WaitNotifies(waited, 10).ok());
   EXPECT_TRUE(waited.empty());
   EXPECT_EQ(receiver.WaitNotifies(waited, -1).code(), ErrorCode::kParamInvalid);
+}
+
+// A peer's registered ranges are listed by the names it gave them, whichever
+// path reaches it, and a listed address is one a transfer can use; a name is
+// unique per engine, and a deregistered range leaves the list.
+TEST_P(TransportConformance, APeersRegionsAreListedByTheirNames) {
+  RemoteBuffer kv = Alloc("broker", 1 << 20, "kv-cache");
+  RemoteBuffer plain = Alloc("host", 4096);
+  std::vector<RegionInfo> regions;
+  ASSERT_TRUE(engine_->GetRemoteRegions(remote_, regions, 10'000).ok());
+  auto named = [&](const std::string& name) {
+    return std::find_if(regions.begin(), regions.end(), [&](const RegionInfo& r) { return r.name == name; });
+  };
+  ASSERT_NE(named("kv-cache"), regions.end());
+  EXPECT_EQ(named("kv-cache")->address, kv.addr);
+  EXPECT_EQ(named("kv-cache")->length, size_t{1} << 20);
+  EXPECT_FALSE(named("kv-cache")->read_only);
+  EXPECT_TRUE(std::any_of(regions.begin(), regions.end(),
+                          [&](const RegionInfo& r) { return r.address == plain.addr && r.name.empty(); }));
+  // The listed address is where the bytes go.
+  for (size_t i = 0; i < 4096; ++i) local_.data()[i] = static_cast<char>(AgentPattern(3, 8192 + i));
+  ASSERT_TRUE(engine_->TransferSync(remote_, WRITE, {{local_.addr(), named("kv-cache")->address + 8192, 4096}}, 10'000).ok());
+  EXPECT_EQ(Check(kv, 3, 8192, 4096), "ok");
+  EXPECT_EQ(agent_->Command("alloc broker 4096 kv-cache").rfind("err ALREADY_EXISTS", 0), 0u);
+  EXPECT_EQ(agent_->Command("alloc broker 4096 " + std::string(33, 'n')).rfind("err PARAM_INVALID", 0), 0u);
+  agent_->Ok("dereg " + std::to_string(kv.index));
+  ASSERT_TRUE(engine_->GetRemoteRegions(remote_, regions, 10'000).ok());
+  EXPECT_EQ(named("kv-cache"), regions.end()) << "a deregistered range is still listed";
+  EXPECT_EQ(engine_->GetRemoteRegions("nobody", regions).code(), ErrorCode::kNotConnected);
 }
 
 // Threads here write into the peer's range while the peer deregisters it: the

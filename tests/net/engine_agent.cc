@@ -5,7 +5,7 @@
 // answered by one line: "ok ..." or "err CODE message".
 //
 //   init NAME [key=value ...]        TransferEngine::Initialize; ok LISTEN_ADDRESS
-//   alloc broker|host BYTES          memory, registered; ok INDEX ADDRESS
+//   alloc broker|host BYTES [NAME]   memory, registered (under NAME); ok INDEX ADDRESS
 //   fill INDEX SEED                  pattern(SEED) over the whole buffer
 //   check INDEX SEED OFFSET LENGTH   ok, or err naming the first wrong byte
 //   dereg INDEX                      DeregisterMem
@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
       if (st.ok()) st = engine.GetNetworkStats(ns);
       Reply(st, ns.listen_address.empty() ? "-" : ns.listen_address);
     } else if (cmd == "alloc") {
-      std::string kind;
+      std::string kind, name;
       size_t bytes = 0;
-      in >> kind >> bytes;
+      in >> kind >> bytes >> name;  // (name: optional)
       auto b = std::make_unique<Buffer>();
       b->size = bytes;
       Status st;
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
       } else {
         st = Status(ErrorCode::kParamInvalid, "alloc broker|host BYTES");
       }
-      if (st.ok()) st = engine.RegisterMem({reinterpret_cast<uintptr_t>(b->data), bytes}, MEM_HOST, b->handle);
+      if (st.ok()) st = engine.RegisterMem({reinterpret_cast<uintptr_t>(b->data), bytes}, MEM_HOST, b->handle, name);
       b->registered = st.ok();
       const size_t index = buffers.size();
       const uintptr_t addr = reinterpret_cast<uintptr_t>(b->data);

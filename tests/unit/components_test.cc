@@ -70,8 +70,8 @@ TEST(EngineRegistry, ASessionsEndTakesItsEngineAndItsConnections) {
 TEST(EngineRegistry, RegionsGetFreshIdsAndNotifiesAreBounded) {
   EngineRegistry r;
   Engine& e = r.Add("decode", 1, 7, false);
-  const uint64_t a = r.AddRegion(e, {0, 0x1000, 0x1000, 0, 0, false});
-  const uint64_t b = r.AddRegion(e, {0, 0x4000, 0x1000, 0, 0, false});
+  const uint64_t a = r.AddRegion(e, {0, 0x1000, 0x1000, 0, 0, false, ""});
+  const uint64_t b = r.AddRegion(e, {0, 0x4000, 0x1000, 0, 0, false, "kv"});
   EXPECT_NE(a, 0u);
   EXPECT_NE(a, b);
   EXPECT_EQ(e.regions.at(0x4000).id, b);

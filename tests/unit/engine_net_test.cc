@@ -56,7 +56,7 @@ TEST(NetAddress, AllowListMatchesAddressesAndPrefixes) {
 }
 
 TEST(EngineWire, EveryMessageRoundTrips) {
-  wire::Region r{7, 0x7f0000000000, 1 << 20, true};
+  wire::Region r{7, 0x7f0000000000, 1 << 20, true, "kv-cache"};
   std::vector<wire::Message> all = {
       wire::Welcome{"decode", {9, 8, 7}, {r}},          wire::RegionAdded{r},
       wire::RegionGone{7},                              wire::RegionGoneAck{7},
@@ -90,8 +90,12 @@ TEST(EngineWire, RefusesWhatNoEngineSends) {
   EXPECT_EQ(decode("").status().code(), ErrorCode::kProtocolError);
   EXPECT_EQ(decode(std::string("\x0a", 1)).status().code(), ErrorCode::kProtocolError);  // unknown kind
   // A range that wraps around the address space.
-  std::string wraps = wire::Encode(wire::RegionAdded{wire::Region{1, ~0ull - 10, 4096, false}});
+  std::string wraps = wire::Encode(wire::RegionAdded{wire::Region{1, ~0ull - 10, 4096, false, ""}});
   EXPECT_FALSE(decode(wraps).ok());
+  // Region names: at most 32 bytes, no control bytes.
+  EXPECT_FALSE(decode(wire::Encode(wire::RegionAdded{wire::Region{1, 4096, 4096, false, std::string(33, 'n')}})).ok());
+  EXPECT_FALSE(decode(wire::Encode(wire::RegionAdded{wire::Region{1, 4096, 4096, false, "a\nb"}})).ok());
+  EXPECT_TRUE(decode(wire::Encode(wire::RegionAdded{wire::Region{1, 4096, 4096, false, std::string(32, 'n')}})).ok());
   // An empty engine name, trailing bytes, a count larger than the bytes left.
   EXPECT_FALSE(decode(wire::Encode(wire::Welcome{"", {}, {}})).ok());
   EXPECT_FALSE(decode(wire::Encode(wire::RegionGone{1}) + "x").ok());

@@ -41,12 +41,12 @@ TEST(Protocol, EveryMessageRoundTrips) {
       ErrorReply{ErrorCode::kOverlap, "range overlaps"},
       EngineInitRequest{"prefill-0", 9},
       EngineFinalizeRequest{},
-      EngineRegisterRequest{0x7f0000000000, 1 << 20, 9, 4096},
+      EngineRegisterRequest{0x7f0000000000, 1 << 20, 9, 4096, "kv-cache"},
       EngineRegisterReply{3},
       EngineDeregisterRequest{3},
       EngineConnectRequest{"decode-0", 1000},
       EngineRegionsRequest{"decode-0"},
-      EngineInfoReply{1234, 5, 9, {{3, 0x7f0000000000, 1 << 20, 9, 4096, true}, {4, 0x1000, 4096, 0, 0, false}}},
+      EngineInfoReply{1234, 5, 9, {{3, 0x7f0000000000, 1 << 20, 9, 4096, true, "kv-cache"}, {4, 0x1000, 4096, 0, 0, false, ""}}},
       EngineImportRequest{"decode-0", 9},
       EngineReleaseRequest{9},
       EngineDisconnectRequest{"decode-0"},
@@ -196,6 +196,26 @@ TEST(Protocol, ErrorCodeNamesAreStable) {
   EXPECT_EQ(ErrorCodeName(ErrorCode::kAddressInUse), "ADDRESS_IN_USE");
   EXPECT_EQ(static_cast<int>(ErrorCode::kResourceExhausted), 5);
   EXPECT_EQ(Status(ErrorCode::kBusy, "x").ToString(), "BUSY: x");
+}
+
+}  // namespace
+}  // namespace membroker::ipc
+
+namespace membroker::ipc {
+namespace {
+
+// The broker lists every region of an engine in one reply: with the most
+// regions, each with the longest name, it still fits one frame.
+TEST(Protocol, AnEngineInfoReplyWithEveryRegionNamedFitsOneFrame) {
+  EngineInfoReply r{INT32_MAX, UINT32_MAX, UINT64_MAX, {}};
+  for (size_t i = 0; i < kMaxEngineRegions; ++i)
+    r.regions.push_back({UINT64_MAX - i, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, true,
+                         std::string(kMaxRegionNameBytes - 3, 'n') + std::to_string(100 + i % 900)});
+  const std::vector<uint8_t> bytes = Encode({kProtocolVersion, UINT64_MAX, 0, r});
+  EXPECT_LE(bytes.size(), kMaxFrameBytes);
+  auto back = Decode(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::get<EngineInfoReply>(back->body).regions.size(), kMaxEngineRegions);
 }
 
 }  // namespace

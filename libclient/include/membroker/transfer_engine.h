@@ -69,6 +69,14 @@ struct Notify {
   std::string notify_msg;
 };
 
+// A range a remote engine registered, as GetRemoteRegions lists it.
+struct RegionInfo {
+  std::string name;        // as registered ("" when unnamed)
+  uintptr_t address = 0;   // in the remote's process: what a TransferOpDesc's remote_addr points into
+  size_t length = 0;
+  bool read_only = false;  // the remote holds it read-only: READ only
+};
+
 using MemHandle = void*;        // from RegisterMem; never dereferenced
 using TransferReq = uint64_t;   // from TransferAsync
 
@@ -105,6 +113,9 @@ class MEMBROKER_API TransferEngine {
   // HostRegister range. The range cannot be unmapped, protected below
   // read-write or host-unregistered until DeregisterMem (BUSY).
   Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
+  // The same, with a name connected peers find the range by (GetRemoteRegions):
+  // 1 to 32 bytes of UTF-8, unique among this engine's ranges (ALREADY_EXISTS).
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, const std::string& name);
   // Waits for transfers that may use the memory - this engine's and those of
   // the peers the broker says are connected - then forgets it. TIMEOUT when a
   // peer is still inside a transfer after drain_timeout_ms: the range stays
@@ -119,6 +130,11 @@ class MEMBROKER_API TransferEngine {
   Status Connect(const std::string& remote_engine, int32_t timeout_ms = 1000);
   // Waits up to timeout_ms for this engine's transfers to remote_engine.
   Status Disconnect(const std::string& remote_engine, int32_t timeout_ms = 1000);
+  // The ranges a connected remote_engine has registered now, by address
+  // (NOT_CONNECTED for one not connected): how an engine learns where a
+  // peer's named memory is, without carrying addresses by hand.
+  Status GetRemoteRegions(const std::string& remote_engine, std::vector<RegionInfo>& regions,
+                          int32_t timeout_ms = 1000);
 
   // READ: remote -> local; WRITE: local -> remote. Every descriptor must fall
   // inside registered memory on both sides, else PARAM_INVALID and nothing is

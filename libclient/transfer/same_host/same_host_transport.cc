@@ -269,7 +269,7 @@ std::array<uint8_t, 16> SameHostTransport::identity() const {
 }
 
 Status SameHostTransport::AddRegion(const RegionDesc& r) {
-  auto reply = core_->conn().Call(ipc::EngineRegisterRequest{r.address, r.length, r.allocation, r.offset});
+  auto reply = core_->conn().Call(ipc::EngineRegisterRequest{r.address, r.length, r.allocation, r.offset, r.name});
   if (!reply.ok()) return reply.status();
   auto* m = std::get_if<ipc::EngineRegisterReply>(&reply->body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "EngineRegisterRequest got a wrong reply");
@@ -507,6 +507,17 @@ Status SameHostTransport::Refresh(Peer& peer) {
   peer.maps = std::move(keep);
   peer.generation = generation;
   peer.fresh = true;
+  return Status::Ok();
+}
+
+Status SameHostTransport::RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) {
+  std::shared_ptr<Peer> peer = Find(conn);
+  if (peer == nullptr) return Status(ErrorCode::kNotConnected, "no such connection");
+  if (Stale(*peer)) MB_RETURN_IF_ERROR(Reconnect(*peer, deadline));
+  MB_RETURN_IF_ERROR(Refresh(*peer));  // what the broker has now
+  std::shared_lock<std::shared_timed_mutex> lk(peer->mu);
+  out->clear();
+  for (const auto& [address, r] : peer->regions) out->push_back(RegionInfo{r.name, address, r.length, r.read_only});
   return Status::Ok();
 }
 

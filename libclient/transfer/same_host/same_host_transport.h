@@ -77,6 +77,7 @@ class SameHostTransport final : public Transport {
   Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
                     Clock::time_point deadline) override;
   // The notifies the broker queued for this engine.
+  Status RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) override;
   Status TakeNotifies(std::vector<ReceivedNotify>* out) override;
 
   struct Peer;  // one connection (same_host_transport.cc)

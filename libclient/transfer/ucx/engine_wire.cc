@@ -19,15 +19,18 @@ void Put(Writer& w, const Region& r) {
   w.U64(r.address);
   w.U64(r.length);
   w.U8(r.read_only ? 1 : 0);
+  w.Bytes(r.name);
 }
 
 bool Get(Reader& in, Region* r) {
-  if (!in.U64(&r->handle) || !in.U64(&r->address) || !in.U64(&r->length) || !in.Flag(&r->read_only)) return false;
+  if (!in.U64(&r->handle) || !in.U64(&r->address) || !in.U64(&r->length) || !in.Flag(&r->read_only) ||
+      !in.Bytes(&r->name, ipc::kMaxRegionNameBytes) || (!r->name.empty() && !ipc::CheckName(r->name, ipc::kMaxRegionNameBytes, "").ok()))
+    return false;
   // A range that wraps, or is empty, names no memory.
   return r->length != 0 && r->address + r->length > r->address;
 }
 
-constexpr size_t kMinRegionBytes = 8 * 3 + 1;
+constexpr size_t kMinRegionBytes = 8 * 3 + 1 + 4;  // (the name's length, for an empty name)
 
 bool ValidName(const std::string& s, size_t max) {
   return !s.empty() && s.size() <= max && ipc::IsValidUtf8(s);

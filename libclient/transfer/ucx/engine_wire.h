@@ -36,6 +36,7 @@ struct Region {
   uint64_t address = 0;
   uint64_t length = 0;
   bool read_only = false;
+  std::string name;  // "" or a region name (ipc::kMaxRegionNameBytes)
 };
 struct Welcome {
   std::string engine;

@@ -34,8 +34,9 @@
 
 namespace membroker::detail::handshake {
 
-// 3: the handshake moved out of UCX onto a socket of our own (2: Hello in UCX).
-inline constexpr uint32_t kVersion = 3;
+// 4: regions carry their names in the engine wire (3: the handshake moved out
+// of UCX onto a socket of our own; 2: Hello in UCX).
+inline constexpr uint32_t kVersion = 4;
 inline constexpr size_t kMaxFrameBytes = 16 << 10;
 inline constexpr size_t kMaxEngineBytes = 256;
 inline constexpr size_t kMaxWorkerAddressBytes = 12 << 10;

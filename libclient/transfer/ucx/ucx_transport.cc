@@ -102,6 +102,7 @@ struct RemoteRegion {
   uint64_t handle = 0;
   uint64_t length = 0;
   bool read_only = false;
+  std::string name;
   int users = 0;      // transfers in flight that use it
   bool gone = false;  // the owner deregistered it: acknowledged once users is 0
 };
@@ -110,6 +111,7 @@ struct LocalRegion {
   uintptr_t address = 0;
   size_t length = 0;
   bool read_only = false;
+  std::string name;
   int sending = 0;  // answers to reads that UCX still sends from it
   bool removing = false;
   std::set<uint64_t> awaiting;  // connections that have not acknowledged RegionGone
@@ -228,7 +230,10 @@ class UcxTransport::Worker {
   }
 
   // Progress-thread side of the public calls.
-  void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, std::shared_ptr<Waiter> w);
+  void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, const std::string& name,
+                 std::shared_ptr<Waiter> w);
+  // The regions the remote of conn has announced (a connection we made).
+  void RemoteRegions(uint64_t conn, std::vector<RegionInfo>* out, std::shared_ptr<Waiter> w);
   void RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w);
   // A connection about to be dialed, known by its token from now on.
   void Expect(const std::string& text, Token token, Clock::time_point deadline, uint64_t* id, std::shared_ptr<Waiter> w);
@@ -933,7 +938,7 @@ std::vector<uint64_t> UcxTransport::Worker::ReadyConnectors() const {
 std::vector<wire::Region> UcxTransport::Worker::Advertised() const {
   std::vector<wire::Region> out;
   for (const auto& [h, r] : regions_)
-    if (!r.removing) out.push_back(wire::Region{h, r.address, r.length, r.read_only});
+    if (!r.removing) out.push_back(wire::Region{h, r.address, r.length, r.read_only, r.name});
   return out;
 }
 
@@ -947,7 +952,7 @@ Status UcxTransport::Worker::AddRemoteRegion(Conn& c, const wire::Region& r) {
   }
   if (overlaps)
     return Status(ErrorCode::kProtocolError, "engine \"" + ipc::EscapeText(c.engine) + "\" announced overlapping ranges");
-  c.regions[r.address] = RemoteRegion{r.handle, r.length, r.read_only, 0, false};
+  c.regions[r.address] = RemoteRegion{r.handle, r.length, r.read_only, r.name, 0, false};
   return Status::Ok();
 }
 
@@ -1031,12 +1036,13 @@ std::string UcxTransport::Worker::Transports(ucp_ep_h ep) {
 // --- the public calls, on the progress thread -------------------------------
 
 void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only,
-                                     std::shared_ptr<Waiter> w) {
+                                     const std::string& name, std::shared_ptr<Waiter> w) {
   LocalRegion r;
   r.address = address;
   r.length = length;
   r.read_only = read_only;
-  wire::RegionAdded added{wire::Region{handle, address, length, read_only}};
+  r.name = name;
+  wire::RegionAdded added{wire::Region{handle, address, length, read_only, name}};
   const std::vector<uint64_t> told = ReadyConnectors();
   r.announcing.insert(told.begin(), told.end());
   r.add_waiter = std::move(w);
@@ -1467,6 +1473,15 @@ void UcxTransport::Worker::SendNotify(uint64_t id, const std::string& name, cons
   Send(*c, wire::Notify{seq, name, message});
 }
 
+void UcxTransport::Worker::RemoteRegions(uint64_t id, std::vector<RegionInfo>* out, std::shared_ptr<Waiter> w) {
+  Conn* c = Find(id);
+  if (c == nullptr) return w->Finish(Status(ErrorCode::kNotConnected, "not connected"));
+  if (c->state != Conn::State::kReady) return w->Finish(c->broken.ok() ? Status(ErrorCode::kNotConnected, "not connected") : c->broken);
+  for (const auto& [address, r] : c->regions)
+    if (!r.gone) out->push_back(RegionInfo{r.name, address, r.length, r.read_only});
+  w->Finish(Status::Ok());
+}
+
 // --- UcxTransport ----------------------------------------------------------
 
 Result<std::unique_ptr<UcxTransport>> UcxTransport::Start(NetOptions options) {
@@ -1482,7 +1497,7 @@ std::string UcxTransport::listen_address() const { return worker_->listen_addres
 
 Status UcxTransport::AddRegion(const RegionDesc& r) {
   return worker_->Ask(Clock::now(), [=, this](std::shared_ptr<Waiter> w) {
-    worker_->AddRegion(r.handle, r.address, r.length, r.read_only, std::move(w));
+    worker_->AddRegion(r.handle, r.address, r.length, r.read_only, r.name, std::move(w));
   });
 }
 
@@ -1536,6 +1551,16 @@ Status UcxTransport::SendNotify(uint64_t conn, const std::string& name, const st
 }
 
 bool UcxTransport::Lost(uint64_t conn) { return worker_->Broken(conn); }
+
+Status UcxTransport::RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) {
+  // The worker fills its own copy: a caller that gave up must not leave it dangling.
+  auto got = std::make_shared<std::vector<RegionInfo>>();
+  MB_RETURN_IF_ERROR(worker_->Ask(deadline, [=, this](std::shared_ptr<Waiter> w) {
+    worker_->RemoteRegions(conn, got.get(), std::move(w));
+  }));
+  *out = std::move(*got);
+  return Status::Ok();
+}
 
 Status UcxTransport::TakeNotifies(std::vector<ReceivedNotify>* out) {
   worker_->TakeNotifies(out);

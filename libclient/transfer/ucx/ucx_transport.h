@@ -74,6 +74,7 @@ class UcxTransport final : public NetTransport {
   Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
                     Clock::time_point deadline) override;
   Status TakeNotifies(std::vector<ReceivedNotify>* out) override;
+  Status RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) override;
   NetStats stats() override;
   // Bumped whenever a connection opens, closes or is refused (cheap to poll).
   uint64_t changes() const override;

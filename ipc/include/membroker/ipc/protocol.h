@@ -139,11 +139,13 @@ struct EngineInitRequest {
 struct EngineFinalizeRequest {
   bool operator==(const EngineFinalizeRequest&) const = default;
 };
+inline constexpr size_t kMaxRegionNameBytes = 32;  // 512 named regions still fit one EngineInfoReply frame
 struct EngineRegisterRequest {
   uint64_t address = 0;
   uint64_t length = 0;
   uint64_t allocation = 0;  // 0: the engine's own HostRegister'ed memory
   uint64_t offset = 0;
+  std::string name;         // optional: how peers find the range (RegionInfo)
   bool operator==(const EngineRegisterRequest&) const = default;
 };
 struct EngineRegisterReply {
@@ -170,6 +172,7 @@ struct EngineRegion {
   uint64_t allocation = 0;
   uint64_t offset = 0;
   bool read_only = false;
+  std::string name;
   bool operator==(const EngineRegion&) const = default;
 };
 struct EngineInfoReply {
