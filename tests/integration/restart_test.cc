@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -115,7 +116,7 @@ int Holder(const std::string& socket, int index, Channel& ch) {
   TransferEngine engine(*c);
   MemHandle registered, scratch_registered;
   if (!engine.Initialize(EngineName(index)).ok()) return 41;
-  if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(maps[kPlain].data()), kSize}, MEM_HOST, registered).ok() ||
+  if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(maps[kPlain].data()), kSize}, MEM_HOST, registered, "plain").ok() ||
       !engine.RegisterMem({reinterpret_cast<uintptr_t>(scratch), kSize}, MEM_HOST, scratch_registered).ok())
     return 42;
   if (!engine.Connect(EngineName(index + 1), 20000).ok()) return 43;
@@ -165,6 +166,12 @@ int Holder(const std::string& socket, int index, Channel& ch) {
   if (!HasPattern(scratch, (index + 1) % kClients, kPlain)) return 45;
   if (!engine.TransferSync(EngineName(index + 1), WRITE, all, 20000).ok()) return 46;
   if (!engine.SendNotify(EngineName(index + 1), {"restarted", "ok"}).ok()) return 47;
+  // The next holder's range kept its name through its reattach.
+  std::vector<RegionInfo> regions;
+  if (!engine.GetRemoteRegions(EngineName(index + 1), regions, 20000).ok() ||
+      std::none_of(regions.begin(), regions.end(),
+                   [&](const RegionInfo& r) { return r.name == "plain" && r.address == next_plain; }))
+    return 51;
   // Ranges registered before and after the restart are deregistered cleanly.
   MemHandle later;
   if (!engine.RegisterMem({reinterpret_cast<uintptr_t>(maps[kExported].data()), kSize}, MEM_HOST, later).ok() ||
