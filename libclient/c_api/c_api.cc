@@ -341,12 +341,32 @@ int mb_engine_listen_address(mb_engine* engine, char* address, size_t len) {
 void mb_engine_destroy(mb_engine* engine) { delete engine; }
 
 int mb_engine_register(mb_engine* engine, uintptr_t addr, size_t len, uint64_t* mem_handle) {
+  return mb_engine_register_named(engine, addr, len, "", mem_handle);
+}
+
+int mb_engine_register_named(mb_engine* engine, uintptr_t addr, size_t len, const char* name, uint64_t* mem_handle) {
   return Guard([&]() -> int {
-    MB_NEED(engine && mem_handle, "engine and mem_handle must not be NULL");
+    MB_NEED(engine && name && mem_handle, "engine, name and mem_handle must not be NULL");
     MemHandle h = nullptr;
-    if (Status st = engine->engine->RegisterMem({addr, len}, MEM_HOST, h); !st.ok()) return Fail(st);
+    if (Status st = engine->engine->RegisterMem({addr, len}, MEM_HOST, h, name); !st.ok()) return Fail(st);
     *mem_handle = reinterpret_cast<uintptr_t>(h);
     return MB_OK;
+  });
+}
+
+int mb_engine_remote_region(mb_engine* engine, const char* remote, const char* name, int timeout_ms, uintptr_t* addr,
+                            size_t* len) {
+  return Guard([&]() -> int {
+    MB_NEED(engine && remote && name && addr && len, "engine, remote, name, addr and len must not be NULL");
+    std::vector<RegionInfo> regions;
+    if (Status st = engine->engine->GetRemoteRegions(remote, regions, timeout_ms); !st.ok()) return Fail(st);
+    for (const RegionInfo& r : regions)
+      if (r.name == name) {
+        *addr = r.address;
+        *len = r.length;
+        return MB_OK;
+      }
+    return Fail(Status(ErrorCode::kNotFound, std::string("engine \"") + remote + "\" has no range named \"" + name + "\""));
   });
 }
 

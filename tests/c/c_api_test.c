@@ -139,7 +139,7 @@ static int child(const char* sock, int in, int out) {
   mb_mapping* om = NULL;
   MUST(mb_reserve(c, 65536, 0, &orr) == MB_OK && mb_map(c, orr, 0, 0, 0, own, &om) == MB_OK);
   uint64_t reg = 0;
-  MUST(mb_engine_register(e, (uintptr_t)mb_mapping_data(om), 65536, &reg) == MB_OK);
+  MUST(mb_engine_register_named(e, (uintptr_t)mb_mapping_data(om), 65536, "kv", &reg) == MB_OK);
   char addr[64];
   snprintf(addr, sizeof(addr), "%lu", (unsigned long)(uintptr_t)mb_mapping_data(om));
   send_line(out, addr);
@@ -468,6 +468,12 @@ int main(int argc, char** argv) {
   char path[32], transports[128];
   MUST(mb_engine_connection_path(e, remote, path, sizeof(path), transports, sizeof(transports)) == MB_OK);
   CHECK(strcmp(path, "same-host") == 0); /* one broker: the address's engine is this host's */
+  /* The child's range, found by its name. */
+  uintptr_t kv = 0;
+  size_t kv_len = 0;
+  CHECK(mb_engine_remote_region(e, remote, "kv", 5000, &kv, &kv_len) == MB_OK);
+  CHECK(kv == (uintptr_t)strtoul(addr, NULL, 10) && kv_len == 65536);
+  CHECK(mb_engine_remote_region(e, remote, "nope", 5000, &kv, &kv_len) == MB_NOT_FOUND);
   memcpy(p + 4096, "hello from C", 12);
   mb_transfer_desc d = {(uintptr_t)(p + 4096), (uintptr_t)strtoul(addr, NULL, 10), 4096};
   CHECK(mb_engine_transfer_sync(e, remote, MB_WRITE, &d, 1, 5000) == MB_OK);

@@ -166,6 +166,14 @@ MB_C_API int mb_engine_listen_address(mb_engine* engine, char* address, size_t l
 MB_C_API void mb_engine_destroy(mb_engine* engine); /* Finalize, then free */
 MB_C_API int mb_engine_register(mb_engine* engine, uintptr_t addr, size_t len, uint64_t* mem_handle);
 MB_C_API int mb_engine_deregister(mb_engine* engine, uint64_t mem_handle);
+/* Registers under a name (1 to 32 bytes, unique in the engine: MB_ALREADY_EXISTS)
+ * that connected peers find the range by, with mb_engine_remote_region. */
+MB_C_API int mb_engine_register_named(mb_engine* engine, uintptr_t addr, size_t len, const char* name,
+                                      uint64_t* mem_handle);
+/* Where a connected remote engine's range called name is in its process (*addr, *len):
+ * a descriptor's remote_addr is *addr plus an offset. MB_NOT_FOUND when it has none. */
+MB_C_API int mb_engine_remote_region(mb_engine* engine, const char* remote, const char* name, int timeout_ms,
+                                     uintptr_t* addr, size_t* len);
 MB_C_API int mb_engine_connect(mb_engine* engine, const char* remote, int timeout_ms);
 MB_C_API int mb_engine_disconnect(mb_engine* engine, const char* remote, int timeout_ms);
 MB_C_API int mb_engine_transfer_sync(mb_engine* engine, const char* remote, int op,
