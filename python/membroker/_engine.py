@@ -32,7 +32,9 @@ class TransferEngine:
     transfer_sync(remote, "read" | "write", descs, timeout_ms),
     transfer_async(...) -> request, transfer_status(request) -> "waiting" | "completed" | "timeout" | "failed",
     send_notify(remote, name, message), get_notifies() -> [(from, name, message)],
-    wait_notifies(timeout_ms), await wait_notifies_async(timeout_ms), fileno(), finalize().
+    wait_notifies(timeout_ms), await wait_notifies_async(timeout_ms), fileno(), finalize();
+    register_mem(memory, name=) and remote_regions(remote) -> {name: {"address", ...}}: a
+    connected peer's ranges found by the names it gave them.
     A descriptor is (local_address, remote_address, length), or (local, remote_address)
     where local is a torch tensor, numpy array or buffer (a slice of one too) in
     registered memory: its address and length are taken from it. A registered
