@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) return 2;
   if (argc == 4) {
     namespace w = membroker::detail::wire;
-    w::Region r{7, 0x7f0000000000, 1 << 20, false};
+    w::Region r{7, 0x7f0000000000, 1 << 20, false, "kv-cache"}, unnamed{8, 0x7f0000100000, 4096, true, ""};
     std::vector<w::Message> wire = {
-        w::Welcome{"decode", {1, 2, 3}, {r, r}},    w::RegionAdded{r},
+        w::Welcome{"decode", {1, 2, 3}, {r, unnamed}}, w::RegionAdded{r},
         w::RegionGone{7},                           w::RegionGoneAck{7},
         w::Notify{1, "kv-ready", "layer=3"},        w::NotifyAck{1, 0, ""},
         w::RegionAddedAck{7},                       w::Goodbye{"disconnected"}};
@@ -57,12 +57,12 @@ int main(int argc, char** argv) {
       MallocRequest{8192, PagePolicy::kNormalOnly, kMallocPinned | kMallocSameAddress},
       MallocRequest{4096, PagePolicy::kNormalOnly, kMallocExport, kExportNoPidCheck | kExportReadOnly},
       RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000},
-      EngineInitRequest{"e", 1}, EngineFinalizeRequest{}, EngineRegisterRequest{0x10000, 4096, 1, 0},
-      EngineRegisterRequest{0x10000, 8192, 0, 0}, EngineDeregisterRequest{1},
+      EngineInitRequest{"e", 1}, EngineFinalizeRequest{}, EngineRegisterRequest{0x10000, 4096, 1, 0, "kv"},
+      EngineRegisterRequest{0x10000, 8192, 0, 0, ""}, EngineDeregisterRequest{1},
       EngineConnectRequest{"e", 0}, EngineConnectRequest{"f", 5}, EngineRegionsRequest{"e"},
       EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
       EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
-      EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false}}}, EngineRegisterReply{1},
+      EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false, "kv"}}}, EngineRegisterReply{1},
       EngineNotifiesReply{{{"e", "n", "m"}}, 0}, PublishRequest{"p/a", 1, kPublishPersist},
       LookupRequest{"p/a", 0}, LookupRequest{"p/b", 5}, UnpublishRequest{"p/a"},
       ListNamesRequest{"p/", ""}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5}, WakeRequest{},
