@@ -35,9 +35,10 @@ class TransferEngine:
     wait_notifies(timeout_ms), await wait_notifies_async(timeout_ms), fileno(), finalize();
     register_mem(memory, name=) and remote_regions(remote) -> {name: {"address", ...}}: a
     connected peer's ranges found by the names it gave them.
-    A descriptor is (local_address, remote_address, length), or (local, remote_address)
-    where local is a torch tensor, numpy array or buffer (a slice of one too) in
-    registered memory: its address and length are taken from it. A registered
+    A descriptor is (local_address, remote_address, length), or (local, remote) where
+    local is a torch tensor, numpy array or buffer (a slice of one too) in registered
+    memory, whose address and length are taken from it, and remote is an address, the
+    name of a range the remote registered, or (name, offset). A registered
     mapping stays alive until it is deregistered. Options: copy_threads,
     async_threads, drain_timeout_ms (strings, as HIXL's); for engines on other hosts
     (docs/TRANSFER.md) listen_address ("ip:port"), secret_file and allow_from, then
@@ -76,26 +77,45 @@ class TransferEngine:
                 for r in self._e.remote_regions(remote, timeout_ms) if r["name"]}
 
     def transfer_sync(self, remote: str, op: str, descs, timeout_ms: int = 1000) -> None:
-        self._e.transfer_sync(remote, op, self._descs(descs), timeout_ms)
+        self._e.transfer_sync(remote, op, self._descs(remote, descs, timeout_ms), timeout_ms)
 
     def transfer_async(self, remote: str, op: str, descs, timeout_ms: int = 1000) -> int:
-        return self._e.transfer_async(remote, op, self._descs(descs), timeout_ms)
+        return self._e.transfer_async(remote, op, self._descs(remote, descs, timeout_ms), timeout_ms)
 
-    @staticmethod
-    def _descs(descs) -> list[tuple[int, int, int]]:
-        out = []
+    def _descs(self, remote: str, descs, timeout_ms: int) -> list[tuple[int, int, int]]:
+        """(address, remote_address, length) for each descriptor; a remote given
+        by region name ("kv" or ("kv", offset)) is looked up once per call."""
+        out, regions = [], None
         for i, d in enumerate(descs):
             if len(d) == 3 and all(isinstance(x, int) for x in d):
                 out.append(tuple(d))
-            elif len(d) == 2 and isinstance(d[1], int):
-                try:
-                    address, nbytes, _ = _pointer_of(d[0])
-                except (TypeError, ValueError) as e:
-                    raise type(e)(f"descriptor {i}: {e}") from None
-                out.append((address, d[1], nbytes))
-            else:
+                continue
+            if len(d) != 2:
                 raise TypeError(f"descriptor {i}: ({', '.join(type(x).__name__ for x in d)}) is neither "
-                                "(local_address, remote_address, length) nor (tensor, remote_address)")
+                                "(local_address, remote_address, length) nor (tensor, remote)")
+            local, where = d
+            try:
+                address, nbytes, _ = _pointer_of(local)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"descriptor {i}: {e}") from None
+            if isinstance(where, str):
+                where = (where, 0)
+            if isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], str) and isinstance(where[1], int):
+                if regions is None:
+                    regions = self.remote_regions(remote, timeout_ms)
+                name, offset = where
+                region = regions.get(name)
+                if region is None:
+                    raise _membroker_error("NotFound", f"descriptor {i}: engine \"{remote}\" has no range named "
+                                           f"\"{name}\" (it has: {', '.join(sorted(regions)) or 'none'})")
+                if offset < 0 or offset + nbytes > region["length"]:
+                    raise _membroker_error("ParamInvalid", f"descriptor {i}: {nbytes} bytes at offset {offset} fall "
+                                           f"outside \"{name}\" ({region['length']} bytes)")
+                where = region["address"] + offset
+            if not isinstance(where, int):
+                raise TypeError(f"descriptor {i}: the remote side is a {type(where).__name__}: give an address, "
+                                "a region name, or (region name, offset)")
+            out.append((address, where, nbytes))
         return out
 
     def wait_notifies(self, timeout_ms: int = 1000) -> list:

@@ -980,7 +980,12 @@ def test_transfers_take_tensors_and_slices_and_name_what_is_wrong(mb):
     with pytest.raises(membroker.ParamInvalid, match="overlaps"):
         eng.register_mem(src.torch()[:8])           # registered already (the whole mapping)
     t = src.torch()
-    eng.transfer_sync("tensor-target", "write", [(t[256:512], remote + 256 * 4)], 10000)
+    eng.transfer_sync("tensor-target", "write", [(t[256:384], remote + 256 * 4)], 10000)
+    eng.transfer_sync("tensor-target", "write", [(t[384:512], ("kv", 384 * 4))], 10000)  # by the peer's name
+    with pytest.raises(membroker.NotFound, match="descriptor 0: .*no range named \"nope\" \\(it has: kv\\)"):
+        eng.transfer_sync("tensor-target", "write", [(t[:4], "nope")], 10000)
+    with pytest.raises(membroker.ParamInvalid, match="outside \"kv\""):
+        eng.transfer_sync("tensor-target", "write", [(t[:8], ("kv", 4096 * 1024))], 10000)
     with pytest.raises(ValueError, match="descriptor 0: .*not contiguous"):
         eng.transfer_sync("tensor-target", "write", [(t[::2], remote)], 10000)
     with pytest.raises(TypeError, match="descriptor 1: "):
