@@ -76,8 +76,9 @@ class SameHostTransport final : public Transport {
                   Clock::time_point deadline) override;
   Status SendNotify(uint64_t conn, const std::string& name, const std::string& message,
                     Clock::time_point deadline) override;
-  // The notifies the broker queued for this engine.
+  // The peer's ranges as the broker lists them now (a refresh).
   Status RemoteRegions(uint64_t conn, Clock::time_point deadline, std::vector<RegionInfo>* out) override;
+  // The notifies the broker queued for this engine.
   Status TakeNotifies(std::vector<ReceivedNotify>* out) override;
 
   struct Peer;  // one connection (same_host_transport.cc)
