@@ -84,8 +84,6 @@ class Broker {
   MEMBROKER_MESSAGES(MEMBROKER_HANDLER)
 #undef MEMBROKER_HANDLER
   Answer Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds);
-  Answer Handle(Session& s, uint64_t rid, const ipc::WakeRequest& m, std::vector<ipc::UniqueFd>& fds);
-  void Wake(Session& s);  // a byte on its wake socket, if it gave one (server/wake.cc)
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
   void ReserveIds();  // after ids were handed out: the next block in the state file
   struct PendingMalloc;  // memory_requests.cc

@@ -47,8 +47,10 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   Answer answer = std::visit(
       [&](const auto& m) -> Answer {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, ipc::ReattachRequest> || std::is_same_v<T, ipc::WakeRequest>) {
-          return Handle(s, rid, m, frame.fds);  // the requests whose fds their handlers take
+        if constexpr (std::is_same_v<T, ipc::ReattachRequest>) {
+          return Handle(s, rid, m, frame.fds);  // one of the two requests that carry fds
+        } else if constexpr (std::is_same_v<T, ipc::WakeRequest>) {
+          return SetWakeSocket(s, std::move(frame.fds.at(0)));  // (the count is checked above)
         } else if constexpr (ipc::kIsRequest<T>) {
           return Handle(s, rid, m);
         } else {

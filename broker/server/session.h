@@ -98,6 +98,11 @@ struct Session {
   uint64_t outbound_bytes = 0;  // bytes of the frames in `outbound`
 };
 
+// Its wake socket (WakeRequest, server/wake.cc): kept if it is an AF_UNIX
+// datagram socket (PARAM_INVALID otherwise); Wake sends it a byte, never blocking.
+Status SetWakeSocket(Session& s, ipc::UniqueFd fd);
+void Wake(const Session& s);
+
 // How a session whose peer closed ended: clean after a goodbye, a crash otherwise.
 inline CloseReason PeerEnded(const Session& s) { return s.said_goodbye ? CloseReason::kClean : CloseReason::kCrash; }
 

@@ -8,7 +8,7 @@
 
 #include <cerrno>
 
-#include "broker.h"
+#include "server/session.h"
 
 namespace membroker::broker {
 namespace {
@@ -29,13 +29,13 @@ Status CheckWakeSocket(int fd) {
 
 }  // namespace
 
-Answer Broker::Handle(Session& s, uint64_t, const ipc::WakeRequest&, std::vector<ipc::UniqueFd>& fds) {
-  MB_RETURN_IF_ERROR(CheckWakeSocket(fds.at(0).get()));  // (dispatch checked the count)
-  s.wake = std::move(fds[0]);
+Status SetWakeSocket(Session& s, ipc::UniqueFd fd) {
+  MB_RETURN_IF_ERROR(CheckWakeSocket(fd.get()));
+  s.wake = std::move(fd);
   return Status::Ok();
 }
 
-void Broker::Wake(Session& s) {
+void Wake(const Session& s) {
   if (!s.wake) return;
   const char byte = 1;
   // EAGAIN: the client has unread wakes already, which is all one says.
