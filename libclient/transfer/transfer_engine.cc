@@ -1,29 +1,22 @@
-// TransferEngine: what is the same for every path to a peer - the engine's
-// name and options, its registered ranges and their checks, the connections
-// by the name or address they were made with, asynchronous requests - over
-// two transports (transfer/transport.h): same_host/ for engines at this
-// host's broker, and the network module (transfer/net_transport.h, UCX) for
-// engines of other hosts, started on first use so that a process that never
-// asks for the network never maps UCX.
+// TransferEngine: the engine's name and options, its registered ranges,
+// its connections and transfers over two transports (transfer/transport.h):
+// same_host/ for engines at this host's broker, and the network module
+// (transfer/net_transport.h, UCX) for engines of other hosts, started on first
+// use so that a process that never asks for the network never maps UCX. The
+// state is TransferEngine::Impl's (transfer/engine_impl.h).
 #include "membroker/transfer_engine.h"
 
-#include <poll.h>
 #include <sys/random.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
-#include <unordered_map>
 
-#include "client/client_core.h"
+#include "transfer/engine_impl.h"
 #include "transfer/net_address.h"
-#include "transfer/net_transport.h"
-#include "transfer/same_host/same_host_transport.h"
-#include "transfer/thread_pool.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/ranges.h"
@@ -31,117 +24,7 @@
 
 namespace membroker {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-using detail::PeerInfo;
-using detail::RegionDesc;
-using detail::Transport;
-constexpr size_t kRegionAlign = 4096;
-
-Status NotInitialized() { return Status(ErrorCode::kParamInvalid, "the engine is not initialized (call Initialize)"); }
-Status NotConnected(const std::string& remote) {
-  return Status(ErrorCode::kNotConnected, "not connected to engine \"" + remote + "\"");
-}
-
-Clock::time_point DeadlineAfter(int32_t timeout_ms) {
-  return Clock::now() + std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0));
-}
-
-struct LocalRegion {
-  RegionDesc desc;
-  // Being deregistered: refused to new transfers; a transport whose peers
-  // had not drained by the timeout keeps it until a later DeregisterMem.
-  bool draining = false;
-};
-
-// One connection, by the name or address the caller gave Connect.
-struct Connection {
-  Transport* transport = nullptr;  // owned by the engine; outlives the connection
-  uint64_t id = 0;                 // the transport's
-  PeerInfo peer;
-  std::string address;  // "ip:port" when connected by address (either path), else ""
-};
-
-struct AsyncRequest {
-  std::atomic<TransferStatus> status{TransferStatus::WAITING};
-};
-
-}  // namespace
-
-class __attribute__((visibility("hidden"))) TransferEngine::Impl {
- public:
-  Impl(const Client& client, std::shared_ptr<detail::ClientCore> core) : client_(client), core_(std::move(core)) {}
-
-  Status Initialize(const std::string& name, const std::map<std::string, std::string>& options);
-  void Finalize();
-  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, const std::string& name);
-  Status GetRemoteRegions(const std::string& remote, std::vector<RegionInfo>& regions, int32_t timeout_ms);
-  Status DeregisterMem(MemHandle handle);
-  Status Connect(const std::string& remote, int32_t timeout_ms);
-  Status Disconnect(const std::string& remote, int32_t timeout_ms);
-  Status Transfer(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
-                  Clock::time_point deadline);
-  Status TransferAsync(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
-                       TransferReq& req, int32_t timeout_ms);
-  Status GetTransferStatus(TransferReq req, TransferStatus& status);
-  Status SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms);
-  Status GetNotifies(std::vector<Notify>& notifies);
-  Status WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms);
-  Status last_error() const {
-    std::lock_guard<std::mutex> lk(req_mu_);
-    return last_error_;
-  }
-  Status GetConnectionInfo(const std::string& remote, ConnectionInfo& info);
-  Status GetNetworkStats(NetworkStats& stats);
-
- private:
-  // Connect to "ip:port": over the network, or through the broker when the
-  // engine answering there is this host's.
-  Status ConnectByAddress(const std::string& address, int32_t timeout_ms);
-  // Every descriptor's local range is registered (and writable for READ).
-  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs);
-  // The network transport: loaded and started on first use.
-  Result<detail::NetTransport*> Net();
-  detail::NetTransport* CurrentNet() {  // nullptr before the first use
-    std::lock_guard<std::mutex> lk(net_mu_);
-    return net_.get();
-  }
-  // Tells the broker the network side (one-way): always after this engine's own
-  // connects and disconnects by ip:port (force), else when the transport says
-  // connections opened, closed or were refused since the last report.
-  void ReportNetwork(bool force = false);
-  std::shared_ptr<Connection> Find(const std::string& remote);
-  void Keep(const std::string& key, std::shared_ptr<Connection> c) {
-    std::lock_guard<std::mutex> lk(conns_mu_);
-    conns_[key] = std::move(c);
-  }
-
-  Client client_;
-  std::shared_ptr<detail::ClientCore> core_;
-  std::string name_;
-  bool initialized_ = false;
-  std::chrono::milliseconds drain_timeout_{10'000};
-  std::unique_ptr<detail::SameHostTransport> same_host_;
-
-  std::mutex net_mu_;
-  detail::NetOptions net_options_;
-  std::unique_ptr<detail::NetTransport> net_;
-  uint64_t reported_changes_ = ~0ull;  // what the broker was last told (admin list engines)
-
-  std::shared_mutex local_mu_;              // shared: transfers; exclusive: registration
-  uint64_t next_handle_ = 1;                // MemHandles
-  std::map<uintptr_t, LocalRegion> local_;  // by address
-
-  std::mutex conns_mu_;
-  std::map<std::string, std::shared_ptr<Connection>> conns_;
-
-  detail::ThreadPool async_pool_;
-  mutable std::mutex req_mu_;
-  uint64_t next_req_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<AsyncRequest>> requests_;
-  Status last_error_;
-};
+using namespace engine_detail;  // the helpers the Impl files share
 
 Status TransferEngine::Impl::Initialize(const std::string& name, const std::map<std::string, std::string>& options) {
   if (!core_) return Status(ErrorCode::kNotConnected, "the client is not connected");
@@ -411,121 +294,6 @@ Status TransferEngine::Impl::GetRemoteRegions(const std::string& remote, std::ve
   std::shared_ptr<Connection> c = Find(remote);
   if (c == nullptr) return NotConnected(remote);
   return c->transport->RemoteRegions(c->id, DeadlineAfter(timeout_ms), &regions);
-}
-
-Status TransferEngine::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms) {
-  if (!initialized_) return NotInitialized();
-  std::shared_ptr<Connection> c = Find(remote);
-  if (c == nullptr) return NotConnected(remote);
-  if (notify.name.size() > ipc::kMaxNotifyNameBytes || notify.notify_msg.size() > ipc::kMaxNotifyMessageBytes)
-    return Status(ErrorCode::kParamInvalid, "notify name is at most 128 bytes, its message at most 1024");
-  if (!ipc::IsValidUtf8(notify.name)) return Status(ErrorCode::kParamInvalid, "a notify name must be valid UTF-8");
-  return c->transport->SendNotify(c->id, notify.name, notify.notify_msg, DeadlineAfter(timeout_ms));
-}
-
-Status TransferEngine::Impl::GetNotifies(std::vector<Notify>& notifies) {
-  if (!initialized_) return NotInitialized();
-  notifies.clear();
-  std::vector<detail::ReceivedNotify> got;
-  {
-    std::lock_guard<std::mutex> lk(net_mu_);
-    if (net_) (void)net_->TakeNotifies(&got);  // (never fails)
-  }
-  ReportNetwork();
-  // Those from other hosts, taken above, are returned even when the broker
-  // (which queues this host's) cannot be asked: never dropped.
-  const size_t from_other_hosts = got.size();
-  Status st = same_host_->TakeNotifies(&got);
-  for (auto& n : got) notifies.push_back(Notify{std::move(n.from), std::move(n.name), std::move(n.message)});
-  return st.ok() || from_other_hosts > 0 ? Status::Ok() : st;
-}
-
-Status TransferEngine::Impl::WaitNotifies(std::vector<Notify>& notifies, int32_t timeout_ms) {
-  if (!initialized_) return NotInitialized();
-  if (timeout_ms < 0 || timeout_ms > 600'000) return Status(ErrorCode::kParamInvalid, "timeout_ms must be 0 to 600000");
-  MB_ASSIGN_OR_RETURN(const int fd, core_->WakeFd());
-  const auto deadline = DeadlineAfter(timeout_ms);
-  for (;;) {
-    core_->wake().Drain();  // before taking: a notify queued after the take wakes the poll below
-    MB_RETURN_IF_ERROR(GetNotifies(notifies));
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (!notifies.empty() || left <= 0) return Status::Ok();
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR)
-      return ipc::ErrnoStatus("poll", "the wake fd", errno);
-  }
-}
-
-Result<detail::NetTransport*> TransferEngine::Impl::Net() {
-  // Ranges registered before the transport existed are told to it now
-  // (RegisterMem, exclusive on local_mu_, tells it of later ones).
-  std::shared_lock<std::shared_mutex> local_lk(local_mu_);
-  std::lock_guard<std::mutex> lk(net_mu_);
-  if (!net_) {
-    if (net_options_.engine_name.empty()) {  // asked by a Connect("ip:port"), not by a listen address
-      net_options_.engine_name = name_;
-      net_options_.identity = same_host_->identity();
-    }
-    net_options_.on_notify = [core = core_.get()] { core->wake().Poke(); };  // the engine outlives its transport
-    MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::NetTransport> t, detail::StartNetTransport(net_options_));
-    for (const auto& [addr, r] : local_)
-      if (!r.draining) MB_RETURN_IF_ERROR(t->AddRegion(r.desc));
-    net_ = std::move(t);
-  }
-  return net_.get();
-}
-
-void TransferEngine::Impl::ReportNetwork(bool force) {
-  ipc::EngineNetworkRequest r;
-  {
-    std::lock_guard<std::mutex> lk(net_mu_);
-    if (!net_) return;
-    const uint64_t changes = net_->changes();
-    if (changes == reported_changes_ && !force) return;
-    reported_changes_ = changes;
-    const detail::NetStats u = net_->stats();
-    r.listen_address = net_->listen_address();
-    r.accepted = u.accepted;
-    r.refused = u.refused;
-    uint64_t outbound = 0;
-    std::lock_guard<std::mutex> clk(conns_mu_);
-    for (const auto& [key, c] : conns_) {
-      if (c->address.empty() || r.connections.size() >= ipc::kMaxNetConnections) continue;  // connected by name
-      outbound += c->transport == net_.get();
-      r.connections.push_back(
-          {key, c->peer.engine, c->transport->path(), c->peer.transports.substr(0, ipc::kMaxNetTransportsBytes)});
-    }
-    r.inbound = u.connections > outbound ? u.connections - outbound : 0;
-  }
-  // Sent with no lock held; the broker only records it, and a failure loses nothing.
-  (void)core_->conn().SendOneWay(std::move(r));
-}
-
-Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, ConnectionInfo& info) {
-  if (!initialized_) return NotInitialized();
-  std::shared_ptr<Connection> c = Find(remote);
-  if (c == nullptr) return NotConnected(remote);
-  info.engine = c->peer.engine;
-  info.path = c->transport->path();
-  info.transports = c->peer.transports;
-  info.address = c->transport == same_host_.get() ? "" : c->address;
-  return Status::Ok();
-}
-
-Status TransferEngine::Impl::GetNetworkStats(NetworkStats& stats) {
-  if (!initialized_) return NotInitialized();
-  stats = NetworkStats{};
-  ReportNetwork();
-  std::lock_guard<std::mutex> lk(net_mu_);
-  if (net_) {
-    const detail::NetStats u = net_->stats();
-    stats.listen_address = net_->listen_address();
-    stats.accepted = u.accepted;
-    stats.refused = u.refused;
-    stats.connections = u.connections;
-    stats.last_refusal = u.last_refusal;
-  }
-  return Status::Ok();
 }
 
 // The public class forwards to Impl.
