@@ -17,6 +17,8 @@
 namespace membroker::broker {
 
 inline int g_log_level = 2;
+// The first word of each line: "membrokerd", or "membrokerd-keeper" for --supervise's keeper.
+inline const char* g_log_program = "membrokerd";
 
 inline void LogLine(int level, const char* event, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -35,7 +37,7 @@ inline void LogLine(int level, const char* event, const char* fmt, ...) {
   std::vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
   const std::string line = ipc::EscapeControlBytes(body);
-  std::fprintf(stderr, "membrokerd %s.%03ldZ %s %s %s\n", when, ts.tv_nsec / 1000000L, kNames[level],
+  std::fprintf(stderr, "%s %s.%03ldZ %s %s %s\n", g_log_program, when, ts.tv_nsec / 1000000L, kNames[level],
                event, line.c_str());
 }
 

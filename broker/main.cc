@@ -3,10 +3,16 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 #include "broker.h"
+#include "keeper/keeper.h"
 #include "options.h"
+#include "restart/systemd.h"
 
 int main(int argc, char** argv) {
   using namespace membroker::broker;
@@ -32,6 +38,31 @@ int main(int argc, char** argv) {
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+
+  if (opt.supervise) {
+    // The keeper runs no broker code: it starts this binary again without
+    // --supervise (keeper/keeper.h).
+    if (!systemd::Available()) {
+      std::fprintf(stderr,
+                   "membrokerd: --supervise needs a build with libsystemd (the broker stores its memory "
+                   "through sd_notify's fd store protocol)\n");
+      return 2;
+    }
+    keeper::KeeperOptions k;
+    std::string error;
+    if (!keeper::SplitSuperviseArgs(argc, argv, &k, &error)) {
+      std::fprintf(stderr, "membrokerd: %s\n", error.c_str());
+      return 2;
+    }
+    char self[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+      std::fprintf(stderr, "membrokerd: --supervise: cannot read /proc/self/exe: %s\n", std::strerror(errno));
+      return 1;
+    }
+    k.broker_path.assign(self, static_cast<size_t>(n));
+    return keeper::RunKeeper(k);
   }
 
   auto broker = Broker::Create(opt);

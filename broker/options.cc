@@ -25,6 +25,9 @@ const char kUsage[] =
     "  --fd-store               under systemd: keep every memfd and the exports and names in the\n"
     "                           unit's file descriptor store (FileDescriptorStoreMax=), so a crash\n"
     "                           loses nothing (on by itself where systemd sets $FDSTORE)\n"
+    "  --supervise              run under a keeper process that holds the fd store (as systemd's)\n"
+    "                           and starts the broker again when it dies; for containers, CI and\n"
+    "                           shells (docs/RESTART.md); --ready-fd then gets a line per start\n"
     "  --config FILE            settings file: 'key = value' lines with the flags' names\n"
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
@@ -192,6 +195,10 @@ Status ParseArgs(int argc, char** argv, Options* out, bool* help) {
     }
     if (a == "--fd-store") {
       out->fd_store = true;
+      continue;
+    }
+    if (a == "--supervise") {
+      out->supervise = true;
       continue;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc)

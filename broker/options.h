@@ -31,6 +31,8 @@ struct Options {
   // Keep memory and state in systemd's fd store (FileDescriptorStoreMax=);
   // also on when systemd announces a store ($FDSTORE, systemd 254 and later).
   bool fd_store = false;
+  // Command line only: run as the keeper of a broker (keeper/keeper.h).
+  bool supervise = false;
   // After a take-over: how long memory and names nobody has reattached to are kept.
   uint32_t reattach_grace_ms = 10000;
   int ready_fd = -1;                    // "READY <pid>\n" is written here once serving

@@ -33,6 +33,18 @@ void Broker::Accept() {
     }
     auto cred = ipc::GetPeerCred(conn.get());
     if (!cred.ok()) continue;
+    if (cred->pid == 0) {
+      // The kernel reports 0 for a process the broker's PID namespace cannot
+      // see (a client in a sibling container): the broker could not follow its
+      // process, so it is told why instead of being dropped.
+      admission_.Refuse(
+          std::move(conn), "pid_not_visible",
+          Status(ErrorCode::kPermissionDenied,
+                 "the client's process is not visible in the broker's PID namespace (its pid reads 0 here): "
+                 "run the broker in the clients' PID namespace or an ancestor of it (docs/OPERATIONS.md, "
+                 "containers)"));
+      continue;
+    }
     auto pidfd = ipc::PidfdOpenIfSupported(cred->pid);
     if (!pidfd.ok()) {
       if (pidfd.code() == ErrorCode::kResourceExhausted)  // EMFILE: we cannot follow its process
@@ -58,8 +70,8 @@ void Broker::Accept() {
     MB_INFO("connect", "client=%llu pid=%d uid=%u gid=%u admitted=%s", static_cast<unsigned long long>(s->id),
             static_cast<int>(s->cred.pid), s->cred.uid, s->cred.gid, s->admitted ? "yes" : "no");
     ++counters_.clients_total;
-    if (Status st = UvStatus("uv_poll_start",
-                             uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent));
+    if (Status st =
+            UvStatus("uv_poll_start", uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, &Broker::OnSessionEvent));
         !st.ok()) {
       CloseSession(*s, CloseReason::kIoError, st.message());
       continue;
