@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/syscall.h"
@@ -33,7 +34,17 @@ Status WaitReady(int fd, short events, std::chrono::steady_clock::time_point dea
 Result<std::string> AskAdmin(const std::string& admin_path, const std::string& command,
                              std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  MB_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(admin_path, SOCK_STREAM));
+  Result<UniqueFd> connected = ConnectUnix(admin_path, SOCK_STREAM);
+  if (!connected.ok()) {
+    // EPROTOTYPE: a socket of another type there. The broker's client socket
+    // (SOCK_SEQPACKET) is the one people point at by mistake: say so.
+    if (connected.status().message().find(std::strerror(EPROTOTYPE)) != std::string::npos &&
+        ConnectUnix(admin_path, SOCK_SEQPACKET).ok())
+      return Status(ErrorCode::kParamInvalid, admin_path + " is a broker's client socket, not its admin socket: use " +
+                                                  admin_path + ".admin (or --socket " + admin_path + ")");
+    return connected.status();
+  }
+  UniqueFd fd = std::move(*connected);
   const std::string line = command + "\n";
   for (size_t sent = 0; sent < line.size();) {
     MB_RETURN_IF_ERROR(WaitReady(fd.get(), POLLOUT, deadline, admin_path));

@@ -1,9 +1,14 @@
 // membrokerctl: talks to membrokerd's admin socket.
-//   membrokerctl --admin-socket PATH [--json] [--timeout-ms N] COMMAND [ARG]
+//   membrokerctl [--admin-socket PATH | --socket PATH] [--json] [--timeout-ms N] COMMAND [ARG]
+// Without either flag: $MEMBROKER_ADMIN_SOCKET, then the shipped unit's
+// /run/membroker/membroker.sock.admin.
 // The commands, their arguments and their help come from the one table the
 // broker dispatches on (membroker/ipc/admin_commands.h).
 
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,9 +22,13 @@ namespace {
 using membroker::ipc::AdminUsage;
 using membroker::ipc::EscapeText;
 
+constexpr char kUnitAdminSocket[] = "/run/membroker/membroker.sock.admin";  // packaging/membrokerd.service
+
 void Usage(FILE* out) {
-  std::fputs("usage: membrokerctl --admin-socket PATH [--json] [--timeout-ms N] COMMAND [ARG]\n"
-             "       membrokerctl COMMAND --help\n",
+  std::fputs("usage: membrokerctl [--admin-socket PATH | --socket PATH] [--json] [--timeout-ms N] COMMAND [ARG]\n"
+             "       membrokerctl COMMAND --help\n"
+             "The admin socket: --admin-socket PATH; --socket PATH (a broker's client socket) means PATH.admin;\n"
+             "else $MEMBROKER_ADMIN_SOCKET; else the shipped unit's /run/membroker/membroker.sock.admin.\n",
              out);
   std::fputs(membroker::ipc::AdminHelpText().c_str(), out);
 }
@@ -35,6 +44,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--admin-socket" && i + 1 < argc) {
       admin = argv[++i];
+    } else if (a == "--socket" && i + 1 < argc) {
+      admin = std::string(argv[++i]) + ".admin";
     } else if (a == "--timeout-ms" && i + 1 < argc) {
       char* end = nullptr;
       timeout_ms = std::strtol(argv[++i], &end, 10);
@@ -78,8 +89,15 @@ int main(int argc, char** argv) {
                  EscapeText(req.status().message()).c_str());
     return 2;
   }
+  const char* from_env = std::getenv("MEMBROKER_ADMIN_SOCKET");
+  struct stat st{};
+  if (admin.empty() && from_env != nullptr && *from_env != '\0') admin = from_env;
+  if (admin.empty() && ::stat(kUnitAdminSocket, &st) == 0) admin = kUnitAdminSocket;
   if (admin.empty()) {
-    std::fprintf(stderr, "membrokerctl: --admin-socket PATH is required\n");
+    std::fprintf(stderr,
+                 "membrokerctl: no admin socket: give --admin-socket PATH or --socket PATH (a broker's client "
+                 "socket), or set MEMBROKER_ADMIN_SOCKET (%s does not exist)\n",
+                 kUnitAdminSocket);
     return 2;
   }
   auto answer = membroker::ipc::AskAdmin(admin, line, std::chrono::milliseconds(timeout_ms));

@@ -39,14 +39,16 @@ struct Output {
   std::string err;  // stderr
 };
 
-// Runs membrokerctl with args (no shell: arguments travel exactly).
-Output RunCtl(const std::vector<std::string>& args) {
+// Runs membrokerctl with args (no shell: arguments travel exactly), with
+// env's NAME=VALUE entries added to its environment.
+Output RunCtl(const std::vector<std::string>& args, std::vector<std::string> env = {}) {
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return {};
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
+    for (auto& e : env) ::putenv(e.data());
     std::vector<std::string> argv_s{BinaryPath("membrokerctl")};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -91,11 +93,11 @@ std::vector<std::string> DocFiles() {
 // dropped or filled in ("membrokerctl --admin-socket S --json show client ID"
 // -> "show client 1").
 std::string CommandOf(const std::string& doc_line) {
-  std::istringstream in(doc_line);
+  std::istringstream in(doc_line.substr(0, doc_line.find(" #")));  // a shell comment after it
   std::string word, out;
   in >> word;  // membrokerctl
   while (in >> word) {
-    if (word == "--admin-socket" || word == "--timeout-ms") {
+    if (word == "--admin-socket" || word == "--socket" || word == "--timeout-ms") {
       in >> word;
       continue;
     }
@@ -360,6 +362,35 @@ TEST(Cli, AnAdminSocketThatHangsUpIsExitOneWithAReason) {
   ::close(lfd);
   ::unlink(path.c_str());
   ::rmdir(tmpl);
+}
+
+// The admin socket without --admin-socket: --socket S means S.admin, then
+// $MEMBROKER_ADMIN_SOCKET; the client socket given for the admin one is named
+// as such, with the path to use.
+TEST(Cli, FindsItsAdminSocketAndSaysWhichToUse) {
+  BrokerProcess b;
+  Output by_socket = RunCtl({"--socket", b.socket(), "stats"});
+  EXPECT_EQ(by_socket.code, 0) << by_socket.err;
+  EXPECT_NE(by_socket.out.find("clients_connected"), std::string::npos) << by_socket.out;
+  Output by_env = RunCtl({"stats"}, {"MEMBROKER_ADMIN_SOCKET=" + b.admin_socket()});
+  EXPECT_EQ(by_env.code, 0) << by_env.err;
+  EXPECT_NE(by_env.out.find("clients_connected"), std::string::npos) << by_env.out;
+  Output flag_wins = RunCtl({"--socket", b.socket(), "stats"}, {"MEMBROKER_ADMIN_SOCKET=/nonexistent.admin"});
+  EXPECT_EQ(flag_wins.code, 0) << flag_wins.err;
+
+  Output wrong = RunCtl({"--admin-socket", b.socket(), "stats"});
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  EXPECT_NE(wrong.err.find("is a broker's client socket, not its admin socket: use " + b.socket() + ".admin"),
+            std::string::npos)
+      << wrong.err;
+  EXPECT_EQ(std::count(wrong.err.begin(), wrong.err.end(), '\n'), 1) << wrong.err;
+
+  struct stat st{};
+  if (::stat("/run/membroker/membroker.sock.admin", &st) != 0) {  // no shipped unit runs here
+    Output none = RunCtl({"stats"}, {"MEMBROKER_ADMIN_SOCKET="});
+    EXPECT_EQ(none.code, 2) << none.err;
+    EXPECT_NE(none.err.find("MEMBROKER_ADMIN_SOCKET"), std::string::npos) << none.err;
+  }
 }
 
 }  // namespace

@@ -89,8 +89,8 @@ BrokerProcess::BrokerProcess(std::vector<std::string> extra_args, bool log_to_fi
   dir_ = d;
   ::chmod(d, 0755);  // other uids may reach the sockets; their own modes decide
   socket_ = dir_ + "/broker.sock";
-  admin_ = dir_ + "/admin.sock";
-  args_ = {"--socket", socket_, "--admin-socket", admin_};
+  admin_ = socket_ + ".admin";  // the default: the broker and membrokerctl --socket find it there
+  args_ = {"--socket", socket_};
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
   log_to_file_ = log_to_file;
   fd_limit_ = fd_limit;
