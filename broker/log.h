@@ -19,6 +19,13 @@ namespace membroker::broker {
 inline int g_log_level = 2;
 // The first word of each line: "membrokerd", or "membrokerd-keeper" for --supervise's keeper.
 inline const char* g_log_program = "membrokerd";
+// --log-format json: one JSON object per line, for log shippers:
+//   {"ts":"2026-11-29T22:10:32.123Z","program":"membrokerd","level":"info","event":"disconnect","client":3,...}
+// key=value fields become members (numbers stay numbers), a quoted value a
+// string with its escapes (\xNN as \u00NN), other words "text".
+inline bool g_log_json = false;
+// The body "client=3 name=\"a\" done" as ',"client":3,"name":"a","text":"done"'.
+std::string LogBodyAsJsonFields(std::string_view body);
 
 inline void LogLine(int level, const char* event, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -37,6 +44,11 @@ inline void LogLine(int level, const char* event, const char* fmt, ...) {
   std::vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
   const std::string line = ipc::EscapeControlBytes(body);
+  if (g_log_json) {
+    std::fprintf(stderr, "{\"ts\":\"%s.%03ldZ\",\"program\":\"%s\",\"level\":\"%s\",\"event\":\"%s\"%s}\n", when,
+                 ts.tv_nsec / 1000000L, g_log_program, kNames[level], event, LogBodyAsJsonFields(line).c_str());
+    return;
+  }
   std::fprintf(stderr, "%s %s.%03ldZ %s %s %s\n", g_log_program, when, ts.tv_nsec / 1000000L, kNames[level],
                event, line.c_str());
 }

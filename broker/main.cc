@@ -11,6 +11,7 @@
 
 #include "broker.h"
 #include "keeper/keeper.h"
+#include "log.h"
 #include "options.h"
 #include "restart/systemd.h"
 
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
     ::setrlimit(RLIMIT_NOFILE, &rl);
   }
 
+  g_log_json = opt.log_json;  // the keeper's lines too
+  g_log_level = opt.log_level;
   if (opt.supervise) {
     // The keeper runs no broker code: it starts this binary again without
     // --supervise (keeper/keeper.h).

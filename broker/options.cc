@@ -49,6 +49,7 @@ const char kUsage[] =
     "                           uid and root are always admitted)\n"
     "  --allow-gid GID          also admit clients in this group (primary or supplementary)\n"
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  --log-format FORMAT      text (default) or json: one JSON object per line on stderr\n"
     "  --verbose                the same as --log-level debug\n";
 
 namespace {
@@ -153,6 +154,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     auto it = std::find(std::begin(kLevels), std::end(kLevels), value);
     if (it == std::end(kLevels)) return Bad(key, value, "error, warn, info or debug");
     o->log_level = static_cast<int>(it - std::begin(kLevels));
+  } else if (key == "log-format") {
+    if (value != "text" && value != "json") return Bad(key, value, "text or json");
+    o->log_json = value == "json";
   } else if (key == "verbose") {
     if (value.empty() || value == "true" || value == "1") o->log_level = 3;
   } else {

@@ -61,6 +61,7 @@ struct Options {
   std::vector<gid_t> allow_gids;
   std::string socket_group;  // group owning the client socket (name or number)
   int log_level = 2;         // 0 error, 1 warn, 2 info, 3 debug
+  bool log_json = false;     // --log-format json
 };
 
 // Parses flags (and any --config FILE they name) into *out. On a usage error

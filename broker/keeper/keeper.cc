@@ -42,7 +42,7 @@ constexpr size_t kMaxFdsPerMessage = 16;
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 bool Fail(const char* what) {
-  MB_ERROR("keeper_failed", "%s", Errno(what).c_str());
+  MB_ERROR("keeper_failed", "reason=\"%s\"", LogText(Errno(what)).c_str());
   return false;
 }
 
@@ -175,7 +175,7 @@ bool Keeper::StartBroker() {
 
   const pid_t pid = ::fork();
   if (pid < 0) {
-    MB_ERROR("broker_start_failed", "%s", Errno("fork").c_str());
+    MB_ERROR("broker_start_failed", "reason=\"%s\"", LogText(Errno("fork")).c_str());
     return false;
   }
   if (pid == 0) {
@@ -253,8 +253,8 @@ void Keeper::OnBrokerExit(int status) {
     return;
   }
   if (!ever_ready_) {
-    MB_ERROR("broker_never_ready", "pid=%d code=%d: not restarting a broker that cannot start", static_cast<int>(pid),
-             code);
+    MB_ERROR("broker_never_ready", "pid=%d code=%d reason=\"not restarting a broker that never became ready\"",
+             static_cast<int>(pid), code);
     exit_code_ = code == 0 ? 1 : code;
     return;
   }
@@ -298,19 +298,19 @@ void Keeper::OnNotify() {
     if (broker_ == 0 || sender != broker_) {
       // Anyone in this network namespace can reach an abstract address.
       if (foreign_++ % 1000 == 0)
-        MB_WARN("notify_ignored", "from_pid=%d fds=%zu count=%llu: not the broker this keeper started",
+        MB_WARN("notify_ignored", "from_pid=%d fds=%zu count=%llu reason=\"not the broker this keeper started\"",
                 static_cast<int>(sender), fds.size(), static_cast<unsigned long long>(foreign_));
       continue;
     }
     if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-      MB_WARN("notify_ignored", "from_pid=%d bytes=%zd: truncated (more than %zu bytes or %zu fds)",
+      MB_WARN("notify_ignored", "from_pid=%d bytes=%zd reason=\"truncated: more than %zu bytes or %zu fds\"",
               static_cast<int>(sender), got, kMaxNotifyBytes, kMaxFdsPerMessage);
       continue;
     }
     std::string error;
     const auto m = ParseNotifyMessage(std::string_view(buf, static_cast<size_t>(got)), &error);
     if (!m) {
-      MB_WARN("notify_ignored", "from_pid=%d: %s", static_cast<int>(sender), error.c_str());
+      MB_WARN("notify_ignored", "from_pid=%d reason=\"%s\"", static_cast<int>(sender), LogText(error).c_str());
       continue;
     }
     Handle(*m, std::move(fds));
@@ -321,7 +321,7 @@ void Keeper::Handle(const NotifyMessage& m, std::vector<UniqueFd> fds) {
   if (m.fd_store) {
     for (auto& fd : fds)
       if (!store_.Add(m.fd_name, std::move(fd)) && refused_++ % 1000 == 0)
-        MB_WARN("fd_store_full", "name=%s max=%zu refused=%llu", m.fd_name.c_str(), options_.fd_store_max,
+        MB_WARN("fd_store_full", "name=\"%s\" max=%zu refused=%llu", LogText(m.fd_name).c_str(), options_.fd_store_max,
                 static_cast<unsigned long long>(refused_));
   } else if (m.fd_store_remove) {
     store_.Remove(m.fd_name);
@@ -342,7 +342,7 @@ int Keeper::Run() {
     pollfd p[3] = {{signals_.get(), POLLIN, 0}, {notify_.get(), POLLIN, 0}, {timer_.get(), POLLIN, 0}};
     if (::poll(p, 3, -1) < 0) {  // unbounded by design: the keeper waits for its broker's life
       if (errno == EINTR) continue;
-      MB_ERROR("keeper_failed", "%s", Errno("poll").c_str());
+      MB_ERROR("keeper_failed", "reason=\"%s\"", LogText(Errno("poll")).c_str());
       return 1;
     }
     if (p[1].revents & POLLIN) OnNotify();  // before a SIGCHLD: what a dying broker stored counts
@@ -355,7 +355,7 @@ int Keeper::Run() {
         restart_due_ = false;
         if (!StartBroker()) ArmTimer(kMaxBackoff);  // fork failed: try again later
       } else if (stopping_ && broker_ != 0) {
-        MB_WARN("broker_stop_timeout", "pid=%d: killed after %llds", static_cast<int>(broker_),
+        MB_WARN("broker_stop_timeout", "pid=%d killed_after_s=%lld", static_cast<int>(broker_),
                 static_cast<long long>(kStopTimeout.count()));
         (void)::kill(broker_, SIGKILL);
       }

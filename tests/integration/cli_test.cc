@@ -327,6 +327,37 @@ TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
   EXPECT_EQ(log.find(" forged=\"yes"), std::string::npos) << "a field forged into the log";
 }
 
+// --log-format json: every line a JSON object a real parser (Python's json)
+// reads; client names come out as the client gave them, a quote or a brace in
+// one never forges a member, and numbers stay numbers.
+TEST(Cli, JsonLogLinesParseAndKeepClientNames) {
+  BrokerProcess b({"--log-format", "json"}, /*log_to_file=*/true);
+  const std::string evil = "evil\" forged=\"yes {\"level\":\"error\"} \\";
+  const std::string cjk = "\xe6\xa8\xa1\xe5\x9e\x8b-loader";  // "模型-loader"
+  for (const std::string& name : {evil, cjk}) {
+    auto c = Client::Connect({b.socket(), name});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+  }
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.Stop(), 0);
+  const std::string script =
+      "import json, sys\n"
+      "names, n = [], 0\n"
+      "for line in open(sys.argv[1], encoding='utf-8'):\n"
+      "    o = json.loads(line)\n"
+      "    n += 1\n"
+      "    assert o['program'] == 'membrokerd' and o['level'] in ('error','warn','info','debug'), o\n"
+      "    assert o['ts'].endswith('Z') and isinstance(o['event'], str), o\n"
+      "    if o['event'] == 'disconnect':\n"
+      "        assert isinstance(o['client'], int) and isinstance(o['pid'], int), o\n"
+      "        names.append(o['name'])\n"
+      "sys.stdout.write(str(n) + '\\n' + '\\n'.join(names))\n";
+  RunResult r = RunProgram({"/usr/bin/python3", "-c", script, b.log_path()});
+  ASSERT_EQ(r.exit_code, 0) << r.output << "\n" << ReadFile(b.log_path());
+  EXPECT_NE(r.output.find("\n" + evil), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n" + cjk), std::string::npos) << r.output;
+}
+
 // An admin socket that closes connections at once (what a broker out of fds
 // does) gives exit 1 and a one-line reason, never death by SIGPIPE (141).
 TEST(Cli, AnAdminSocketThatHangsUpIsExitOneWithAReason) {
