@@ -17,6 +17,8 @@
 namespace membroker::broker {
 
 inline int g_log_level = 2;
+// The levels' names, by number (--log-level, the log lines, admin `config`).
+inline constexpr const char* kLogLevelNames[] = {"error", "warn", "info", "debug"};
 // The first word of each line: "membrokerd", or "membrokerd-keeper" for --supervise's keeper.
 inline const char* g_log_program = "membrokerd";
 // --log-format json: one JSON object per line, for log shippers:
@@ -31,7 +33,6 @@ inline void LogLine(int level, const char* event, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 inline void LogLine(int level, const char* event, const char* fmt, ...) {
-  static const char* kNames[] = {"error", "warn", "info", "debug"};
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   tm utc{};
@@ -46,10 +47,10 @@ inline void LogLine(int level, const char* event, const char* fmt, ...) {
   const std::string line = ipc::EscapeControlBytes(body);
   if (g_log_json) {
     std::fprintf(stderr, "{\"ts\":\"%s.%03ldZ\",\"program\":\"%s\",\"level\":\"%s\",\"event\":\"%s\"%s}\n", when,
-                 ts.tv_nsec / 1000000L, g_log_program, kNames[level], event, LogBodyAsJsonFields(line).c_str());
+                 ts.tv_nsec / 1000000L, g_log_program, kLogLevelNames[level], event, LogBodyAsJsonFields(line).c_str());
     return;
   }
-  std::fprintf(stderr, "%s %s.%03ldZ %s %s %s\n", g_log_program, when, ts.tv_nsec / 1000000L, kNames[level],
+  std::fprintf(stderr, "%s %s.%03ldZ %s %s %s\n", g_log_program, when, ts.tv_nsec / 1000000L, kLogLevelNames[level],
                event, line.c_str());
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "log.h"
 #include "memory/memfd.h"
 #include "membroker/ipc/page_policy.h"
 #include "size_text.h"
@@ -150,10 +151,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     if (!ParseCount(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric gid");
     o->allow_gids.push_back(static_cast<gid_t>(n));
   } else if (key == "log-level") {
-    static const char* kLevels[] = {"error", "warn", "info", "debug"};
-    auto it = std::find(std::begin(kLevels), std::end(kLevels), value);
-    if (it == std::end(kLevels)) return Bad(key, value, "error, warn, info or debug");
-    o->log_level = static_cast<int>(it - std::begin(kLevels));
+    auto it = std::find(std::begin(kLogLevelNames), std::end(kLogLevelNames), value);
+    if (it == std::end(kLogLevelNames)) return Bad(key, value, "error, warn, info or debug");
+    o->log_level = static_cast<int>(it - std::begin(kLogLevelNames));
   } else if (key == "log-format") {
     if (value != "text" && value != "json") return Bad(key, value, "text or json");
     o->log_json = value == "json";

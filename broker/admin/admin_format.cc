@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 
 #include "membroker/ipc/escape.h"
 
@@ -82,6 +84,15 @@ std::string RenderError(const std::string& message, bool json) {
 
 namespace membroker::broker {
 
-std::string Record::Field::Text() const { return quoted ? ipc::EscapeText(value) : value; }
+std::string Record::Field::Text() const {
+  if (time) {
+    const time_t t = static_cast<time_t>(std::strtoll(value.c_str(), nullptr, 10));
+    tm utc{};
+    char out[32];
+    if (gmtime_r(&t, &utc) != nullptr && std::strftime(out, sizeof(out), "%Y-%m-%dT%H:%M:%SZ", &utc) > 0) return out;
+    return value;
+  }
+  return quoted ? ipc::EscapeText(value) : value;
+}
 
 }  // namespace membroker::broker

@@ -17,6 +17,12 @@ class Record {
   Record& Num(const char* key, uint64_t v) { return Add(key, std::to_string(v), false); }
   Record& Str(const char* key, const std::string& v) { return Add(key, v, true); }
   Record& Bool(const char* key, bool v) { return Add(key, v ? "true" : "false", false); }
+  // A moment, in seconds since the epoch: that number in JSON, ISO 8601 UTC
+  // ("2026-12-02T19:40:00Z") in text.
+  Record& Time(const char* key, int64_t seconds) {
+    fields_.push_back({key, std::to_string(seconds), false, true});
+    return *this;
+  }
 
   std::string Json() const;
   std::string Lines() const;  // "key: value\n" per field
@@ -24,6 +30,7 @@ class Record {
   struct Field {
     std::string key, value;
     bool quoted;  // a string, perhaps from a client: escaped in text output
+    bool time = false;  // seconds since the epoch, ISO 8601 in text output
     std::string Text() const;
   };
   const std::vector<Field>& fields() const { return fields_; }

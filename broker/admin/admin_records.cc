@@ -130,7 +130,7 @@ Record Broker::ClientRecord(const Session& s) const {
       .Num("pid", static_cast<uint64_t>(s.cred.pid))
       .Num("uid", s.cred.uid)
       .Str("name", s.name)
-      .Num("connected_since",
+      .Time("connected_since",
            std::chrono::duration_cast<std::chrono::seconds>(s.connected_since.time_since_epoch()).count())
       .Num("connected_s",
            std::chrono::duration_cast<std::chrono::seconds>(now - s.connected_since).count())
@@ -286,7 +286,10 @@ Record Broker::ConfigRecord() const {
       .Str("allow-uid", uids)
       .Str("allow-gid", gids)
       .Str("socket-group", options_.socket_group)
-      .Num("log-level", static_cast<uint64_t>(options_.log_level));
+      .Str("log-level", kLogLevelNames[std::clamp(options_.log_level, 0, 3)])
+      .Str("log-format", options_.log_json ? "json" : "text")
+      .Bool("fd-store", options_.fd_store)
+      .Str("state-file", options_.state_file);
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <regex>
 
 #include <gtest/gtest.h>
 
@@ -55,10 +56,15 @@ TEST(Admin, StatsListClientsListAllocations) {
   EXPECT_EQ(clients.code, 0);
   EXPECT_EQ(clients.text.rfind("ID  PID", 0), 0u) << clients.text;  // a table with a header
   EXPECT_NE(clients.text.find("model-server"), std::string::npos) << clients.text;
+  // Times as ISO 8601 UTC in text, seconds since the epoch in JSON.
+  EXPECT_TRUE(std::regex_search(clients.text,
+                                std::regex(" 20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z ")))
+      << clients.text;
   Output cj = Shell(Ctl(b, "--json list clients"));
   EXPECT_NE(cj.text.find("\"pid\": " + std::to_string(::getpid())), std::string::npos) << cj.text;
   EXPECT_NE(cj.text.find("\"bytes_held\": 3145728"), std::string::npos);
   EXPECT_NE(cj.text.find("\"allocations\": 1"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(cj.text, std::regex("\"connected_since\": [0-9]{10}"))) << cj.text;
 
   Output allocs = Shell(Ctl(b, "--json list allocations"));
   EXPECT_EQ(allocs.code, 0);
@@ -139,11 +145,14 @@ TEST(Admin, MetricsConfigAndHelp) {
   Output metrics = Shell(Ctl(b, "metrics"));
   EXPECT_EQ(metrics.code, 0);
   EXPECT_NE(metrics.text.find("# TYPE membroker_clients_connected gauge\nmembroker_clients_connected 0\n"),
-            std::string::npos) << metrics.text;
+            std::string::npos)
+      << metrics.text;
   EXPECT_NE(metrics.text.find("# TYPE membroker_allocations_created_total counter"), std::string::npos);
   Output config = Shell(Ctl(b, "config"));
   EXPECT_NE(config.text.find("pool: 65536:normal:1"), std::string::npos) << config.text;
   EXPECT_NE(config.text.find("allocations=9"), std::string::npos);
+  EXPECT_NE(config.text.find("log-level: info\n"), std::string::npos) << config.text;  // names, not numbers
+  EXPECT_NE(config.text.find("log-format: text\n"), std::string::npos) << config.text;
   Output help = Shell(BinaryPath("membrokerctl") + " kick client --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.text.find("exactly as if it had crashed"), std::string::npos);
@@ -225,10 +234,9 @@ TEST_P(PipelineDemo, EveryFrameIsAccountedFor) {
   EXPECT_EQ(b.Stat("named_objects"), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(KillStage, PipelineDemo, ::testing::Values(-1, 0, 1, 2, 3),
-                         [](const auto& info) {
-                           return info.param < 0 ? std::string("NoKill") : "Stage" + std::to_string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(KillStage, PipelineDemo, ::testing::Values(-1, 0, 1, 2, 3), [](const auto& info) {
+  return info.param < 0 ? std::string("NoKill") : "Stage" + std::to_string(info.param);
+});
 
 }  // namespace
 }  // namespace membroker::testing
