@@ -54,6 +54,7 @@ Broker::Broker(Options options)
     : options_(std::move(options)),
       admission_(&loop_, [this] { Accept(); }, [this] { CloseSilentSessions(); }),
       admin_(&loop_, [this](const std::string& line) { return AdminCommand(line); }),
+      metrics_(&loop_, [this] { return MetricsText(); }),
       takeover_(&loop_, [this] { BeginHandOver(); }, [this] { ContinueHandOver(); }),
       fd_store_(&loop_, [this] { return StateRecords(); }),
       pools_(&loop_, MemfdBackend(), options_.pools, [this](const std::string& what) { return state_file_->NameFor(what); }),
@@ -126,6 +127,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (!passed.stored.empty() && !b->options_.take_over)
     MB_RETURN_IF_ERROR(b->RestoreFromFdStore(std::move(passed.stored)));
   MB_RETURN_IF_ERROR(b->admin_.Listen(b->options_.admin_socket_path));
+  if (!b->options_.metrics_listen.empty()) MB_RETURN_IF_ERROR(b->metrics_.Listen(b->options_.metrics_listen));
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));
   b->pools_.Fill();  // before READY: a ready broker serves pooled sizes at once
   return b;
@@ -192,6 +194,7 @@ void Broker::Stop() {
   for (uv_signal_t& h : signals_) uv_close(reinterpret_cast<uv_handle_t*>(&h), nullptr);
   admission_.Close();
   admin_.Close();
+  metrics_.Close();
   fd_store_.Close();
   workers_.Stop();  // from here on, freed memory goes back at once and pools stay as they are
   for (uint64_t id : sessions_.Ids()) {

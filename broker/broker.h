@@ -17,6 +17,7 @@
 
 #include "admin/admin_format.h"
 #include "admin/admin_socket.h"
+#include "admin/metrics_http.h"
 #include "answer.h"
 #include "counters.h"
 #include "engine_registry.h"
@@ -136,6 +137,7 @@ class Broker {
   Admission admission_;
   Sessions sessions_;
   AdminSocket admin_;
+  MetricsHttp metrics_;
   TakeOver takeover_;
   uv_timer_t grace_timer_{};  // until --reattach-grace-ms: what nobody reattached to is kept
   FdStoreSync fd_store_;

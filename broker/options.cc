@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "admin/metrics_http.h"
 #include "log.h"
 #include "memory/memfd.h"
 #include "membroker/ipc/page_policy.h"
@@ -50,6 +51,8 @@ const char kUsage[] =
     "                           uid and root are always admitted)\n"
     "  --allow-gid GID          also admit clients in this group (primary or supplementary)\n"
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  --metrics-listen ADDR    serve the metrics over HTTP at GET /metrics (Prometheus); PORT alone\n"
+    "                           means 127.0.0.1:PORT\n"
     "  --log-format FORMAT      text (default) or json: one JSON object per line on stderr\n"
     "  --verbose                the same as --log-level debug\n";
 
@@ -154,6 +157,11 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     auto it = std::find(std::begin(kLogLevelNames), std::end(kLogLevelNames), value);
     if (it == std::end(kLogLevelNames)) return Bad(key, value, "error, warn, info or debug");
     o->log_level = static_cast<int>(it - std::begin(kLogLevelNames));
+  } else if (key == "metrics-listen") {
+    std::string ip;
+    uint16_t port = 0;
+    if (!MetricsHttp::ParseAddress(value, &ip, &port)) return Bad(key, value, "PORT or IPV4:PORT");
+    o->metrics_listen = value;
   } else if (key == "log-format") {
     if (value != "text" && value != "json") return Bad(key, value, "text or json");
     o->log_json = value == "json";

@@ -62,6 +62,7 @@ struct Options {
   std::string socket_group;  // group owning the client socket (name or number)
   int log_level = 2;         // 0 error, 1 warn, 2 info, 3 debug
   bool log_json = false;     // --log-format json
+  std::string metrics_listen;  // "PORT" or "IPV4:PORT": GET /metrics there (admin/metrics_http.h)
 };
 
 // Parses flags (and any --config FILE they name) into *out. On a usage error

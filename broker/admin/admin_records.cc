@@ -29,16 +29,72 @@ size_t OpenFdCount() {
   return n;
 }
 
-// Stats whose values only grow: Prometheus counters.
-bool IsCounter(const std::string& key) {
-  static const char* kCounters[] = {
-      "clients_total", "clients_crashed", "clients_kicked", "clients_refused", "connections_refused",
-      "allocations_created", "allocations_freed", "exports_created", "imports",
-      "released_on_disconnect", "quota_rejections", "requests", "errors_sent",
-      "protocol_errors", "huge_fallbacks", "clients_reattached", "handles_reattached",
-      "handles_adopted", "reattach_refused", "exports_restored", "fd_store_stored", "fd_store_states",
-      "fd_store_failures", "fd_store_restored"};
-  return std::find(std::begin(kCounters), std::end(kCounters), key) != std::end(kCounters);
+// Every number of `stats` as a metric: whether it only grows (a Prometheus
+// counter, "_total") and its HELP line. One list: a stat missing here is
+// exported without help, which `promtool check metrics` fails
+// (Cli/Metrics tests).
+struct StatMetric {
+  const char* key;
+  bool counter;
+  const char* help;
+};
+constexpr StatMetric kStatMetrics[] = {
+    {"clients_connected", false, "Clients connected now, past their hello."},
+    {"clients_total", true, "Clients that said hello since the broker started."},
+    {"clients_crashed", true, "Clients whose connection ended without a goodbye."},
+    {"clients_kicked", true, "Clients disconnected by the broker or the operator (protocol violation, slow reader, kick)."},
+    {"clients_refused", true, "Clients refused at hello (not admitted, too many clients)."},
+    {"clients_handshaking", false, "Connections that have not said hello yet."},
+    {"connections_refused", true, "Connections refused before hello (out of fds, invisible pid, too many waiting)."},
+    {"allocations_live", false, "Allocations the broker holds now."},
+    {"allocations_4k", false, "Live allocations in 4 KiB pages."},
+    {"allocations_2m", false, "Live allocations in 2 MiB huge pages."},
+    {"allocations_1g", false, "Live allocations in 1 GiB huge pages."},
+    {"huge_fallbacks", true, "Huge-first allocations that fell back to normal pages."},
+    {"free_hugepages_2m", false, "Free 2 MiB huge pages in the kernel's pool."},
+    {"free_hugepages_1g", false, "Free 1 GiB huge pages in the kernel's pool."},
+    {"bytes_allocated", false, "Bytes of live allocations."},
+    {"bytes_pending", false, "Bytes of allocations being created on workers."},
+    {"bytes_returning", false, "Bytes of freed memory being returned on workers."},
+    {"bytes_budget", false, "The budget for all allocations (--max-bytes), in bytes."},
+    {"pinned_bytes", false, "Bytes of pinned allocations and host registrations."},
+    {"pinned_budget", false, "The budget for pinned memory (--max-pinned-bytes), in bytes."},
+    {"host_registered_bytes", false, "Bytes of host memory clients registered."},
+    {"same_address_bytes", false, "Bytes of the same-address window in use."},
+    {"engines", false, "Transfer engines registered."},
+    {"engine_connections_ucx", false, "Engine connections to other hosts over UCX, as clients reported them."},
+    {"engine_connections_same_host_by_address", false, "Engine connections by ip:port that took the same-host path."},
+    {"engine_network_refused", false, "Network connections engines refused (wrong secret, not allowed), as reported."},
+    {"waiters", false, "Requests waiting in the broker (lookups, events, connects)."},
+    {"named_objects", false, "Named objects published."},
+    {"allocations_created", true, "Allocations created."},
+    {"allocations_freed", true, "Allocations freed."},
+    {"exports_live", false, "Export tokens live."},
+    {"exports_created", true, "Export tokens created."},
+    {"imports", true, "Imports of exported or named memory."},
+    {"released_on_disconnect", true, "Holdings released because their client disconnected."},
+    {"quota_rejections", true, "Requests refused by a quota or a budget."},
+    {"clients_reattached", true, "Clients that reattached after a broker restart."},
+    {"handles_reattached", true, "Handles clients presented again after a restart."},
+    {"handles_adopted", true, "Presented handles of memory an earlier broker created."},
+    {"reattach_refused", true, "Presented handles refused."},
+    {"exports_restored", true, "Export tokens restored after a restart."},
+    {"fd_store_stored", true, "Memfds stored in the fd store."},
+    {"fd_store_states", true, "State memfds stored in the fd store."},
+    {"fd_store_failures", true, "Stores the fd store refused."},
+    {"fd_store_restored", true, "Allocations taken back from the fd store at start."},
+    {"requests", true, "Requests served."},
+    {"errors_sent", true, "Error replies sent."},
+    {"protocol_errors", true, "Malformed or out-of-order messages received."},
+    {"bytes_queued", false, "Reply bytes queued for clients that do not read."},
+    {"open_fds", false, "File descriptors the broker has open."},
+    {"fd_limit", false, "The broker's open-file limit."},
+};
+
+const StatMetric* FindStatMetric(const std::string& key) {
+  for (const StatMetric& m : kStatMetrics)
+    if (key == m.key) return &m;
+  return nullptr;
 }
 
 }  // namespace
@@ -169,9 +225,11 @@ std::string Broker::MetricsText() const {
   const Record stats = StatsRecord();
   for (const auto& f : stats.fields()) {
     if (f.key == "pid" || f.quoted) continue;  // not a number
-    bool counter = IsCounter(f.key);
-    std::string name = "membroker_" + f.key + (counter ? "_total" : "");
-    if (f.key == "clients_total") name = "membroker_clients_total";
+    const StatMetric* m = FindStatMetric(f.key);
+    const bool counter = m != nullptr && m->counter;
+    std::string name = "membroker_" + f.key;
+    if (counter && !name.ends_with("_total")) name += "_total";
+    if (m != nullptr) out += "# HELP " + name + " " + m->help + "\n";
     out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
   }
   return out;
@@ -288,6 +346,7 @@ Record Broker::ConfigRecord() const {
       .Str("socket-group", options_.socket_group)
       .Str("log-level", kLogLevelNames[std::clamp(options_.log_level, 0, 3)])
       .Str("log-format", options_.log_json ? "json" : "text")
+      .Str("metrics-listen", metrics_.address())
       .Bool("fd-store", options_.fd_store)
       .Str("state-file", options_.state_file);
   return r;
