@@ -83,8 +83,8 @@ std::string ReadFile(const std::string& path) {
 std::vector<std::string> DocFiles() {
   const std::string root = MEMBROKER_SOURCE_DIR;
   std::vector<std::string> files{root + "/README.md"};
-  for (const char* doc : {"API", "ARCHITECTURE", "BENCHMARKS", "MEMORY", "OPERATIONS", "PIPELINE",
-                          "PROTOCOL", "TRANSFER"})
+  for (const char* doc :
+       {"API", "ARCHITECTURE", "BENCHMARKS", "MEMORY", "OPERATIONS", "PIPELINE", "PROTOCOL", "TRANSFER"})
     files.push_back(root + "/docs/" + doc + ".md");
   return files;
 }
@@ -110,17 +110,16 @@ std::string CommandOf(const std::string& doc_line) {
 }
 
 TEST(Cli, EveryDocumentedCommandExists) {
-  const std::regex mention("`(membrokerctl [^`]*)`|^(membrokerctl [^\\n]*)$",
-                           std::regex::multiline);
+  const std::regex mention("`(membrokerctl [^`]*)`|^(membrokerctl [^\\n]*)$", std::regex::multiline);
   size_t checked = 0;
   for (const std::string& file : DocFiles()) {
     const std::string text = ReadFile(file);
     ASSERT_FALSE(text.empty()) << file;
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), mention);
-         it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), mention); it != std::sregex_iterator(); ++it) {
       std::string line = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
       std::string cmd = CommandOf(line);
       if (cmd.empty() || cmd.find("COMMAND") != std::string::npos || cmd == "--help") continue;
+      if (cmd == "top" || cmd.rfind("top ", 0) == 0) continue;  // membrokerctl's own, not the broker's
       if (cmd.size() > 7 && cmd.compare(cmd.size() - 7, 7, " --help") == 0) cmd.resize(cmd.size() - 7);
       auto parsed = ipc::ParseAdminLine(cmd);
       EXPECT_TRUE(parsed.ok()) << file << " documents `" << line << "`: " << parsed.status().message();
@@ -299,8 +298,8 @@ TEST(Cli, ClientStringsAreEscapedInTablesAndLogs) {
     EXPECT_EQ(c->Publish("row\nforged-row", *h).code(), ErrorCode::kParamInvalid);
     auto raw = ipc::ConnectSeqpacket(b.socket());
     ASSERT_TRUE(raw.ok());
-    auto hello = ipc::Encode({ipc::kProtocolVersion, 1, 0,
-                              ipc::HelloRequest{"x\nmembrokerd 2026-01-01T00:00:00.000Z info forged"}});
+    auto hello = ipc::Encode(
+        {ipc::kProtocolVersion, 1, 0, ipc::HelloRequest{"x\nmembrokerd 2026-01-01T00:00:00.000Z info forged"}});
     ASSERT_TRUE(ipc::SendFrame(raw->get(), hello, {}).ok());
     ipc::Frame f;
     ASSERT_TRUE(ipc::RecvFrame(raw->get(), &f).ok());
@@ -416,12 +415,66 @@ TEST(Cli, FindsItsAdminSocketAndSaysWhichToUse) {
       << wrong.err;
   EXPECT_EQ(std::count(wrong.err.begin(), wrong.err.end(), '\n'), 1) << wrong.err;
 
-  struct stat st{};
+  struct stat st {};
   if (::stat("/run/membroker/membroker.sock.admin", &st) != 0) {  // no shipped unit runs here
     Output none = RunCtl({"stats"}, {"MEMBROKER_ADMIN_SOCKET="});
     EXPECT_EQ(none.code, 2) << none.err;
     EXPECT_NE(none.err.find("MEMBROKER_ADMIN_SOCKET"), std::string::npos) << none.err;
   }
+}
+
+// membrokerctl top as a person uses it: in a terminal (tmux), redrawn as
+// clients come, with request rates, and gone when they press q.
+TEST(Cli, TopRedrawsInATerminalAndQuitsOnQ) {
+  struct stat st {};
+  if (::stat("/usr/bin/tmux", &st) != 0) {
+    ADD_FAILURE() << "tmux is missing (scripts/test installs it)";
+    return;
+  }
+  BrokerProcess b;
+  auto first = Client::Connect({b.socket(), "first-client"});
+  ASSERT_TRUE(first.ok());
+  const std::string server = "membroker-top-" + std::to_string(::getpid());
+  struct KillServer {
+    std::string name;
+    ~KillServer() { (void)RunProgram({"/usr/bin/tmux", "-L", name, "kill-server"}); }
+  } kill_server{server};
+  auto tmux = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"/usr/bin/tmux", "-L", server});
+    return RunProgram(args);
+  };
+  ASSERT_EQ(tmux({"new-session", "-d", "-x", "120", "-y", "30",
+                  BinaryPath("membrokerctl") + " --socket " + b.socket() + " top --interval-ms 100"})
+                .exit_code,
+            0);
+  // The screen as the person sees it, until it shows what we wait for (bounded: 30 s).
+  auto screen_with = [&](const std::regex& want) {
+    std::string screen;
+    for (int i = 0; i < 300; ++i) {
+      screen = tmux({"capture-pane", "-p"}).output;
+      if (std::regex_search(screen, want)) return screen;
+      ::poll(nullptr, 0, 100);
+    }
+    ADD_FAILURE() << "the screen never showed what was waited for:\n" << screen;
+    return screen;
+  };
+  std::string screen = screen_with(std::regex("clients 1 "));
+  EXPECT_NE(screen.find("first-client"), std::string::npos) << screen;
+  auto second = Client::Connect({b.socket(), "second-client"});
+  ASSERT_TRUE(second.ok());
+  auto h = second->MallocPhysical(3 << 20);
+  ASSERT_TRUE(h.ok());
+  screen = screen_with(std::regex("clients 2 [\\s\\S]*requests/s [0-9]+[\\s\\S]*second-client +3\\.0 MiB"));
+  EXPECT_TRUE(std::regex_search(screen, std::regex("requests/s [0-9]+"))) << screen;  // a rate, once two frames exist
+  // Sorted by what they hold: the second client (3 MiB) above the first.
+  EXPECT_LT(screen.find("second-client"), screen.find("first-client")) << screen;
+  ASSERT_EQ(tmux({"send-keys", "q"}).exit_code, 0);
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {  // the session ends when top exits (bounded: 30 s)
+    gone = tmux({"has-session"}).exit_code != 0;
+    if (!gone) ::poll(nullptr, 0, 100);
+  }
+  EXPECT_TRUE(gone) << "top did not quit on q:\n" << tmux({"capture-pane", "-p"}).output;
 }
 
 }  // namespace
