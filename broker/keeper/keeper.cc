@@ -39,6 +39,8 @@ constexpr std::chrono::seconds kStableRun{60};
 constexpr std::chrono::seconds kStopTimeout{60};
 // fds one datagram may carry (the broker sends one per FDSTORE=1).
 constexpr size_t kMaxFdsPerMessage = 16;
+// The kernel's limit on one environment string (MAX_ARG_STRLEN, 32 pages).
+constexpr size_t kMaxEnvironmentString = 32 * 4096;
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 bool Fail(const char* what) {
@@ -155,10 +157,20 @@ bool Keeper::StartBroker() {
   }
   env.push_back("NOTIFY_SOCKET=" + notify_address_);
   env.push_back("FDSTORE=" + std::to_string(options_.fd_store_max));
+  std::string names;
+  for (const auto& [name, fd] : store_.entries()) names += (names.empty() ? "" : ":") + name;
+  if (names.size() + 16 > kMaxEnvironmentString) {
+    // execve refuses a longer string (E2BIG): the broker would never start.
+    // It starts without the store instead; clients bring back what they hold.
+    MB_ERROR("fd_store_dropped",
+             "stored_fds=%zu names_bytes=%zu reason=\"LISTEN_FDNAMES would pass the kernel's %zu-byte limit on one "
+             "environment string\"",
+             store_.size(), names.size(), kMaxEnvironmentString);
+    store_.Clear();
+    names.clear();
+  }
   const size_t n = store_.size();
   if (n > 0) {
-    std::string names;
-    for (const auto& [name, fd] : store_.entries()) names += (names.empty() ? "" : ":") + name;
     env.push_back("LISTEN_FDS=" + std::to_string(n));
     env.push_back("LISTEN_FDNAMES=" + names);
   }

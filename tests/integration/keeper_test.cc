@@ -345,6 +345,31 @@ TEST(Keeper, AsPid1OfAContainer) {
   EXPECT_EQ(k.Stop(keeper), 0) << k.Log();  // unshare exits with the keeper's code
 }
 
+// The kernel passes at most 128 KiB in one environment string, and
+// LISTEN_FDNAMES names every stored fd: past about 5,500 allocations the
+// store cannot be handed over. The broker must still come back (without the
+// store: clients bring back what they hold), never loop on a failing exec.
+TEST(Keeper, AStoreTooLargeToPassIsDroppedAndTheBrokerStillComesBack) {
+  MB_KEEPER_OR_SKIP();
+  Keeper k;
+  const pid_t first = k.NextReady();
+  ASSERT_GT(first, 0) << k.Log();
+  auto c = Client::Connect({k.socket(), "many"});
+  ASSERT_TRUE(c.ok());
+  std::vector<PhysicalHandle> held;
+  for (int i = 0; i < 6000; ++i) {
+    auto h = c->MallocPhysical(4096);
+    ASSERT_TRUE(h.ok()) << i << ": " << h.status().ToString();
+    held.push_back(std::move(*h));
+  }
+  ASSERT_TRUE(k.WaitForStatAtLeast("fd_store_stored", 6000));
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_GT(k.NextReady(), 0) << k.Log();
+  EXPECT_NE(k.Log().find("fd_store_dropped stored_fds=6000"), std::string::npos) << k.Log();
+  ASSERT_TRUE(c->WaitForReattach(1, 30000).ok());
+  EXPECT_TRUE(c->ExportToShareableHandle(held.back()).ok());  // what the client held came back with it
+}
+
 // A broker that cannot start (its socket's directory does not exist) is not
 // restarted in a loop: the keeper exits with its code.
 TEST(Keeper, ABrokerThatCannotStartEndsTheKeeper) {
