@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "broker.h"
 #include "keeper/keeper.h"
@@ -65,6 +66,19 @@ int main(int argc, char** argv) {
       return 1;
     }
     k.broker_path.assign(self, static_cast<size_t>(n));
+    // The broker's own options must not name a ready fd (a --config file's
+    // ready-fd): under the keeper, fds from 3 up are the stored memory.
+    std::vector<char*> child_argv{argv[0]};
+    for (std::string& a : k.broker_args) child_argv.push_back(a.data());
+    Options child;
+    bool child_help = false;
+    if (ParseArgs(static_cast<int>(child_argv.size()), child_argv.data(), &child, &child_help).ok() &&
+        child.ready_fd >= 0) {
+      std::fprintf(stderr,
+                   "membrokerd: --supervise: ready-fd in a config file would reach the broker, whose fds "
+                   "from 3 up are its stored memory; give --ready-fd on the command line instead\n");
+      return 2;
+    }
     return keeper::RunKeeper(k);
   }
 

@@ -194,6 +194,7 @@ TEST(Keeper, ABrokerKilledComesBackWithPersistentNamesAndHeldMemory) {
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     EXPECT_TRUE(HasFill(view->as<char>(), kSize, 7));
     EXPECT_TRUE(HasFill(mapped->as<char>(), kSize, 11));
+    ASSERT_TRUE(worker->WaitForReattach(1, 30000).ok());  // its reattach runs on a thread of its own
     auto shared = worker->ExportToShareableHandle(*held);  // a request on the reattached client
     ASSERT_TRUE(shared.ok()) << shared.status().ToString();
 
@@ -379,6 +380,17 @@ TEST(Keeper, ABrokerThatCannotStartEndsTheKeeper) {
   EXPECT_NE(r.output.find("broker_never_ready"), std::string::npos) << r.output;
   r = RunProgram({BinaryPath("membrokerd"), "--supervise", "--socket", "/tmp/x.sock", "--ready-fd", "x"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  // A ready fd from a config file would reach the broker, whose fd 3 is stored memory: refused.
+  char tmpl[] = "/tmp/membroker-keeper-conf.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string conf = std::string(tmpl) + "/broker.conf";
+  std::ofstream(conf) << "ready-fd = 3\n";
+  r = RunProgram(
+      {BinaryPath("membrokerd"), "--supervise", "--socket", std::string(tmpl) + "/b.sock", "--config", conf});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ready-fd in a config file"), std::string::npos) << r.output;
+  ::unlink(conf.c_str());
+  ::rmdir(tmpl);
 }
 
 }  // namespace
