@@ -194,7 +194,7 @@ TEST(Keeper, ABrokerKilledComesBackWithPersistentNamesAndHeldMemory) {
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     EXPECT_TRUE(HasFill(view->as<char>(), kSize, 7));
     EXPECT_TRUE(HasFill(mapped->as<char>(), kSize, 11));
-    ASSERT_TRUE(worker->WaitForReattach(1, 30000).ok());  // its reattach runs on a thread of its own
+    ASSERT_TRUE(worker->WaitForReattach(1, 30000).ok());   // its reattach runs on a thread of its own
     auto shared = worker->ExportToShareableHandle(*held);  // a request on the reattached client
     ASSERT_TRUE(shared.ok()) << shared.status().ToString();
 
@@ -313,28 +313,27 @@ TEST(Keeper, AsPid1OfAContainer) {
   int release[2], report[2];
   ASSERT_EQ(::pipe2(release, O_CLOEXEC), 0);
   ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
-  pid_t middle = ForkChild([&] {
-    const int ns = ::open(("/proc/" + std::to_string(keeper) + "/ns/pid").c_str(), O_RDONLY | O_CLOEXEC);
-    if (ns < 0 || ::setns(ns, CLONE_NEWPID) != 0) return 100;
-    return WaitChild(ForkChild([&] {  // inside the namespace: its child is orphaned there
-      (void)ForkChild([&] {
-        ::close(release[1]);
-        char self[32] = {};  // its pid as this mount's /proc (the test's namespace) numbers it
-        if (::readlink("/proc/self", self, sizeof(self) - 1) <= 0) return 1;
-        const pid_t host_pid = static_cast<pid_t>(std::atoi(self));
-        if (::write(report[1], &host_pid, sizeof(host_pid)) != sizeof(host_pid)) return 2;
-        char c;
-        return ::read(release[0], &c, 1) >= 0 ? 0 : 3;  // until the test closes its end
-      });
-      return 0;  // exits at once: the orphan's parent is now the namespace's PID 1
-    }));
-  });
+  // A process inside the namespace starts the orphan and exits at once: the
+  // orphan's parent is then the namespace's PID 1.
+  ASSERT_EQ(InPidNamespaceOf(keeper,
+                             [&] {
+                               (void)ForkChild([&] {
+                                 ::close(release[1]);
+                                 char self[32] = {};  // its pid as this mount's /proc (the test's namespace) numbers it
+                                 if (::readlink("/proc/self", self, sizeof(self) - 1) <= 0) return 1;
+                                 const pid_t host_pid = static_cast<pid_t>(std::atoi(self));
+                                 if (::write(report[1], &host_pid, sizeof(host_pid)) != sizeof(host_pid)) return 2;
+                                 char c;
+                                 return ::read(release[0], &c, 1) >= 0 ? 0 : 3;  // until the test closes its end
+                               });
+                               return 0;
+                             }),
+            0);
   ::close(report[1]);
   ::close(release[0]);
   pid_t orphan = 0;
   ASSERT_EQ(::read(report[0], &orphan, sizeof(orphan)), static_cast<ssize_t>(sizeof(orphan)));
   ::close(report[0]);
-  ASSERT_EQ(WaitChild(middle), 0);
   ::close(release[1]);  // the orphan exits now
   bool reaped = false;
   for (int i = 0; i < 1000 && !reaped; ++i) {  // bounded: 10 s
