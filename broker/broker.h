@@ -1,10 +1,8 @@
 // Broker: the loop, the options, the counters and one object per component,
 // as iceoryx's RouDi holds its managers. Each component owns its state and
-// lives in the folder of its role: server/ (Admission, Sessions), memory/
-// (Holdings, Pools, Workers, the backend), restart/ (TakeOver, FdStoreSync,
-// the state file), admin/, and the registries (engines, names, waiters);
-// docs/ARCHITECTURE.md has the map. Broker's members are the loop's callbacks
-// and the request handlers: check, call a component, answer.
+// lives in the folder of its role (docs/ARCHITECTURE.md has the map). Broker's
+// members are the loop's callbacks and the request handlers: check, call a
+// component, answer.
 #pragma once
 
 #include <uv.h>
