@@ -5,39 +5,33 @@
 #include <string>
 
 #ifdef MEMBROKER_HAVE_CUDA_HEADERS
-#include <cuda.h>
+#include "membroker/ipc/cuda_api.h"
 #endif
 
 namespace membroker::ipc {
 
 #ifdef MEMBROKER_HAVE_CUDA_HEADERS
 
-struct CudaDriver::Api {
-  CUresult (*cuInit)(unsigned int) = nullptr;
-  CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  CUresult (*cuDeviceGetCount)(int*) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
-  CUresult (*cuMemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) =
-      nullptr;
-};
-
 namespace {
 
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-
-std::string ErrorText(const CudaDriver::Api& api, CUresult rc) {
-  const char* text = nullptr;
-  if (api.cuGetErrorString != nullptr && api.cuGetErrorString(rc, &text) == CUDA_SUCCESS && text != nullptr)
-    return text;
-  return "CUresult " + std::to_string(static_cast<int>(rc));
-}
 
 Status Unsupported(const std::string& why) {
   return Status(ErrorCode::kUnsupported, "device memory is unavailable here: " + why);
 }
 
 }  // namespace
+
+std::string CudaErrorText(const CudaDriver::Api& api, CUresult rc) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  std::string out;
+  if (api.cuGetErrorName != nullptr && api.cuGetErrorName(rc, &name) == CUDA_SUCCESS && name != nullptr) out = name;
+  out += (out.empty() ? "CUresult " : " (") + std::to_string(static_cast<int>(rc)) + (out.empty() ? "" : ")");
+  if (api.cuGetErrorString != nullptr && api.cuGetErrorString(rc, &text) == CUDA_SUCCESS && text != nullptr)
+    out += std::string(": ") + text;
+  return out;
+}
 
 CudaDriver::CudaDriver() {
   void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -53,30 +47,28 @@ CudaDriver::CudaDriver() {
     return;
   }
   static Api api;
-  bool ok = true;
+  std::string missing;
   auto load = [&](const char* name, auto** fn) {
     void* p = nullptr;
     CUdriverProcAddressQueryResult found{};
-    if (get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || p == nullptr) ok = false;
+    if (get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || p == nullptr)
+      missing += std::string(missing.empty() ? "" : ", ") + name;
     *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
   };
-  load("cuInit", &api.cuInit);
-  load("cuDriverGetVersion", &api.cuDriverGetVersion);
-  load("cuDeviceGetCount", &api.cuDeviceGetCount);
-  load("cuDeviceGet", &api.cuDeviceGet);
-  load("cuGetErrorString", &api.cuGetErrorString);
-  load("cuMemGetAllocationGranularity", &api.cuMemGetAllocationGranularity);
-  if (!ok) {
-    status_ = Unsupported("the CUDA driver lacks an entry point membroker needs");
+#define MEMBROKER_CUDA_LOAD(name) load(#name, &api.name);
+  MEMBROKER_CUDA_ENTRY_POINTS(MEMBROKER_CUDA_LOAD)
+#undef MEMBROKER_CUDA_LOAD
+  if (!missing.empty()) {
+    status_ = Unsupported("the CUDA driver lacks entry points membroker needs: " + missing);
     return;
   }
   (void)api.cuDriverGetVersion(&version_);
   if (CUresult rc = api.cuInit(0); rc != CUDA_SUCCESS) {
-    status_ = Unsupported("cuInit failed: " + ErrorText(api, rc));
+    status_ = Unsupported("cuInit failed: " + CudaErrorText(api, rc));
     return;
   }
   if (CUresult rc = api.cuDeviceGetCount(&devices_); rc != CUDA_SUCCESS || devices_ == 0) {
-    status_ = Unsupported(rc != CUDA_SUCCESS ? "cuDeviceGetCount failed: " + ErrorText(api, rc) : "no CUDA device");
+    status_ = Unsupported(rc != CUDA_SUCCESS ? "cuDeviceGetCount failed: " + CudaErrorText(api, rc) : "no CUDA device");
     devices_ = 0;
     return;
   }
@@ -94,8 +86,8 @@ Result<size_t> CudaDriver::Granularity(int device, bool recommended) const {
   CUresult rc = api_->cuMemGetAllocationGranularity(
       &g, &prop, recommended ? CU_MEM_ALLOC_GRANULARITY_RECOMMENDED : CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (rc != CUDA_SUCCESS)
-    return Status(ErrorCode::kUnsupported, "cuMemGetAllocationGranularity on device " + std::to_string(device) +
-                                               ": " + ErrorText(*api_, rc));
+    return Status(ErrorCode::kUnsupported, "cuMemGetAllocationGranularity on device " + std::to_string(device) + ": " +
+                                               CudaErrorText(*api_, rc));
   return g;
 }
 
@@ -123,8 +115,8 @@ const CudaDriver& CudaDriver::Get() {
 Status CudaDriver::CheckDevice(int device) const {
   MB_RETURN_IF_ERROR(status_);
   if (device < 0 || device >= devices_)
-    return Status(ErrorCode::kUnsupported, "no CUDA device " + std::to_string(device) + " (this machine has " +
-                                               std::to_string(devices_) + ")");
+    return Status(ErrorCode::kUnsupported,
+                  "no CUDA device " + std::to_string(device) + " (this machine has " + std::to_string(devices_) + ")");
   return Status::Ok();
 }
 
