@@ -11,6 +11,7 @@
 #include "memory/memory_limits.h"
 #include "restart/systemd.h"
 #include "uv_status.h"
+#include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/syscall.h"
 
 namespace membroker::broker {
@@ -44,6 +45,16 @@ void SetBudgets(Options& options, Accounting& limits) {
             static_cast<unsigned long long>(memory.bytes));
   limits.max_bytes = options.max_bytes;
   limits.max_pinned_bytes = options.max_pinned_bytes;
+  // Each CUDA device's budget: the option's, else all of the device's memory.
+  const ipc::CudaDriver& driver = ipc::CudaDriver::Get();
+  for (int d = 0; d < driver.device_count(); ++d) {
+    auto total = driver.TotalMemory(d);
+    auto given = options.max_device_bytes.find(d);
+    if (given != options.max_device_bytes.end())
+      limits.max_device_bytes[d] = given->second;
+    else if (total.ok())
+      limits.max_device_bytes[d] = *total;
+  }
   limits.client_limits = options.quota_client;
   limits.uid_default = options.quota_uid_default;
   for (const auto& [uid, l] : options.quota_uid) limits.uid_limits[uid] = l;
@@ -211,7 +222,7 @@ void Broker::Stop() {
 bool Broker::Idle() const {
   const Usage& u = holdings_.accounting().total();
   return sessions_.empty() && holdings_.table().all().empty() && holdings_.table().export_count() == 0 &&
-         u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 &&
+         u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 && u.device_bytes == 0 &&
          holdings_.window().used() == 0 && counters_.bytes_pending == 0 && workers_.bytes_returning() == 0 &&
          engines_.empty() && waiters_.empty() && names_.empty();
 }

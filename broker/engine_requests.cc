@@ -167,7 +167,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineImportRequest& 
                          owner->ledger.ReadOnly(m.allocation);
   ipc::UniqueFd ro;
   if (read_only) {
-    MB_ASSIGN_OR_RETURN(ro, holdings_.backend().ReadOnlyFd(a->memory));
+    MB_ASSIGN_OR_RETURN(ro, BackendOf(a->memory, holdings_.backend()).ReadOnlyFd(a->memory));
   }
   return SentOnSuccess(Grant(s, rid, *a, read_only ? ro.get() : a->memory.fd.get(), read_only, Holding::kEngine));
 }

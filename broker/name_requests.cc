@@ -46,7 +46,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   const bool read_only = (m.flags & ipc::kPublishReadOnly) || s.ledger.ReadOnly(m.allocation);
   NamedEntry e;
   if (read_only) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, holdings_.backend().ReadOnlyFd(a->memory));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, BackendOf(a->memory, holdings_.backend()).ReadOnlyFd(a->memory));
   }
   e.allocation = m.allocation;
   e.publisher_session = s.id;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <sstream>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -34,6 +35,7 @@ const char kUsage[] =
     "  --ready-fd N             write \"READY <pid>\\n\" to fd N once serving, then close it\n"
     "  --max-bytes SIZE         budget for all allocations (K, M, G, T); default: half of RAM\n"
     "  --max-pinned-bytes SIZE  budget for pinned memory; default: an eighth of RAM\n"
+    "  --max-device-bytes DEV=SIZE[,DEV=SIZE]  budget for CUDA device DEV's memory; default: all of it\n"
     "  --max-clients N          clients connected at once, past their handshake (default 1024);\n"
     "                           as many more may wait for their handshake\n"
     "  --handshake-timeout-ms MS close connections that send no hello within MS (default 5000)\n"
@@ -95,6 +97,16 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "max-pinned-bytes") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 1G");
     o->max_pinned_bytes = n;
+  } else if (key == "max-device-bytes") {
+    std::stringstream in(value);
+    for (std::string item; std::getline(in, item, ',');) {
+      const size_t eq = item.find('=');
+      uint64_t device = 0, bytes = 0;
+      if (eq == std::string::npos || !ParseCount(item.substr(0, eq), &device) || device > 1024 ||
+          !ParseSize(item.substr(eq + 1), &bytes))
+        return Bad(key, value, "DEVICE=SIZE pairs such as 0=40G,1=40G");
+      o->max_device_bytes[static_cast<int>(device)] = bytes;
+    }
   } else if (key == "max-clients") {
     if (!ParseCount(value, &n) || n == 0) return Bad(key, value, "a positive count");
     o->max_clients = n;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,11 @@ struct Options {
   bool supervise = false;
   // After a take-over: how long memory and names nobody has reattached to are kept.
   uint32_t reattach_grace_ms = 10000;
-  int ready_fd = -1;                    // "READY <pid>\n" is written here once serving
-  uint64_t max_bytes = 0;               // broker-wide byte budget; 0 = half of RAM
-  uint64_t max_pinned_bytes = 0;        // broker-wide pinned budget; 0 = an eighth of RAM
-  size_t max_clients = 1024;            // clients past their handshake
+  int ready_fd = -1;                         // "READY <pid>\n" is written here once serving
+  uint64_t max_bytes = 0;                    // broker-wide byte budget; 0 = half of RAM
+  uint64_t max_pinned_bytes = 0;             // broker-wide pinned budget; 0 = an eighth of RAM
+  std::map<int, uint64_t> max_device_bytes;  // per CUDA device; default: the device's memory
+  size_t max_clients = 1024;                 // clients past their handshake
   // Connections that have not sent their hello: at most max_clients of them
   // at once, each closed if it has not within this time.
   uint32_t handshake_timeout_ms = 5000;

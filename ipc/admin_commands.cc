@@ -23,7 +23,7 @@ constexpr AdminCommand kCommands[] = {
     {kListAllocations, "list allocations", AdminArg::kNone, true, "live allocations",
      "Live allocations, one row each: size and pages, who made and who holds it, how it is "
      "shared, where it came from, its age.",
-     "id size page_size pinned owner holders exported read_only fell_back from_pool fixed_address age_ms"},
+     "id size page_size pinned owner holders exported read_only fell_back from_pool fixed_address location age_ms"},
     {kListPools, "list pools", AdminArg::kNone, true, "pools and their refills",
      "Pools, one row each: the size class, what is ready and being refilled, and how takes "
      "fared.",

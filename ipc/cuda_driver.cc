@@ -91,6 +91,15 @@ Result<size_t> CudaDriver::Granularity(int device, bool recommended) const {
   return g;
 }
 
+Result<uint64_t> CudaDriver::TotalMemory(int device) const {
+  MB_RETURN_IF_ERROR(CheckDevice(device));
+  size_t bytes = 0;
+  if (CUresult rc = api_->cuDeviceTotalMem(&bytes, device); rc != CUDA_SUCCESS)
+    return Status(ErrorCode::kUnsupported,
+                  "cuDeviceTotalMem on device " + std::to_string(device) + ": " + CudaErrorText(*api_, rc));
+  return bytes;
+}
+
 #else  // built without the CUDA toolkit's headers
 
 struct CudaDriver::Api {};
@@ -101,6 +110,11 @@ CudaDriver::CudaDriver()
               "(configure with MEMBROKER_CUDA=ON and the CUDA toolkit installed)") {}
 
 Result<size_t> CudaDriver::Granularity(int device, bool) const {
+  MB_RETURN_IF_ERROR(CheckDevice(device));
+  return Status(ErrorCode::kUnsupported, "unreachable");
+}
+
+Result<uint64_t> CudaDriver::TotalMemory(int device) const {
   MB_RETURN_IF_ERROR(CheckDevice(device));
   return Status(ErrorCode::kUnsupported, "unreachable");
 }

@@ -60,9 +60,9 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const MallocReply& m) {
     auto token = m.token.empty() ? fb::Offset<fb::String>() : b.CreateString(m.token);
-    return w::CreateMallocReply(b, m.handle, m.size, m.page_size, m.fell_back, m.pinned,
-                                 m.fixed_address, m.from_pool, token)
-                .Union();
+    return w::CreateMallocReply(b, m.handle, m.size, m.page_size, m.fell_back, m.pinned, m.fixed_address, m.from_pool,
+                                token, m.device)
+        .Union();
   }
   fb::Offset<void> operator()(const FreeRequest& m) {
     return w::CreateFreeRequest(b, m.handle).Union();
@@ -87,9 +87,9 @@ struct Encoder {
     auto meta = m.metadata.empty() ? fb::Offset<fb::Vector<uint8_t>>()
                                    : b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()),
                                                     m.metadata.size());
-    return w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only, m.pinned,
-                                 m.fixed_address, meta)
-                .Union();
+    return w::CreateImportReply(b, m.handle, m.size, m.page_size, m.read_only, m.pinned, m.fixed_address, meta,
+                                m.device)
+        .Union();
   }
   fb::Offset<void> operator()(const PingRequest&) {
     return w::CreatePingRequest(b).Union();
@@ -369,9 +369,10 @@ Result<Message> Read(const w::MallocRequest* m) {
 }
 
 Result<Message> Read(const w::MallocReply* m) {
-  return Message(MallocReply{m->handle(), m->size(), m->page_size(), m->fell_back(),
-                             m->pinned(), m->fixed_address(), m->from_pool(),
-                             m->token() ? m->token()->str() : std::string()});
+  if (m->device() < -1)
+    return Status(ErrorCode::kProtocolError, "MallocReply names device " + std::to_string(m->device()));
+  return Message(MallocReply{m->handle(), m->size(), m->page_size(), m->fell_back(), m->pinned(), m->fixed_address(),
+                             m->from_pool(), m->token() ? m->token()->str() : std::string(), m->device()});
 }
 
 Result<Message> Read(const w::FreeRequest* m) {
@@ -408,7 +409,9 @@ Result<Message> Read(const w::ImportRequest* m) {
 }
 
 Result<Message> Read(const w::ImportReply* m) {
-  ImportReply r{m->handle(), m->size(), m->page_size(), m->read_only(), m->pinned(), m->fixed_address(), {}};
+  ImportReply r{m->handle(),        m->size(), m->page_size(), m->read_only(), m->pinned(),
+                m->fixed_address(), {},        m->device()};
+  if (r.device < -1) return Status(ErrorCode::kProtocolError, "ImportReply names device " + std::to_string(r.device));
   MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
   return Message(std::move(r));
 }

@@ -54,6 +54,8 @@ constexpr StatMetric kStatMetrics[] = {
     {"free_hugepages_2m", false, "Free 2 MiB huge pages in the kernel's pool."},
     {"free_hugepages_1g", false, "Free 1 GiB huge pages in the kernel's pool."},
     {"bytes_allocated", false, "Bytes of live allocations."},
+    {"device_bytes", false,
+     "Bytes of live CUDA device allocations, on all devices (per device: membroker_device_bytes_on)."},
     {"bytes_pending", false, "Bytes of allocations being created on workers."},
     {"bytes_returning", false, "Bytes of freed memory being returned on workers."},
     {"bytes_budget", false, "The budget for all allocations (--max-bytes), in bytes."},
@@ -136,6 +138,7 @@ Record Broker::StatsRecord() const {
       .Num("bytes_returning", workers_.bytes_returning())
       .Num("bytes_budget", options_.max_bytes)
       .Str("bytes_budget_source", holdings_.accounting().budget_source)
+      .Num("device_bytes", holdings_.accounting().total().device_bytes)
       .Num("pinned_bytes", holdings_.accounting().total().pinned_bytes)
       .Num("pinned_budget", options_.max_pinned_bytes)
       .Str("pinned_budget_source", holdings_.accounting().pinned_budget_source)
@@ -214,6 +217,7 @@ Record Broker::AllocationRecord(const Allocation& a) const {
       .Bool("fell_back", a.fell_back)
       .Bool("from_pool", a.pool >= 0)
       .Num("fixed_address", a.fixed_address)
+      .Str("location", a.memory.device >= 0 ? "cuda:" + std::to_string(a.memory.device) : "host")
       .Num("age_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::steady_clock::now() - a.created)
                          .count());
@@ -231,6 +235,22 @@ std::string Broker::MetricsText() const {
     if (counter && !name.ends_with("_total")) name += "_total";
     if (m != nullptr) out += "# HELP " + name + " " + m->help + "\n";
     out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
+  }
+  // Per CUDA device: what is in use and its budget (--max-device-bytes).
+  const Accounting& acc = holdings_.accounting();
+  if (!acc.max_device_bytes.empty()) {
+    out +=
+        "# HELP membroker_device_bytes_on Bytes of live allocations on one CUDA device.\n"
+        "# TYPE membroker_device_bytes_on gauge\n";
+    for (const auto& [device, budget] : acc.max_device_bytes)
+      out += "membroker_device_bytes_on{device=\"" + std::to_string(device) + "\"} " +
+             std::to_string(acc.device_total(device)) + "\n";
+    out +=
+        "# HELP membroker_device_bytes_budget The budget of one CUDA device (--max-device-bytes), in bytes.\n"
+        "# TYPE membroker_device_bytes_budget gauge\n";
+    for (const auto& [device, budget] : acc.max_device_bytes)
+      out +=
+          "membroker_device_bytes_budget{device=\"" + std::to_string(device) + "\"} " + std::to_string(budget) + "\n";
   }
   return out;
 }

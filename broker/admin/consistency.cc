@@ -11,11 +11,12 @@ namespace membroker::broker {
 namespace {
 bool operator!=(const Usage& a, const Usage& b) {
   return a.bytes != b.bytes || a.pinned_bytes != b.pinned_bytes || a.allocations != b.allocations ||
-         a.imports != b.imports;
+         a.imports != b.imports || a.device_bytes != b.device_bytes;
 }
 std::string Text(const Usage& u) {
   return "bytes=" + std::to_string(u.bytes) + " pinned=" + std::to_string(u.pinned_bytes) +
-         " allocations=" + std::to_string(u.allocations) + " imports=" + std::to_string(u.imports);
+         " allocations=" + std::to_string(u.allocations) + " imports=" + std::to_string(u.imports) +
+         " device=" + std::to_string(u.device_bytes);
 }
 Status Broken(const std::string& what) {
   return Status(ErrorCode::kInternal, "tables disagree: " + what);

@@ -31,12 +31,20 @@ Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, co
     return Over(code, who, "allocations", l.allocations, used.allocations, d.allocations);
   if (d.imports && Exceeds(used.imports, d.imports, l.imports))
     return Over(code, who, "imports", l.imports, used.imports, d.imports);
+  if (d.device_bytes && Exceeds(used.device_bytes, d.device_bytes, l.device_bytes))
+    return Over(code, who, "device bytes", l.device_bytes, used.device_bytes, d.device_bytes);
   return Status::Ok();
 }
 
 }  // namespace
 
+Usage Usage::For(uint64_t size, bool pinned, int on_device) {
+  if (on_device >= 0) return Usage{.allocations = 1, .device_bytes = size, .device = on_device};
+  return Usage{.bytes = size, .pinned_bytes = pinned ? size : 0, .allocations = 1};
+}
+
 Usage& Usage::operator+=(const Usage& o) {
+  device_bytes += o.device_bytes;
   bytes += o.bytes;
   pinned_bytes += o.pinned_bytes;
   allocations += o.allocations;
@@ -45,6 +53,7 @@ Usage& Usage::operator+=(const Usage& o) {
 }
 
 Usage& Usage::operator-=(const Usage& o) {
+  device_bytes = SatSub(device_bytes, o.device_bytes);
   bytes = SatSub(bytes, o.bytes);
   pinned_bytes = SatSub(pinned_bytes, o.pinned_bytes);
   allocations = SatSub(allocations, o.allocations);
@@ -66,9 +75,11 @@ Status QuotaLimits::Parse(const std::string& spec) {
     else if (key == "pinned") pinned_bytes = v;
     else if (key == "allocations") allocations = v;
     else if (key == "imports") imports = v;
+    else if (key == "device")
+      device_bytes = v;
     else
       return Status(ErrorCode::kParamInvalid,
-                    "unknown quota key '" + key + "' (bytes, pinned, allocations, imports)");
+                    "unknown quota key '" + key + "' (bytes, pinned, allocations, imports, device)");
   }
   return Status::Ok();
 }
@@ -76,7 +87,7 @@ Status QuotaLimits::Parse(const std::string& spec) {
 std::string QuotaLimits::ToString() const {
   auto f = [](uint64_t v) { return v == kUnlimited ? std::string("unlimited") : std::to_string(v); };
   return "bytes=" + f(bytes) + ",pinned=" + f(pinned_bytes) + ",allocations=" + f(allocations) +
-         ",imports=" + f(imports);
+         ",imports=" + f(imports) + ",device=" + f(device_bytes);
 }
 
 const QuotaLimits& Accounting::LimitsFor(uid_t uid) const {
@@ -91,6 +102,13 @@ Status Accounting::Check(const Usage& client, uid_t uid, const Usage& d) const {
   if (d.pinned_bytes && Exceeds(total_.pinned_bytes, d.pinned_bytes, max_pinned_bytes))
     return Over(ErrorCode::kResourceExhausted, "broker", "pinned budget (--max-pinned-bytes)",
                 max_pinned_bytes, total_.pinned_bytes, d.pinned_bytes);
+  if (d.device_bytes) {
+    auto budget = max_device_bytes.find(d.device);
+    if (budget != max_device_bytes.end() && Exceeds(device_total(d.device), d.device_bytes, budget->second))
+      return Over(ErrorCode::kResourceExhausted, "broker",
+                  ("device " + std::to_string(d.device) + " budget (--max-device-bytes)").c_str(), budget->second,
+                  device_total(d.device), d.device_bytes);
+  }
   MB_RETURN_IF_ERROR(CheckLimits(ErrorCode::kQuotaExceeded, "client", client, client_limits, d));
   auto it = by_uid_.find(uid);
   Usage none;
@@ -98,9 +116,15 @@ Status Accounting::Check(const Usage& client, uid_t uid, const Usage& d) const {
                      it == by_uid_.end() ? none : it->second, LimitsFor(uid), d);
 }
 
+uint64_t Accounting::device_total(int device) const {
+  auto it = device_total_.find(device);
+  return it == device_total_.end() ? 0 : it->second;
+}
+
 void Accounting::ChargeUid(uid_t uid, const Usage& delta) {
   by_uid_[uid] += delta;
   total_ += delta;
+  if (delta.device_bytes) device_total_[delta.device] += delta.device_bytes;
 }
 
 void Accounting::ReleaseUid(uid_t uid, const Usage& delta) {
@@ -108,9 +132,13 @@ void Accounting::ReleaseUid(uid_t uid, const Usage& delta) {
   if (it != by_uid_.end()) {
     it->second -= delta;
     const Usage& u = it->second;
-    if (!u.bytes && !u.pinned_bytes && !u.allocations && !u.imports) by_uid_.erase(it);
+    if (!u.bytes && !u.pinned_bytes && !u.allocations && !u.imports && !u.device_bytes) by_uid_.erase(it);
   }
   total_ -= delta;
+  if (auto d = device_total_.find(delta.device); delta.device_bytes && d != device_total_.end()) {
+    d->second = SatSub(d->second, delta.device_bytes);
+    if (d->second == 0) device_total_.erase(d);
+  }
 }
 
 }  // namespace membroker::broker

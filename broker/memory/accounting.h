@@ -7,6 +7,9 @@
 //     it, and to the creator's uid (and the broker totals) while it lives.
 //  2. An import is charged to the importing client and its uid while held.
 //  3. A host registration is pinned bytes of its client and uid while it lasts.
+//  4. Device memory is device_bytes, not bytes: the host budgets do not see
+//     it; each device has its own budget (max_device_bytes), and the quotas'
+//     "device" key limits a client's or uid's device bytes on all devices.
 #pragma once
 
 #include <sys/types.h>
@@ -25,7 +28,12 @@ struct Usage {
   uint64_t pinned_bytes = 0;
   uint64_t allocations = 0;
   uint64_t imports = 0;
+  uint64_t device_bytes = 0;
+  int device = -1;  // whose budget device_bytes is charged to (one allocation's charge)
 
+  // What an allocation of `bytes` costs: host bytes (pinned ones too), or
+  // device bytes on `device`.
+  static Usage For(uint64_t bytes, bool pinned, int device);
   Usage& operator+=(const Usage& o);
   Usage& operator-=(const Usage& o);  // saturates at zero
 };
@@ -36,20 +44,22 @@ struct QuotaLimits {
   uint64_t pinned_bytes = kUnlimited;
   uint64_t allocations = kUnlimited;
   uint64_t imports = kUnlimited;
+  uint64_t device_bytes = kUnlimited;
 
-  // Parses "bytes=1G,pinned=64M,allocations=100,imports=50" onto *this.
+  // Parses "bytes=1G,pinned=64M,allocations=100,imports=50,device=8G" onto *this.
   Status Parse(const std::string& spec);
   std::string ToString() const;
 };
 
 class Accounting {
  public:
-  uint64_t max_bytes = 0;         // broker-wide budget
-  uint64_t max_pinned_bytes = 0;  // broker-wide pinned budget
-  std::string budget_source;         // where max_bytes came from (a flag, or the memory it is a share of)
-  std::string pinned_budget_source;  // and max_pinned_bytes
-  QuotaLimits client_limits;      // every client
-  QuotaLimits uid_default;        // every uid without an override
+  uint64_t max_bytes = 0;                    // broker-wide budget
+  uint64_t max_pinned_bytes = 0;             // broker-wide pinned budget
+  std::string budget_source;                 // where max_bytes came from (a flag, or the memory it is a share of)
+  std::string pinned_budget_source;          // and max_pinned_bytes
+  std::map<int, uint64_t> max_device_bytes;  // per CUDA device (none: unlimited)
+  QuotaLimits client_limits;                 // every client
+  QuotaLimits uid_default;                   // every uid without an override
   std::map<uid_t, QuotaLimits> uid_limits;
 
   // Whether adding delta for this client and uid stays within every limit.
@@ -59,11 +69,13 @@ class Accounting {
   void ReleaseUid(uid_t uid, const Usage& delta);
   const Usage& total() const { return total_; }
   const std::map<uid_t, Usage>& by_uid() const { return by_uid_; }
+  uint64_t device_total(int device) const;
   const QuotaLimits& LimitsFor(uid_t uid) const;
 
  private:
   Usage total_;
   std::map<uid_t, Usage> by_uid_;
+  std::map<int, uint64_t> device_total_;
 };
 
 }  // namespace membroker::broker

@@ -104,7 +104,7 @@ Result<std::string> AllocationTable::Export(uint64_t id, uint64_t exporter, uid_
   e.exporter_uid = exporter_uid;
   e.flags = flags;
   if (flags & ipc::kExportReadOnly) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, BackendOf(a->memory, backend_).ReadOnlyFd(a->memory));
   }
   MB_ASSIGN_OR_RETURN(std::string token, RandomToken());
   a->tokens.push_back(token);
@@ -172,7 +172,7 @@ Status AllocationTable::RestoreExport(const std::string& token, uint64_t id, uin
     if (start.ok() && *start == p.start_time) e.allowed.push_back(p);  // else: that process is gone
   }
   if (flags & ipc::kExportReadOnly) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, backend_.ReadOnlyFd(a->memory));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, BackendOf(a->memory, backend_).ReadOnlyFd(a->memory));
   }
   a->tokens.push_back(token);
   exports_.emplace(token, std::move(e));

@@ -2,9 +2,9 @@
 // it hands out - create it (sized, sealed, its pages reserved, pinned on
 // request), export it as an fd (read-write, or read-only), report its
 // granularity, and give it back - goes through this interface. The request
-// handlers, pools, workers and the allocation table call nothing else, so a
-// second backend (CUDA VMM device memory, cuMemCreate with POSIX fd handles)
-// plugs in here without touching them.
+// handlers, pools, workers and the allocation table call nothing else. Two
+// backends: host memory (memfds) and CUDA device memory (cuMemCreate with
+// POSIX fd handles); BackendOf picks a memory's own.
 //
 // Lifetime rules:
 //  1. Create returns a whole PhysicalMemory or an error; nothing half made
@@ -32,6 +32,7 @@ struct MemorySpec {
   uint64_t size = 0;
   ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
   bool pinned = false;
+  int device = -1;  // a CUDA device's memory (CudaBackend), or host memory
 };
 
 class PhysicalBackend {
@@ -42,7 +43,7 @@ class PhysicalBackend {
   virtual ipc::Granularity Granularity(ipc::PagePolicy policy) const = 0;
   // The most bytes Create may use for this request: charged before creating.
   // 0 when the size overflows.
-  virtual uint64_t MaxBytes(uint64_t size, ipc::PagePolicy policy) const = 0;
+  virtual uint64_t MaxBytes(const MemorySpec& spec) const = 0;
   virtual Result<PhysicalMemory> Create(const MemorySpec& spec) = 0;
   // An fd to the same memory that cannot be mapped writable.
   virtual Result<ipc::UniqueFd> ReadOnlyFd(const PhysicalMemory& mem) const = 0;
@@ -52,5 +53,17 @@ class PhysicalBackend {
 // Host memory: sealed memfds in 4 KiB, 2 MiB or 1 GiB pages (ipc/memfd.h).
 // One instance serves the whole process.
 PhysicalBackend& MemfdBackend();
+
+// CUDA device memory (cuda_backend.cc): cuMemCreate on spec.device with POSIX
+// fd handles, exported as an fd that travels like a memfd. The broker keeps
+// only that fd (the driver's handle is released at once): the memory lives
+// while any process holds an fd, handle or mapping of it.
+PhysicalBackend& CudaBackend();
+
+// The backend that made `mem`: host memory from `host` (the memfd backend or a
+// test's), device memory from CudaBackend().
+inline PhysicalBackend& BackendOf(const PhysicalMemory& mem, PhysicalBackend& host) {
+  return mem.device >= 0 ? CudaBackend() : host;
+}
 
 }  // namespace membroker::broker

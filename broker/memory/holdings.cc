@@ -27,7 +27,7 @@ void Holdings::Uncharge(Session* s, uid_t uid, const Usage& delta) {
 Allocation& Holdings::Insert(Session& s, PhysicalMemory mem, ipc::PagePolicy policy, bool pinned,
                              const Usage& charged, uint64_t fixed_address, int pool) {
   // Settle the charge to what was actually created (HUGE_FIRST may fall back).
-  const Usage actual{.bytes = mem.size, .pinned_bytes = pinned ? mem.size : 0, .allocations = 1};
+  const Usage actual = Usage::For(mem.size, pinned, mem.device);
   Uncharge(&s, s.cred.uid, charged);
   s.usage += actual;
   accounting_.ChargeUid(s.cred.uid, actual);
@@ -59,10 +59,11 @@ Result<Allocation*> Holdings::Adopt(uint64_t id, PhysicalMemory mem, ipc::PagePo
               LogText(pin.message()).c_str());
   }
   const uint64_t size = mem.size;
+  const int device = mem.device;
   Allocation& a = table_.Adopt(id, std::move(mem), policy, 0, uid, inode);
   a.holders = 0;  // its holders come back by reattaching
   a.fixed_address = fixed_address;
-  a.charge = Usage{size, a.pinned ? size : 0, 1, 0};
+  a.charge = Usage::For(size, a.pinned, device);
   a.stored_as = stored_as;
   accounting_.ChargeUid(uid, a.charge);  // it exists: charged, never refused
   journal_.Entered(a);

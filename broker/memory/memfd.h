@@ -36,6 +36,7 @@ struct PhysicalMemory {
   uint64_t page_size = 0;  // the page size actually used
   bool fell_back = false;  // HUGE_FIRST that got normal pages
   LockedMapping lock;      // set for pinned memory
+  int device = -1;         // CUDA device memory (its fd is the driver's), or -1
 };
 
 // Creates a sealed memfd of at least `size` bytes with its pages reserved

@@ -11,8 +11,8 @@ class Memfd final : public PhysicalBackend {
   ipc::Granularity Granularity(ipc::PagePolicy policy) const override {
     return ipc::GranularityFor(policy);
   }
-  uint64_t MaxBytes(uint64_t size, ipc::PagePolicy policy) const override {
-    return ipc::RoundUp(size, ipc::PreferredPageSize(policy, size));
+  uint64_t MaxBytes(const MemorySpec& spec) const override {
+    return ipc::RoundUp(spec.size, ipc::PreferredPageSize(spec.policy, spec.size));
   }
   Result<PhysicalMemory> Create(const MemorySpec& spec) override {
     MB_ASSIGN_OR_RETURN(PhysicalMemory mem,

@@ -56,30 +56,31 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
     return Status(ErrorCode::kParamInvalid, "export flags without the export malloc flag");
   if (m.device < -1) return Status(ErrorCode::kParamInvalid, "device " + std::to_string(m.device) + " is no device");
   if (m.device >= 0) {
-    // Why this broker has no device memory to give (no driver, no such device)...
+    // Why this broker has no device memory to give (no driver, no such device).
     MB_RETURN_IF_ERROR(ipc::CudaDriver::Get().CheckDevice(m.device));
-    // ...and, where it could, that the device backend is not built yet.
-    return Status(ErrorCode::kUnsupported,
-                  "device allocations (cuMemCreate) are not implemented in this membrokerd yet; device " +
-                      std::to_string(m.device) + " is present");
+    if (m.flags & (ipc::kMallocPinned | ipc::kMallocSameAddress))
+      return Status(ErrorCode::kParamInvalid, "device memory is neither pinned host memory nor same-address");
+    if (m.policy != ipc::PagePolicy::kNormalOnly)
+      return Status(ErrorCode::kParamInvalid,
+                    "page policies are for host memory; device memory has the driver's granularity");
   }
   if (s.ledger.size() >= kMaxHoldingsPerClient)
     return Status(ErrorCode::kResourceExhausted, "this client holds too many allocations");
   // Charge the largest size the policy may produce; settled in FinishMalloc.
-  PhysicalBackend& backend = holdings_.backend();
-  uint64_t reserve = backend.MaxBytes(m.size, m.policy);
-  if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
   const bool pinned = m.flags & ipc::kMallocPinned;
-  PendingMalloc p{s.id, rid, m.policy, m.flags, m.export_flags, Usage{reserve, pinned ? reserve : 0, 1, 0}, s.cred.uid};
+  MemorySpec spec{state_file_->NameFor("membroker:client" + std::to_string(s.id)), m.size, m.policy, pinned, m.device};
+  PhysicalBackend& backend = m.device >= 0 ? CudaBackend() : holdings_.backend();
+  uint64_t reserve = backend.MaxBytes(spec);
+  if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
+  PendingMalloc p{s.id, rid, m.policy, m.flags, m.export_flags, Usage::For(reserve, pinned, m.device), s.cred.uid};
   MB_RETURN_IF_ERROR(holdings_.Charge(s, p.charged));
 
-  if (auto taken = pools_.Take(m.size, m.policy, m.flags)) {
+  if (auto taken = m.device >= 0 ? std::nullopt : pools_.Take(m.size, m.policy, m.flags)) {
     FinishMalloc(p, std::move(taken->memory), taken->pool);
     workers_.Defer();  // the refill
     return Deferred{};  // FinishMalloc answered
   }
   counters_.bytes_pending += reserve;
-  MemorySpec spec{state_file_->NameFor("membroker:client" + std::to_string(s.id)), m.size, m.policy, pinned};
   if (reserve <= options_.inline_alloc_bytes) {
     FinishMalloc(p, backend.Create(spec), -1);
     return Deferred{};  // FinishMalloc answered
@@ -130,14 +131,16 @@ void Broker::FinishMalloc(const PendingMalloc& p, Result<PhysicalMemory> mem, in
            a.pinned ? 1 : 0, a.pool);
   int fd = a.memory.fd.get();
   Send(*s, p.request_id,
-       ipc::MallocReply{a.id, a.size, a.page_size, a.fell_back, a.pinned, a.fixed_address, pool >= 0, std::move(token)},
+       ipc::MallocReply{a.id, a.size, a.page_size, a.fell_back, a.pinned, a.fixed_address, pool >= 0, std::move(token),
+                        a.memory.device},
        std::span<const int>(&fd, 1));
 }
 
 Status Broker::Grant(Session& s, uint64_t rid, const Allocation& a, int fd, bool read_only, Holding where,
                      const std::string& metadata) {
   MB_RETURN_IF_ERROR(holdings_.Grant(s, a, read_only, where));
-  Send(s, rid, ipc::ImportReply{a.id, a.size, a.page_size, read_only, a.pinned, a.fixed_address, metadata},
+  Send(s, rid,
+       ipc::ImportReply{a.id, a.size, a.page_size, read_only, a.pinned, a.fixed_address, metadata, a.memory.device},
        std::span<const int>(&fd, 1));
   return Status::Ok();
 }

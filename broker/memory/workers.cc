@@ -56,7 +56,7 @@ void Workers::Create(MemorySpec spec, Created done) {
       [](uv_work_t* r) {
         LowerWorkerPriority();
         auto* w = static_cast<MallocWork*>(r->data);
-        w->result = w->workers->backend_.Create(w->spec);
+        w->result = w->workers->BackendFor(w->spec).Create(w->spec);
       },
       [](uv_work_t* r, int) {
         std::unique_ptr<MallocWork> w(static_cast<MallocWork*>(r->data));
@@ -66,7 +66,7 @@ void Workers::Create(MemorySpec spec, Created done) {
   if (rc != 0) {  // not queued: create it here rather than lose the request
     std::unique_ptr<MallocWork> owned(w);
     MB_WARN("worker_refused", "work=malloc error=\"%s\"", uv_strerror(rc));
-    owned->done(backend_.Create(owned->spec));
+    owned->done(BackendFor(owned->spec).Create(owned->spec));
   }
 }
 
@@ -114,7 +114,7 @@ void Workers::Return(ReturnBatch batch) {
       [](uv_work_t* r) {
         LowerWorkerPriority();
         auto* w = static_cast<ReturnWork*>(r->data);
-        for (auto& mem : w->batch.memories) w->workers->backend_.Release(std::move(mem));
+        for (auto& mem : w->batch.memories) BackendOf(mem, w->workers->backend_).Release(std::move(mem));
         w->batch.memories.clear();
       },
       [](uv_work_t* r, int) {
@@ -125,7 +125,7 @@ void Workers::Return(ReturnBatch batch) {
     std::unique_ptr<ReturnWork> owned(w);
     MB_WARN("worker_refused", "work=return error=\"%s\"", uv_strerror(rc));
     returning_ -= owned->batch.bytes;
-    for (auto& mem : owned->batch.memories) backend_.Release(std::move(mem));
+    for (auto& mem : owned->batch.memories) BackendOf(mem, backend_).Release(std::move(mem));
   }
 }
 

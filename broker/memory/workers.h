@@ -66,6 +66,7 @@ class Workers {
   struct ReturnWork;
 
   uv_loop_t* loop_;
+  PhysicalBackend& BackendFor(const MemorySpec& spec) { return spec.device >= 0 ? CudaBackend() : backend_; }
   PhysicalBackend& backend_;
   Pools& pools_;
   const uint32_t delay_ms_;

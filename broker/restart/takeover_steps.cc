@@ -202,7 +202,7 @@ Status Broker::RestoreName(const ipc::TakeOverName& m) {
   e.awaiting_publisher = !e.persist;
   e.metadata = m.metadata;
   if (e.read_only) {
-    MB_ASSIGN_OR_RETURN(e.read_only_fd, holdings_.backend().ReadOnlyFd(a->memory));
+    MB_ASSIGN_OR_RETURN(e.read_only_fd, BackendOf(a->memory, holdings_.backend()).ReadOnlyFd(a->memory));
   }
   MB_RETURN_IF_ERROR(names_.Add(m.name, std::move(e)).status());
   holdings_.AddReference(m.allocation);

@@ -93,7 +93,7 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   auto* m = std::get_if<ipc::MallocReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "MallocRequest got a wrong reply");
   PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size,
-                                 /*read_only=*/false, m->pinned, m->fixed_address, /*created=*/true);
+                                 /*read_only=*/false, m->pinned, m->fixed_address, /*created=*/true, m->device);
   if (!m->token.empty()) core_->journal().RecordExport(m->token, m->handle, prop.export_flags);
   h.fell_back_ = m->fell_back;
   h.from_pool_ = m->from_pool;
@@ -102,9 +102,9 @@ Result<PhysicalHandle> Client::MallocPhysical(size_t size, const AllocationProp&
   return h;
 }
 
-PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                                   bool read_only, bool pinned, uint64_t fixed_address, bool created) {
-  core_->AddHandle(id, std::move(fd), size, page_size, read_only, fixed_address, pinned, created);
+PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
+                                   bool pinned, uint64_t fixed_address, bool created, int device) {
+  core_->AddHandle(id, std::move(fd), size, page_size, read_only, fixed_address, pinned, created, device);
   PhysicalHandle h;
   h.core_ = core_;
   h.id_ = id;
@@ -113,6 +113,7 @@ PhysicalHandle Client::AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size,
   h.read_only_ = read_only;
   h.pinned_ = pinned;
   h.fixed_address_ = fixed_address;
+  h.device_ = device;
   return h;
 }
 
@@ -205,8 +206,8 @@ Result<PhysicalHandle> Client::ImportFromShareableHandle(const std::string& toke
   MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ImportRequest{token}));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "ImportRequest got a wrong reply");
-  return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
-                     m->pinned, m->fixed_address, /*created=*/false);
+  return AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only, m->pinned, m->fixed_address,
+                     /*created=*/false, m->device);
 }
 
 Result<void*> Client::MallocHost(size_t size) {
@@ -290,6 +291,7 @@ PhysicalHandle& PhysicalHandle::operator=(PhysicalHandle&& o) noexcept {
     pinned_ = o.pinned_;
     fell_back_ = o.fell_back_;
     from_pool_ = o.from_pool_;
+    device_ = o.device_;
     fixed_address_ = o.fixed_address_;
     export_token_ = std::move(o.export_token_);
     export_flags_ = o.export_flags_;

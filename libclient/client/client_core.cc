@@ -1,4 +1,5 @@
 #include "client/client_core.h"
+#include "client/device_vmm.h"
 #include "client/hangup_watcher.h"
 
 #include <sys/mman.h>
@@ -58,10 +59,11 @@ Result<size_t> ClientCore::Granularity(PagePolicy policy, GranularityOption opti
   return Status(ErrorCode::kParamInvalid, "unknown page policy");
 }
 
-void ClientCore::AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                           bool read_only, uint64_t fixed_address, bool pinned, bool created) {
+void ClientCore::AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
+                           uint64_t fixed_address, bool pinned, bool created, int device) {
   std::lock_guard<std::mutex> lk(mu_);
   HeldAllocation& h = handles_[id];
+  h.device = device;
   h.pinned = pinned;
   h.created = created;
   h.fd = std::move(fd);
@@ -94,6 +96,7 @@ Status ClientCore::FreeHandle(uint64_t id) {
 void ClientCore::ForgetHandle(std::unordered_map<uint64_t, HeldAllocation>::iterator it, Frees* frees) {
   const uint64_t id = it->first;
   const bool detached = it->second.detached;
+  if (it->second.cu_handle != 0) (void)device::ReleaseHandle(it->second.cu_handle);  // its mappings are gone
   handles_.erase(it);
   if (!detached) frees->push_back(id);  // (a detached handle the broker does not know)
 }
@@ -122,10 +125,11 @@ Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected,
   if (size == 0 || size % kPage != 0)
     return Status(ErrorCode::kParamInvalid,
                   "reservation size " + std::to_string(size) + " must be a non-zero multiple of 4096");
-  if (flags & ~kReserveFixed)
+  if (flags & ~(kReserveFixed | kReserveDevice))
     return Status(ErrorCode::kParamInvalid, "unknown reserve flags " + std::to_string(flags));
   if ((flags & kReserveFixed) && expected == nullptr)
     return Status(ErrorCode::kParamInvalid, "kReserveFixed needs an expected address");
+  if (flags & kReserveDevice) return ReserveDevice(size, alignment, expected, flags);
   if (alignment == 0) {
     // The largest page size that divides size, so huge pages can map at base.
     alignment = size % ipc::kHuge1GPageSize == 0   ? ipc::kHuge1GPageSize
@@ -160,7 +164,22 @@ Result<void*> ClientCore::Reserve(size_t size, size_t alignment, void* expected,
     if (raw + span > base + size) ::munmap(reinterpret_cast<void*>(base + size), raw + span - base - size);
   }
   std::lock_guard<std::mutex> lk(mu_);
-  reservations_[base] = ReservationState{size, {}};
+  reservations_[base] = ReservationState{size, false, {}};
+  return reinterpret_cast<void*>(base);
+}
+
+Result<void*> ClientCore::ReserveDevice(size_t size, size_t alignment, void* expected, uint32_t flags) {
+  if (alignment != 0 && (alignment & (alignment - 1)) != 0)
+    return Status(ErrorCode::kParamInvalid, "alignment " + std::to_string(alignment) + " must be a power of two");
+  const uintptr_t hint = reinterpret_cast<uintptr_t>(expected);
+  MB_ASSIGN_OR_RETURN(uintptr_t base, device::Reserve(size, alignment, hint));
+  if ((flags & kReserveFixed) && base != hint) {
+    (void)device::Free(base, size);
+    return Status(ErrorCode::kAddressInUse, "the driver did not reserve device range " + ipc::Hex(hint) + "+" +
+                                                std::to_string(size) + " (it offered " + ipc::Hex(base) + ")");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  reservations_[base] = ReservationState{size, true, {}};
   return reinterpret_cast<void*>(base);
 }
 
@@ -183,9 +202,14 @@ Status ClientCore::ReleaseReservation(uintptr_t base, bool force, Frees* frees) 
   MB_RETURN_IF_ERROR(CheckNotEngineRange(base, it->second.size, "released"));
   std::vector<uint64_t> handles;
   for (auto& [va, m] : it->second.mappings) handles.push_back(m.handle);
-  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("munmap", ipc::Hex(base), nullptr, [&] {
-    return ::munmap(base_ptr, it->second.size);
-  }));
+  if (it->second.device) {
+    for (auto& [va, m] : it->second.mappings) MB_RETURN_IF_ERROR(device::Unmap(va, m.size));
+    it->second.mappings.clear();
+    MB_RETURN_IF_ERROR(device::Free(base, it->second.size));
+  } else {
+    MB_RETURN_IF_ERROR(
+        ipc::CheckedCall<int>("munmap", ipc::Hex(base), nullptr, [&] { return ::munmap(base_ptr, it->second.size); }));
+  }
   reservations_.erase(it);
   for (uint64_t h : handles) DropMappingRef(h, frees);
   return Status::Ok();
@@ -227,6 +251,22 @@ Result<uint64_t> ClientCore::Map(void* va_ptr, size_t size, size_t offset, uint6
   if (ipc::Overlaps(r->mappings, va, size, [](const MappingState& m) { return m.size; }))
     return Status(ErrorCode::kOverlap, "range " + ipc::Hex(va) + "+" + std::to_string(size) +
                                            " overlaps a mapping in this reservation");
+  HeldAllocation& held = h->second;
+  if (r->device != (held.device >= 0))
+    return Status(ErrorCode::kParamInvalid, held.device >= 0
+                                                ? "device memory maps only into a device reservation (kReserveDevice)"
+                                                : "host memory does not map into a device reservation");
+  if (r->device) {
+    if (held.cu_handle == 0) {
+      MB_ASSIGN_OR_RETURN(held.cu_handle, device::Import(held.fd.get(), held.device));
+    }
+    MB_RETURN_IF_ERROR(device::Map(va, size, offset, held.cu_handle, held.device,
+                                   held.read_only ? Access::kRead : Access::kReadWrite));
+    uint64_t map_id = next_map_id_++;
+    r->mappings[va] = MappingState{size, handle, map_id, offset};
+    ++held.mappings;
+    return map_id;
+  }
   int prot = PROT_READ | (h->second.read_only ? 0 : PROT_WRITE);
   void* out = nullptr;
   MB_RETURN_IF_ERROR(ipc::CheckedCall(
@@ -252,7 +292,7 @@ Status ClientCore::Unmap(void* va_ptr, uint64_t map_id) {
     if (r == nullptr || m == r->mappings.end() || (map_id != 0 && m->second.map_id != map_id))
       return Status(ErrorCode::kNotMapped, "nothing is mapped at " + ipc::Hex(va));
     MB_RETURN_IF_ERROR(CheckNotEngineRange(va, m->second.size, "unmapped"));
-    MB_RETURN_IF_ERROR(ReserveFixed(va, m->second.size));
+    MB_RETURN_IF_ERROR(r->device ? device::Unmap(va, m->second.size) : ReserveFixed(va, m->second.size));
     uint64_t handle = m->second.handle;
     r->mappings.erase(m);
     DropMappingRef(handle, &frees);
@@ -285,6 +325,12 @@ Status ClientCore::SetAccess(void* va_ptr, size_t size, Access access) {
   }
   if (cursor < va + size) return Status(ErrorCode::kNotMapped, ipc::Hex(cursor) + " is not mapped");
   if (access != Access::kReadWrite) MB_RETURN_IF_ERROR(CheckNotEngineRange(va, size, "protected"));
+  if (r->device) {
+    auto first = r->mappings.upper_bound(va);
+    --first;  // the range is mapped, so a mapping starts at or before va
+    auto held = handles_.find(first->second.handle);
+    return device::SetAccess(va, size, held != handles_.end() ? held->second.device : 0, access);
+  }
   int prot = access == Access::kNone ? PROT_NONE
              : access == Access::kRead ? PROT_READ
                                        : PROT_READ | PROT_WRITE;

@@ -38,6 +38,8 @@ struct HeldAllocation {
   bool detached = false;       // a new broker refused it at reattach: local only
   bool user_released = false;  // the PhysicalHandle was freed
   uint32_t mappings = 0;       // live mappings keep the broker reference
+  int device = -1;             // CUDA device memory (device_vmm.h), or host memory
+  uint64_t cu_handle = 0;      // its driver handle, imported at the first MapMem
 };
 
 struct MappingState {
@@ -67,6 +69,7 @@ struct EngineRegistration {
 
 struct ReservationState {
   uint64_t size = 0;
+  bool device = false;                         // device virtual addresses (kReserveDevice)
   std::map<uintptr_t, MappingState> mappings;  // by start address
 };
 
@@ -105,11 +108,12 @@ class ClientCore {
 
   // Records a handle the broker just gave this client.
   void AddHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
-                 uint64_t fixed_address, bool pinned, bool created);
+                 uint64_t fixed_address, bool pinned, bool created, int device = -1);
   Status FreeHandle(uint64_t id);
   bool HoldsUnfreed(uint64_t id);
 
   Result<void*> Reserve(size_t size, size_t alignment, void* expected, uint32_t flags);
+  Result<void*> ReserveDevice(size_t size, size_t alignment, void* expected, uint32_t flags);
   // force: unmap what is still mapped instead of failing with BUSY. Memory a
   // transfer engine has registered is never released underneath it (BUSY).
   Status Release(void* base, bool force);

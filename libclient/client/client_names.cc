@@ -35,8 +35,8 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
                                                              std::chrono::milliseconds(Millis(timeout_ms))));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "LookupRequest got a wrong reply");
-  PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only,
-                                 m->pinned, m->fixed_address, /*created=*/false);
+  PhysicalHandle h = AdoptHandle(m->handle, std::move(r.fds[0]), m->size, m->page_size, m->read_only, m->pinned,
+                                 m->fixed_address, /*created=*/false, m->device);
   h.metadata_ = std::move(m->metadata);
   return h;
 }

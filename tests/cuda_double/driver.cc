@@ -103,6 +103,16 @@ CUresult DeviceGetName(char* name, int len, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
+CUresult DeviceTotalMem(size_t* bytes, CUdevice device) {
+  State& s = Get();
+  std::lock_guard lock(s.mu);
+  if (CUresult rc = Enter(s, "cuDeviceTotalMem"); rc != CUDA_SUCCESS) return rc;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (device < 0 || device >= s.config.devices) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = s.config.memory;
+  return CUDA_SUCCESS;
+}
+
 CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
   State& s = Get();
   std::lock_guard lock(s.mu);
@@ -203,6 +213,7 @@ const Entry kEntries[] = {
     MBFAKE_ENTRY(cuDeviceGetCount, DeviceGetCount),
     MBFAKE_ENTRY(cuDeviceGet, DeviceGet),
     MBFAKE_ENTRY(cuDeviceGetName, DeviceGetName),
+    MBFAKE_ENTRY(cuDeviceTotalMem, DeviceTotalMem),
     MBFAKE_ENTRY(cuDevicePrimaryCtxRetain, PrimaryCtxRetain),
     MBFAKE_ENTRY(cuDevicePrimaryCtxRelease, PrimaryCtxRelease),
     MBFAKE_ENTRY(cuCtxSetCurrent, CtxSetCurrent),

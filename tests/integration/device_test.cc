@@ -1,12 +1,28 @@
-// Device memory requests on any machine (ctest label "device"). Without a GPU
-// (no libcuda.so.1, or no device) every device request answers UNSUPPORTED
-// with the reason and changes nothing; with one, device N's absence is named
-// and allocation itself says it is not built yet (docs/MEMORY.md).
+// Device memory end to end (ctest label "device"): the real broker and real
+// client processes, the CUDA driver double where no GPU is (tests/cuda_double,
+// first on LD_LIBRARY_PATH) and the real driver where scripts/device-check
+// runs these same tests. Device bytes are read and written only through the
+// driver's copies. Without a driver, device requests say why (UNSUPPORTED).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "broker_process.h"
 #include "membroker/client.h"
 #include "membroker/ipc/cuda_driver.h"
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+#include "membroker/ipc/cuda_api.h"
+#endif
 
 namespace membroker::testing {
 namespace {
@@ -17,26 +33,23 @@ AllocationProp OnDevice(int id) {
   return p;
 }
 
-TEST(Device, RequestsSayWhyDeviceMemoryIsUnavailableAndChangeNothing) {
+TEST(Device, RequestsSayWhyTheyCannotBeServed) {
   BrokerProcess b;
   auto c = Client::Connect({b.socket(), "device"});
   ASSERT_TRUE(c.ok());
   const ipc::CudaDriver& driver = ipc::CudaDriver::Get();
   std::printf("CUDA here: %s (%d devices, driver %d)\n", driver.Available().ToString().c_str(), driver.device_count(),
               driver.driver_version());
-
-  auto h = c->MallocPhysical(2 << 20, OnDevice(0));
-  EXPECT_EQ(h.code(), ErrorCode::kUnsupported) << h.status().ToString();
-  auto g = c->GetAllocationGranularity(OnDevice(0), GranularityOption::kMinimum);
   if (!driver.Available().ok()) {
     // The broker's reason is the driver's: no libcuda, no device, no headers.
-    EXPECT_NE(h.status().message().find("device memory is unavailable here"), std::string::npos) << h.status().ToString();
+    auto h = c->MallocPhysical(2 << 20, OnDevice(0));
+    EXPECT_EQ(h.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(h.status().message().find("device memory is unavailable here"), std::string::npos)
+        << h.status().ToString();
+    auto g = c->GetAllocationGranularity(OnDevice(0), GranularityOption::kMinimum);
     EXPECT_EQ(g.code(), ErrorCode::kUnsupported);
     EXPECT_EQ(g.status().message(), driver.Available().message());
-  } else {
-    EXPECT_NE(h.status().message().find("not implemented"), std::string::npos) << h.status().ToString();
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    EXPECT_GT(*g, 0u);
+    EXPECT_EQ(c->ReserveMemAddress(2 << 20, 0, nullptr, kReserveDevice).code(), ErrorCode::kUnsupported);
   }
   // A device this machine does not have is named.
   const int missing = driver.device_count() + 3;
@@ -46,12 +59,277 @@ TEST(Device, RequestsSayWhyDeviceMemoryIsUnavailableAndChangeNothing) {
     EXPECT_NE(none.status().message().find("no CUDA device " + std::to_string(missing)), std::string::npos);
   }
   EXPECT_EQ(c->MallocPhysical(4096, OnDevice(-5)).code(), ErrorCode::kParamInvalid);
+  AllocationProp pinned = OnDevice(0);
+  pinned.pinned = true;
+  if (driver.Available().ok()) {
+    EXPECT_EQ(c->MallocPhysical(4096, pinned).code(), ErrorCode::kParamInvalid);
+  }
   // Nothing was made, nothing is charged, and host memory works as before.
   EXPECT_EQ(b.Stat("allocations_live"), 0u);
-  EXPECT_EQ(b.Stat("bytes_allocated"), 0u);
+  EXPECT_EQ(b.Stat("device_bytes"), 0u);
   EXPECT_TRUE(c->MallocPhysical(4096).ok());
   EXPECT_TRUE(c->Ping().ok());
 }
+
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+
+const ipc::CudaDriver::Api* DriverOrNull() {
+  const ipc::CudaDriver& d = ipc::CudaDriver::Get();
+  return d.Available().ok() ? d.api() : nullptr;
+}
+
+// The double's controls where it is loaded; null under a real driver.
+template <typename Fn>
+Fn DoubleControl(const char* name) {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return lib ? reinterpret_cast<Fn>(::dlsym(lib, name)) : nullptr;
+}
+bool HaveDouble() { return DoubleControl<void*>("mbfake_cuda_get_counters") != nullptr; }
+
+// Fds to the double's device memory that a process holds (the broker's
+// exported fds): a leak or an early free shows here.
+size_t DeviceFdsOf(pid_t pid) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code lec;
+    if (std::filesystem::read_symlink(e.path(), lec).string().starts_with("/memfd:cuda-double")) ++n;
+  }
+  return n;
+}
+
+unsigned char Pattern(size_t i, unsigned seed) { return static_cast<unsigned char>(i * 131 + seed); }
+
+class DeviceMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cu_ = DriverOrNull();
+    if (cu_ == nullptr) GTEST_SKIP() << ipc::CudaDriver::Get().Available().ToString();
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(cu_->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cu_->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    auto g = ipc::CudaDriver::Get().Granularity(0, false);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    g_ = *g;
+  }
+  void TearDown() override {
+    if (cu_ != nullptr) (void)cu_->cuDevicePrimaryCtxRelease(0);
+  }
+
+  void Fill(const Mapping& m, unsigned seed) {
+    std::vector<unsigned char> bytes(m.size());
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = Pattern(i, seed);
+    ASSERT_EQ(cu_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(m.data()), bytes.data(), bytes.size()), CUDA_SUCCESS);
+  }
+  // The index of the first byte that is not Pattern(seed), or -1.
+  long FirstWrongByte(const Mapping& m, unsigned seed) {
+    std::vector<unsigned char> bytes(m.size());
+    if (cu_->cuMemcpyDtoH(bytes.data(), reinterpret_cast<CUdeviceptr>(m.data()), bytes.size()) != CUDA_SUCCESS)
+      return 0;
+    for (size_t i = 0; i < bytes.size(); ++i)
+      if (bytes[i] != Pattern(i, seed)) return static_cast<long>(i);
+    return -1;
+  }
+
+  const ipc::CudaDriver::Api* cu_ = nullptr;
+  size_t g_ = 0;
+};
+
+// A peer process (device_peer) with a pipe to its stdin and one from its stdout.
+struct Peer {
+  pid_t pid = -1;
+  int in = -1;  // closing it ends a "hold"
+  int out = -1;
+
+  Peer(const std::string& socket, const std::string& token, unsigned seed, const char* mode) {
+    int to[2], from[2];
+    if (::pipe2(to, O_CLOEXEC) != 0 || ::pipe2(from, O_CLOEXEC) != 0) std::abort();
+    std::string path = BinaryPath("device_peer"), seed_text = std::to_string(seed);
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(to[0], 0);
+      ::dup2(from[1], 1);
+      ::execl(path.c_str(), path.c_str(), socket.c_str(), token.c_str(), seed_text.c_str(), mode, nullptr);
+      ::_exit(127);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    in = to[1];
+    out = from[0];
+  }
+  ~Peer() {
+    if (in >= 0) ::close(in);
+    if (out >= 0) ::close(out);
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      (void)WaitChild(pid);
+    }
+  }
+  // Its next line, or "" at its end or after 60 s (a bound, not a timing).
+  std::string Line() {
+    std::string line;
+    char ch;
+    while (true) {
+      pollfd p{out, POLLIN, 0};
+      if (::poll(&p, 1, 60000) != 1 || ::read(out, &ch, 1) != 1 || ch == '\n') return line;
+      line += ch;
+    }
+  }
+  int Wait() {
+    int code = WaitChild(pid);
+    pid = -1;
+    return code;
+  }
+};
+
+TEST_F(DeviceMemory, BytesCrossProcessesThroughTheBroker) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "device"});
+  ASSERT_TRUE(c.ok());
+  AllocationProp prop = OnDevice(0);
+  prop.exported = true;
+  prop.export_flags = kExportNoPidCheck;
+  auto h = c->MallocPhysical(2 * g_, prop);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->device(), 0);
+  EXPECT_EQ(h->size(), 2 * g_);
+  EXPECT_EQ(b.Stat("device_bytes"), 2 * g_);
+  auto r = c->ReserveMemAddress(h->size(), 0, nullptr, kReserveDevice);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Device memory maps only into device reservations, and host memory never there.
+  auto host = c->MallocPhysical(g_);
+  auto host_range = c->ReserveMemAddress(h->size());
+  ASSERT_TRUE(host.ok() && host_range.ok());
+  EXPECT_EQ(c->MapMem(host_range->base(), h->size(), 0, *h).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(c->MapMem(r->base(), g_, 0, *host).code(), ErrorCode::kParamInvalid);
+
+  auto m = c->MapMem(r->base(), h->size(), 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Fill(*m, 7);
+  {
+    Peer peer(b.socket(), h->export_token(), 7, "check");  // checks 7, writes 8
+    EXPECT_EQ(peer.Line(), "OK");
+    EXPECT_EQ(peer.Wait(), 0);
+  }
+  EXPECT_EQ(FirstWrongByte(*m, 8), -1);
+  // A read-only export is mapped read-only by the importer's library.
+  auto ro = c->ExportToShareableHandle(*h, kExportNoPidCheck | kExportReadOnly);
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  {
+    Peer peer(b.socket(), *ro, 8, "readonly");
+    EXPECT_EQ(peer.Line(), "OK");
+    EXPECT_EQ(peer.Wait(), 0);
+  }
+  // Access changes go to the driver.
+  EXPECT_TRUE(c->MemSetAccess(m->data(), m->size(), Access::kRead).ok());
+  if (HaveDouble()) {
+    std::vector<unsigned char> one(16, 1);
+    EXPECT_NE(cu_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(m->data()), one.data(), one.size()), CUDA_SUCCESS);
+  }
+  EXPECT_TRUE(c->MemSetAccess(m->data(), m->size(), Access::kReadWrite).ok());
+  Fill(*m, 9);
+  EXPECT_EQ(FirstWrongByte(*m, 9), -1);
+
+  ASSERT_TRUE(c->UnmapMem(*m).ok());
+  ASSERT_TRUE(c->ReleaseMemAddress(*r).ok());
+  ASSERT_TRUE(c->FreePhysical(*h).ok());
+  EXPECT_EQ(b.WaitForStat("device_bytes", 0), 0u);
+  if (HaveDouble()) {
+    EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
+  }
+}
+
+TEST_F(DeviceMemory, ASigkilledHolderLeavesNothingBehind) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "creator"});
+  ASSERT_TRUE(c.ok());
+  AllocationProp prop = OnDevice(0);
+  prop.exported = true;
+  prop.export_flags = kExportNoPidCheck;
+  auto h = c->MallocPhysical(g_, prop);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  auto r = c->ReserveMemAddress(h->size(), 0, nullptr, kReserveDevice);
+  auto m = c->MapMem(r->base(), h->size(), 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Fill(*m, 3);
+  Peer peer(b.socket(), h->export_token(), 3, "hold");
+  ASSERT_EQ(peer.Line(), "HOLDING");
+  // The creator lets go; the holder's import keeps the memory.
+  ASSERT_TRUE(c->UnmapMem(*m).ok());
+  ASSERT_TRUE(c->ReleaseMemAddress(*r).ok());
+  ASSERT_TRUE(c->FreePhysical(*h).ok());
+  EXPECT_EQ(b.Stat("device_bytes"), g_);
+  ::kill(peer.pid, SIGKILL);
+  EXPECT_EQ(peer.Wait(), 128 + SIGKILL);
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+  EXPECT_EQ(b.Stat("device_bytes"), 0u);
+  if (HaveDouble()) {
+    EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
+  }
+}
+
+TEST_F(DeviceMemory, BudgetsAndQuotasRefuseBeforeAnythingIsMade) {
+  BrokerProcess b(
+      {"--max-device-bytes", "0=" + std::to_string(3 * g_), "--quota-client", "device=" + std::to_string(2 * g_)});
+  auto c1 = Client::Connect({b.socket(), "one"});
+  auto c2 = Client::Connect({b.socket(), "two"});
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  auto a = c1->MallocPhysical(g_, OnDevice(0));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto over_quota = c1->MallocPhysical(2 * g_, OnDevice(0));
+  EXPECT_EQ(over_quota.code(), ErrorCode::kQuotaExceeded) << over_quota.status().ToString();
+  EXPECT_NE(over_quota.status().message().find("device bytes"), std::string::npos);
+  auto b2 = c2->MallocPhysical(2 * g_, OnDevice(0));
+  ASSERT_TRUE(b2.ok()) << b2.status().ToString();
+  auto over_budget = c2->MallocPhysical(g_, OnDevice(0));
+  EXPECT_EQ(over_budget.code(), ErrorCode::kResourceExhausted) << over_budget.status().ToString();
+  EXPECT_NE(over_budget.status().message().find("device 0 budget"), std::string::npos);
+  EXPECT_EQ(b.Stat("device_bytes"), 3 * g_);
+  EXPECT_EQ(b.Stat("allocations_live"), 2u);
+  // Host memory does not count against a device's budget.
+  EXPECT_TRUE(c1->MallocPhysical(3 * g_).ok());
+}
+
+TEST_F(DeviceMemory, DriverFaultsAreClearErrorsThatLeaveNothing) {
+  if (!HaveDouble()) GTEST_SKIP() << "a real driver: faults cannot be injected";
+  // The broker's driver: its first cuMemCreate runs out of memory, its second
+  // export fails.
+  ::setenv("MBFAKE_CUDA_FAIL", "cuMemCreate:1:2,cuMemExportToShareableHandle:2:1", 1);
+  BrokerProcess b;
+  ::unsetenv("MBFAKE_CUDA_FAIL");
+  auto c = Client::Connect({b.socket(), "faults"});
+  ASSERT_TRUE(c.ok());
+  auto oom = c->MallocPhysical(g_, OnDevice(0));
+  EXPECT_EQ(oom.code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(oom.status().message().find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << oom.status().ToString();
+  auto ok = c->MallocPhysical(g_, OnDevice(0));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  auto bad_export = c->MallocPhysical(g_, OnDevice(0));
+  EXPECT_EQ(bad_export.code(), ErrorCode::kInternal);
+  EXPECT_NE(bad_export.status().message().find("cuMemExportToShareableHandle"), std::string::npos)
+      << bad_export.status().ToString();
+  EXPECT_EQ(b.Stat("device_bytes"), g_);
+  EXPECT_EQ(DeviceFdsOf(b.pid()), 1u);
+
+  // This process's driver: a failed map leaves nothing mapped, then works.
+  auto fail = DoubleControl<void (*)(const char*, int, int)>("mbfake_cuda_fail");
+  auto r = c->ReserveMemAddress(g_, 0, nullptr, kReserveDevice);
+  ASSERT_TRUE(r.ok());
+  fail("cuMemSetAccess", 1, CUDA_ERROR_INVALID_VALUE);
+  auto m = c->MapMem(r->base(), g_, 0, *ok);
+  EXPECT_EQ(m.code(), ErrorCode::kInternal);
+  EXPECT_NE(m.status().message().find("cuMemSetAccess"), std::string::npos) << m.status().ToString();
+  m = c->MapMem(r->base(), g_, 0, *ok);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE(c->UnmapMem(*m).ok());
+  ASSERT_TRUE(c->ReleaseMemAddress(*r).ok());
+  ASSERT_TRUE(c->FreePhysical(*ok).ok());
+  EXPECT_EQ(b.WaitForStat("device_bytes", 0), 0u);
+  EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
+}
+
+#endif  // MEMBROKER_HAVE_CUDA_HEADERS
 
 }  // namespace
 }  // namespace membroker::testing

@@ -77,7 +77,8 @@ std::string BinaryPath(const char* name) {
   std::string dir = MEMBROKER_BIN_DIR;
   if (!std::strcmp(name, "membrokerd")) return dir + "/broker/membrokerd";
   if (!std::strcmp(name, "membrokerctl")) return dir + "/tools/membrokerctl";
-  if (!std::strcmp(name, "net_module_probe") || !std::strcmp(name, "engine_agent")) return dir + "/tests/" + name;
+  if (!std::strcmp(name, "net_module_probe") || !std::strcmp(name, "engine_agent") || !std::strcmp(name, "device_peer"))
+    return dir + "/tests/" + name;
   return dir + "/examples/" + name;
 }
 

@@ -93,7 +93,7 @@ class Channel {
 };
 
 // Path of a binary built in this tree (set by CMake).
-// membrokerd, membrokerctl, tests/NAME for the test helpers (net_module_probe, engine_agent),
+// membrokerd, membrokerctl, tests/NAME for the test helpers (net_module_probe, engine_agent, device_peer),
 // examples/NAME otherwise.
 std::string BinaryPath(const char* name);
 

@@ -21,7 +21,9 @@ Envelope RoundTrip(const Envelope& in) {
 TEST(Protocol, EveryMessageRoundTrips) {
   std::vector<Message> all = {
       HelloRequest{"tokenizer-0", kProtocolVersion, 0x5},
-      HelloReply{42, kProtocolVersion, 0x1,
+      HelloReply{42,
+                 kProtocolVersion,
+                 0x1,
                  {{PagePolicy::kNormalOnly, 4096, 2 << 20}, {PagePolicy::kHuge1GOnly, 1 << 30, 1 << 30}}},
       MallocRequest{1 << 20, PagePolicy::kHugeFirst, kMallocExport, kExportReadOnly},
       MallocReply{7, 2 << 20, 2 << 20, true, true, 0x400000000000, true, "token"},
@@ -31,6 +33,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
       SetPidRequest{"tok", {1, 2, 300000}},
       ImportRequest{"tok"},
       ImportReply{7, 4096, 4096, true, true, 0x400000200000, ""},
+      ImportReply{9, 2 << 20, 2 << 20, false, false, 0, "", 3},
+      MallocReply{10, 2 << 20, 2 << 20, false, false, 0, false, "", 1},
       ImportReply{8, 4096, 4096, false, false, 0, std::string("{\"dtype\": \"<f4\"}\0x", 18)},
       PublishRequest{"tensors/w", 8, kPublishReadOnly, "meta"},
       RegisterHostRequest{0x7f0000001000, 8192, 1},
@@ -46,7 +50,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
       EngineDeregisterRequest{3},
       EngineConnectRequest{"decode-0", 1000},
       EngineRegionsRequest{"decode-0"},
-      EngineInfoReply{1234, 5, 9, {{3, 0x7f0000000000, 1 << 20, 9, 4096, true, "kv-cache"}, {4, 0x1000, 4096, 0, 0, false, ""}}},
+      EngineInfoReply{
+          1234, 5, 9, {{3, 0x7f0000000000, 1 << 20, 9, 4096, true, "kv-cache"}, {4, 0x1000, 4096, 0, 0, false, ""}}},
       EngineImportRequest{"decode-0", 9},
       EngineReleaseRequest{9},
       EngineDisconnectRequest{"decode-0"},

@@ -81,13 +81,16 @@ struct AllocationProp {
   bool exported = false;
   uint32_t export_flags = 0;
   // Last, so that existing brace initialisers keep their meaning. Device
-  // memory is not built yet: a device location answers UNSUPPORTED, saying
-  // why (no CUDA driver here, no such device, or not implemented).
+  // memory is made by the broker's CUDA driver and mapped through this
+  // process's (kReserveDevice reservations); without a driver or the device a
+  // device location answers UNSUPPORTED, saying why.
   MemLocation location{};
 };
 
 // ReserveMemAddress flags.
 inline constexpr uint32_t kReserveFixed = 1u << 0;  // expected_addr or ADDRESS_IN_USE, never elsewhere
+// Device virtual addresses (cuMemAddressReserve), for device memory's MapMem.
+inline constexpr uint32_t kReserveDevice = 1u << 1;
 
 // MapMem flags.
 inline constexpr uint32_t kMapPopulate = 1u << 0;  // pre-fault every page now (MAP_POPULATE)
@@ -174,6 +177,8 @@ class MEMBROKER_API PhysicalHandle {
   bool pinned() const { return pinned_; }
   bool fell_back() const { return fell_back_; }  // HUGE_FIRST that got normal pages
   bool from_pool() const { return from_pool_; }  // served from a broker pool
+  // The CUDA device whose memory this is, or -1 for host memory.
+  int device() const { return device_; }
   // Where every process must map a same-address allocation; nullptr otherwise.
   void* fixed_address() const { return reinterpret_cast<void*>(fixed_address_); }
   // The token of an allocation made with prop.exported; empty otherwise.
@@ -192,6 +197,7 @@ class MEMBROKER_API PhysicalHandle {
   bool pinned_ = false;
   bool fell_back_ = false;
   bool from_pool_ = false;
+  int device_ = -1;
   uint64_t fixed_address_ = 0;
   std::string export_token_;
   uint32_t export_flags_ = 0;  // the flags export_token_ was made with
@@ -353,8 +359,8 @@ class MEMBROKER_API Client {
   friend class TransferEngine;
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
   // Records an fd the broker sent and wraps it in a handle.
-  PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size,
-                             bool read_only, bool pinned, uint64_t fixed_address, bool created);
+  PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
+                             bool pinned, uint64_t fixed_address, bool created, int device);
   std::shared_ptr<detail::ClientCore> core_;
 };
 

@@ -17,6 +17,7 @@
   X(cuDriverGetVersion)                \
   X(cuDeviceGetCount)                  \
   X(cuDeviceGet)                       \
+  X(cuDeviceTotalMem)                  \
   X(cuDevicePrimaryCtxRetain)          \
   X(cuDevicePrimaryCtxRelease)         \
   X(cuCtxSetCurrent)                   \

@@ -25,6 +25,8 @@ class CudaDriver {
   Status CheckDevice(int device) const;
   // The VMM granularity of device memory on `device` (minimum or recommended).
   Result<size_t> Granularity(int device, bool recommended) const;
+  // Device N's memory (cuDeviceTotalMem): the default of its budget.
+  Result<uint64_t> TotalMemory(int device) const;
   // The driver's version as cuDriverGetVersion gives it (e.g. 12040), or 0.
   int driver_version() const { return version_; }
 

@@ -86,6 +86,7 @@ struct MallocReply {  // + the allocation's fd
   uint64_t fixed_address = 0;
   bool from_pool = false;
   std::string token;
+  int32_t device = -1;  // CUDA device memory, or -1
   bool operator==(const MallocReply&) const = default;
 };
 struct FreeRequest {
@@ -118,6 +119,7 @@ struct ImportReply {  // + the allocation's fd
   bool pinned = false;
   uint64_t fixed_address = 0;
   std::string metadata;  // a named object's, for lookups
+  int32_t device = -1;   // CUDA device memory, or -1
   bool operator==(const ImportReply&) const = default;
 };
 struct RegisterHostRequest {

@@ -1,0 +1,119 @@
+// device_vmm.h over the driver that ipc/cuda_driver.h loads at run time.
+#include "client/device_vmm.h"
+
+#include <string>
+
+#include "membroker/ipc/cuda_driver.h"
+#include "membroker/ipc/escape.h"
+
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+#include "membroker/ipc/cuda_api.h"
+#endif
+
+namespace membroker::detail::device {
+
+#ifdef MEMBROKER_HAVE_CUDA_HEADERS
+
+namespace {
+
+Result<const ipc::CudaDriver::Api*> Driver() {
+  const ipc::CudaDriver& driver = ipc::CudaDriver::Get();
+  MB_RETURN_IF_ERROR(driver.Available());
+  return driver.api();
+}
+
+Status Refused(const char* call, const std::string& what, CUresult rc) {
+  const ErrorCode code = rc == CUDA_ERROR_OUT_OF_MEMORY   ? ErrorCode::kResourceExhausted
+                         : rc == CUDA_ERROR_NOT_SUPPORTED ? ErrorCode::kUnsupported
+                                                          : ErrorCode::kInternal;
+  return Status(code, std::string(call) + "(" + what + "): " + ipc::CudaErrorText(*ipc::CudaDriver::Get().api(), rc));
+}
+
+std::string Range(uintptr_t va, size_t size) { return ipc::Hex(va) + "+" + std::to_string(size); }
+
+CUmemAccess_flags Flags(Access access) {
+  return access == Access::kReadWrite ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+         : access == Access::kRead    ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+}  // namespace
+
+Result<uint64_t> Import(int fd, int device) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  MB_RETURN_IF_ERROR(ipc::CudaDriver::Get().CheckDevice(device));
+  CUmemGenericAllocationHandle h = 0;
+  if (CUresult rc = cu->cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      rc != CUDA_SUCCESS)
+    return Refused("cuMemImportFromShareableHandle", "device " + std::to_string(device), rc);
+  return static_cast<uint64_t>(h);
+}
+
+Status ReleaseHandle(uint64_t handle) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  if (CUresult rc = cu->cuMemRelease(handle); rc != CUDA_SUCCESS) return Refused("cuMemRelease", "", rc);
+  return Status::Ok();
+}
+
+Result<uintptr_t> Reserve(size_t size, size_t alignment, uintptr_t hint) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  CUdeviceptr va = 0;
+  if (CUresult rc = cu->cuMemAddressReserve(&va, size, alignment, hint, 0); rc != CUDA_SUCCESS)
+    return Refused("cuMemAddressReserve", "size=" + std::to_string(size), rc);
+  return static_cast<uintptr_t>(va);
+}
+
+Status Free(uintptr_t va, size_t size) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  if (CUresult rc = cu->cuMemAddressFree(va, size); rc != CUDA_SUCCESS)
+    return Refused("cuMemAddressFree", Range(va, size), rc);
+  return Status::Ok();
+}
+
+Status Map(uintptr_t va, size_t size, size_t offset, uint64_t handle, int device, Access access) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  if (CUresult rc = cu->cuMemMap(va, size, offset, handle, 0); rc != CUDA_SUCCESS)
+    return Refused("cuMemMap", Range(va, size) + " offset=" + std::to_string(offset), rc);
+  if (access == Access::kNone) return Status::Ok();  // mappings start with no access
+  Status st = SetAccess(va, size, device, access);
+  if (!st.ok()) (void)cu->cuMemUnmap(va, size);
+  return st;
+}
+
+Status Unmap(uintptr_t va, size_t size) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  if (CUresult rc = cu->cuMemUnmap(va, size); rc != CUDA_SUCCESS) return Refused("cuMemUnmap", Range(va, size), rc);
+  return Status::Ok();
+}
+
+Status SetAccess(uintptr_t va, size_t size, int device, Access access) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = Flags(access);
+  if (CUresult rc = cu->cuMemSetAccess(va, size, &desc, 1); rc != CUDA_SUCCESS)
+    return Refused("cuMemSetAccess", Range(va, size) + " device " + std::to_string(device), rc);
+  return Status::Ok();
+}
+
+#else  // built without the CUDA headers: CudaDriver says why
+
+namespace {
+Status Why() { return ipc::CudaDriver::Get().Available(); }
+}  // namespace
+
+Result<uint64_t> Import(int, int) { return Why(); }
+Status ReleaseHandle(uint64_t) { return Why(); }
+Result<uintptr_t> Reserve(size_t, size_t, uintptr_t) { return Why(); }
+Status Free(uintptr_t, size_t) { return Why(); }
+Status Map(uintptr_t, size_t, size_t, uint64_t, int, Access) { return Why(); }
+Status Unmap(uintptr_t, size_t) { return Why(); }
+Status SetAccess(uintptr_t, size_t, int, Access) { return Why(); }
+
+#endif
+
+Result<size_t> Granularity(int device) { return ipc::CudaDriver::Get().Granularity(device, false); }
+
+}  // namespace membroker::detail::device

@@ -1,0 +1,34 @@
+// The client's device memory path: the CUDA driver's VMM calls behind
+// MallocPhysical, ImportFromShareableHandle, ReserveMemAddress(kReserveDevice),
+// MapMem, MemSetAccess, UnmapMem and ReleaseMemAddress for memory on a CUDA
+// device. ClientCore keeps the bookkeeping (what is mapped where); these
+// functions only talk to the driver, and say why when there is none
+// (UNSUPPORTED) or when it refuses (the driver's error name and text).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "membroker/client.h"
+#include "membroker/status.h"
+
+namespace membroker::detail::device {
+
+// A driver handle for the memory behind `fd` (cuMemImportFromShareableHandle;
+// the fd stays the caller's). Each import is a fresh handle.
+Result<uint64_t> Import(int fd, int device);
+Status ReleaseHandle(uint64_t handle);
+
+// Device virtual addresses (cuMemAddressReserve / cuMemAddressFree).
+Result<uintptr_t> Reserve(size_t size, size_t alignment, uintptr_t hint);
+Status Free(uintptr_t va, size_t size);
+
+// cuMemMap, then cuMemSetAccess for `device` (undone if that fails).
+Status Map(uintptr_t va, size_t size, size_t offset, uint64_t handle, int device, Access access);
+Status Unmap(uintptr_t va, size_t size);
+Status SetAccess(uintptr_t va, size_t size, int device, Access access);
+
+// The minimum granularity of `device`'s memory.
+Result<size_t> Granularity(int device);
+
+}  // namespace membroker::detail::device
