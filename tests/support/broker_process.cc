@@ -74,7 +74,9 @@ pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out
 }  // namespace
 
 std::string BinaryPath(const char* name) {
-  std::string dir = MEMBROKER_BIN_DIR;
+  // A build folder carried to another machine (scripts/device-check) says where it is now.
+  const char* moved = std::getenv("MEMBROKER_BIN_DIR");
+  std::string dir = moved != nullptr && *moved != '\0' ? moved : MEMBROKER_BIN_DIR;
   if (!std::strcmp(name, "membrokerd")) return dir + "/broker/membrokerd";
   if (!std::strcmp(name, "membrokerctl")) return dir + "/tools/membrokerctl";
   if (!std::strcmp(name, "net_module_probe") || !std::strcmp(name, "engine_agent") || !std::strcmp(name, "device_peer"))
