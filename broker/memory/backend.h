@@ -60,6 +60,11 @@ PhysicalBackend& MemfdBackend();
 // while any process holds an fd, handle or mapping of it.
 PhysicalBackend& CudaBackend();
 
+// What a restart (take-over, the fd store) keeps: host memory. Device memory
+// stays with the processes that hold it (their driver handles and fds), and a
+// new broker does not know it (docs/MEMORY.md, "Device memory").
+inline bool KeptOverRestart(const PhysicalMemory& mem) { return mem.device < 0; }
+
 // The backend that made `mem`: host memory from `host` (the memfd backend or a
 // test's), device memory from CudaBackend().
 inline PhysicalBackend& BackendOf(const PhysicalMemory& mem, PhysicalBackend& host) {

@@ -21,7 +21,7 @@ void FdStoreSync::Close() {
 }
 
 void FdStoreSync::Entered(Allocation& a) {
-  if (!enabled_ || !a.stored_as.empty()) return;
+  if (!enabled_ || !a.stored_as.empty() || !KeptOverRestart(a.memory)) return;
   const std::string name = StoredMemoryName({a.id, a.page_size, a.policy, a.pinned, a.fell_back, a.fixed_address,
                                              static_cast<uint32_t>(a.creator_uid)});
   if (systemd::StoreFd(name, a.memory.fd.get())) {

@@ -95,7 +95,10 @@ Status Broker::SendState() {
     fds.clear();
     return st;
   };
+  uint64_t sent = 0;
   for (const auto& [id, a] : holdings_.table().all()) {
+    if (!KeptOverRestart(a.memory)) continue;
+    ++sent;
     batch.handles.push_back({a.id, a.page_size, a.policy, a.pinned, a.fell_back, a.fixed_address,
                              static_cast<uint32_t>(a.creator_uid)});
     fds.push_back(a.memory.fd.get());
@@ -103,7 +106,7 @@ Status Broker::SendState() {
   }
   MB_RETURN_IF_ERROR(send_batch());
   for (ipc::Message& m : StateRecords()) {
-    if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) end->allocations = live_allocations();
+    if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) end->allocations = sent;
     MB_RETURN_IF_ERROR(takeover_.Send(std::move(m)));
   }
   return Status::Ok();
@@ -111,13 +114,23 @@ Status Broker::SendState() {
 
 std::vector<ipc::Message> Broker::StateRecords() const {
   std::vector<ipc::Message> out;
-  for (const auto& [token, e] : holdings_.table().exports())
+  auto kept = [this](uint64_t allocation) {
+    const Allocation* a = holdings_.Find(allocation);
+    return a != nullptr && KeptOverRestart(a->memory);
+  };
+  uint64_t exports = 0, names = 0;
+  for (const auto& [token, e] : holdings_.table().exports()) {
+    if (!kept(e.allocation)) continue;
     out.push_back(ipc::TakeOverExport{token, e.allocation, static_cast<uint32_t>(e.exporter_uid), e.flags, e.allowed});
+    ++exports;
+  }
   for (const auto& [name, e] : names_.all()) {
+    if (!kept(e.allocation)) continue;
     const uint32_t flags = (e.read_only ? ipc::kPublishReadOnly : 0) | (e.persist ? ipc::kPublishPersist : 0);
     out.push_back(ipc::TakeOverName{name, e.allocation, flags, static_cast<uint32_t>(e.uid), e.publisher_pid, e.metadata});
+    ++names;
   }
-  out.push_back(ipc::TakeOverEnd{0, holdings_.table().export_count(), names_.size()});
+  out.push_back(ipc::TakeOverEnd{0, exports, names});
   return out;
 }
 

@@ -329,6 +329,41 @@ TEST_F(DeviceMemory, DriverFaultsAreClearErrorsThatLeaveNothing) {
   EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
 }
 
+// A take-over keeps host memory; device memory stays with the processes that
+// hold it (their driver handles and fds) and the new broker does not know it:
+// the client's reattach reports it refused, and its mapping works on.
+TEST_F(DeviceMemory, ARestartLeavesDeviceMemoryWithItsHolders) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "holder"});
+  ASSERT_TRUE(c.ok());
+  auto host = c->MallocPhysical(4096);
+  AllocationProp prop = OnDevice(0);
+  prop.exported = true;
+  auto h = c->MallocPhysical(g_, prop);
+  ASSERT_TRUE(host.ok() && h.ok()) << h.status().ToString();
+  auto r = c->ReserveMemAddress(h->size(), 0, nullptr, kReserveDevice);
+  auto m = c->MapMem(r->base(), h->size(), 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Fill(*m, 5);
+  ASSERT_TRUE(c->Publish("dev/tensor", *h).ok());
+
+  EXPECT_EQ(b.TakeOver(), 0);
+  ASSERT_TRUE(c->WaitForReattach(1, 10000).ok());
+  const ReattachReport report = c->last_reattach();
+  EXPECT_EQ(report.handles, 1u);          // the host allocation
+  EXPECT_EQ(report.handles_refused, 1u);  // the device one
+  EXPECT_EQ(b.Stat("allocations_live"), 1u);
+  EXPECT_EQ(b.Stat("device_bytes"), 0u);
+  EXPECT_EQ(b.Stat("named_objects"), 0u);
+  EXPECT_EQ(FirstWrongByte(*m, 5), -1);
+  if (HaveDouble()) {
+    EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
+  }
+  ASSERT_TRUE(c->UnmapMem(*m).ok());
+  ASSERT_TRUE(c->ReleaseMemAddress(*r).ok());
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+}
+
 #endif  // MEMBROKER_HAVE_CUDA_HEADERS
 
 }  // namespace
