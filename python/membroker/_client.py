@@ -57,14 +57,17 @@ class Client:
 
     # -- the VMM path -----------------------------------------------------------------------------------
     def malloc_physical(self, size: int, page_policy: str = "normal", pinned: bool = False,
-                        same_address: bool = False, exported: bool = False, export_flags: int = 0):
+                        same_address: bool = False, exported: bool = False, export_flags: int = 0,
+                        device: int | None = None):
         """Broker memory of at least `size` bytes (rounded to the page size):
-        a PhysicalHandle. page_policy: normal, huge-first, huge, huge1g."""
-        return self.native.malloc_physical(size, page_policy, pinned, same_address, exported, export_flags)
+        a PhysicalHandle. page_policy: normal, huge-first, huge, huge1g.
+        device=N: CUDA device N's memory (handle.device says so)."""
+        return self.native.malloc_physical(size, page_policy, pinned, same_address, exported, export_flags, device)
 
-    def reserve(self, size: int, alignment: int = 0):
-        """An address range of this process, reserved (not yet backed)."""
-        return self.native.reserve(size, alignment)
+    def reserve(self, size: int, alignment: int = 0, device: bool = False):
+        """An address range of this process, reserved (not yet backed);
+        device=True: device addresses, for device memory."""
+        return self.native.reserve(size, alignment, device)
 
     def map(self, reservation, handle, at: int = 0, size: int = 0, offset: int = 0, populate: bool = False):
         """Maps handle (from offset, size bytes; all by default) at reservation.base + at: a
@@ -74,8 +77,9 @@ class Client:
         return mapping
 
     def map_handle(self, handle):
-        """Reserves a range for the whole handle and maps it there."""
-        return self.map(self.reserve(handle.size), handle)
+        """Reserves a range for the whole handle and maps it there (device
+        addresses for device memory: a DeviceMapping)."""
+        return self.map(self.reserve(handle.size, device=handle.device is not None), handle)
 
     def set_access(self, mapping, access: str) -> None:
         """'none', 'read' or 'read-write' for the whole mapping."""
@@ -166,14 +170,19 @@ class Client:
         return self.native.list_names(prefix)
 
     # -- tensors ---------------------------------------------------------------------------------------
-    def new_tensor(self, shape: Sequence[int], dtype="float32", page_policy: str = "normal") -> Tensor:
+    def new_tensor(self, shape: Sequence[int], dtype="float32", page_policy: str = "normal",
+                   device: int | None = None) -> Tensor:
         """An uninitialised C-order tensor in fresh broker memory, mapped here.
         dtype: a string ("bfloat16", "float8_e4m3fn", "<f4"), a numpy dtype or a
-        torch dtype; every type numpy or torch has."""
+        torch dtype; every type numpy or torch has. device=N: in CUDA device
+        N's memory (views through __cuda_array_interface__ and DLPack)."""
         element = _dtypes.dtype(dtype)
         nbytes = element.itemsize
         for s in shape:
             nbytes *= int(s)
+        if device is not None:
+            handle = self.malloc_physical(max(nbytes, 1), device=device)
+            return Tensor(handle, self.map_handle(handle), element, shape)
         handle = self.malloc_physical(max(nbytes, 1), page_policy)
         return Tensor(handle, self.map_handle(handle), element, shape)
 

@@ -75,3 +75,12 @@ def torch_dtype(d: DType):
     if t is None:
         raise TypeError(f"this torch ({torch.__version__}) has no {d.name}")
     return t
+
+
+def typestr(d: DType) -> str:
+    """The array interface's type string ("<f4", "|u1"), for the types numpy
+    has; TypeError for the others, which __cuda_array_interface__ cannot name."""
+    if d.numpy is None:
+        raise TypeError(f"__cuda_array_interface__ has no type string for {d.name}: use DLPack")
+    kind = {"bool": "b", "uint": "u", "int": "i", "float": "f", "complex": "c"}[d.numpy.rstrip("0123456789")]
+    return ("|" if d.itemsize == 1 else "<") + kind + str(d.itemsize)

@@ -60,6 +60,30 @@ class Tensor:
         return self.mapping.read_only
 
     @property
+    def device(self) -> str:
+        """Where the bytes are: "cpu", or "cuda:N" for CUDA device N's memory."""
+        n = getattr(self.mapping, "device", None)
+        return "cpu" if n is None else f"cuda:{n}"
+
+    def _check_host(self, view: str):
+        if self.device != "cpu":
+            raise TypeError(f"this tensor is in {self.device} memory, which the CPU cannot read: {view} views "
+                            "host memory only; use __cuda_array_interface__ or DLPack (torch.as_tensor(t, "
+                            "device='cuda'), cupy.asarray(t))")
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Version 3, for device tensors: the pointer, dtype, shape and
+        strides (in bytes), read-only flag; "stream": None (membroker enqueues
+        no work on it)."""
+        if self.device == "cpu":
+            raise AttributeError("__cuda_array_interface__: this tensor is in host memory")
+        self._check_open()
+        base = self.mapping.__cuda_array_interface__
+        return {"shape": self.shape, "typestr": _dtypes.typestr(self.element), "strides": self.strides,
+                "data": (base["data"][0] + self.offset, self.read_only), "stream": None, "version": 3}
+
+    @property
     def nbytes(self) -> int:
         n = self.element.itemsize
         for s in self.shape:
@@ -75,6 +99,7 @@ class Tensor:
         """An ndarray over the tensor's pages (not writeable when read-only).
         Its .base holds the mapping, which stays mapped while the array lives."""
         self._check_open()
+        self._check_host("numpy")
         np = _np()
         return np.ndarray(shape=self.shape, dtype=self.dtype, buffer=self.mapping, offset=self.offset,
                           strides=self.strides)
@@ -86,6 +111,8 @@ class Tensor:
         import torch
         import warnings
         self._check_open()
+        if self.device != "cpu":
+            return torch.as_tensor(self, device=self.device)  # through __cuda_array_interface__: no copy
         t = _dtypes.torch_dtype(self.element)
         itemsize = self.element.itemsize
         if not self.nbytes:

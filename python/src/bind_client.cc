@@ -31,8 +31,9 @@ void BindClient(py::module_& mod) {
       .def(
           "malloc_physical",
           [](std::shared_ptr<PyClient> c, size_t size, const std::string& policy, bool pinned, bool same_address,
-             bool exported, uint32_t export_flags) {
+             bool exported, uint32_t export_flags, py::object device) {
             AllocationProp p;
+            if (!device.is_none()) p.location = MemLocation{MemLocation::kDevice, device.cast<int>()};
             p.page_policy = PolicyFrom(policy);
             p.pinned = pinned;
             p.same_address = same_address;
@@ -45,16 +46,18 @@ void BindClient(py::module_& mod) {
             return ph;
           },
           py::arg("size"), py::arg("page_policy") = "normal", py::arg("pinned") = false,
-          py::arg("same_address") = false, py::arg("exported") = false, py::arg("export_flags") = 0)
+          py::arg("same_address") = false, py::arg("exported") = false, py::arg("export_flags") = 0,
+          py::arg("device") = py::none())
       .def(
           "reserve",
-          [](std::shared_ptr<PyClient> c, size_t size, size_t alignment) {
+          [](std::shared_ptr<PyClient> c, size_t size, size_t alignment, bool device) {
             auto r = std::make_shared<PyReservation>();
             r->owner = c;
-            r->reservation = Take(c->client.ReserveMemAddress(size, alignment));
+            r->reservation =
+                Take(c->client.ReserveMemAddress(size, alignment, nullptr, device ? kReserveDevice : 0));
             return r;
           },
-          py::arg("size"), py::arg("alignment") = 0)
+          py::arg("size"), py::arg("alignment") = 0, py::arg("device") = false)
       .def(
           "map",
           [](std::shared_ptr<PyClient> c, py::object reservation, py::object handle, size_t offset_in_reservation,
@@ -62,20 +65,32 @@ void BindClient(py::module_& mod) {
             PyReservation& r = reservation.cast<PyReservation&>();
             PyHandle& h = handle.cast<PyHandle&>();
             if (size == 0) size = h.handle.size() - std::min(offset, h.handle.size());
+            auto fill = [&](PyMapping& m) {
+              m.reservation = reservation;
+              m.handle = handle;
+              m.owner = c;
+              m.read_only = h.handle.read_only();
+              m.mapping = Take(c->client.MapMem(r.reservation.at(offset_in_reservation), size, offset, h.handle,
+                                                populate ? kMapPopulate : 0));
+            };
+            if (h.handle.device() >= 0) {
+              auto m = std::make_shared<PyDeviceMapping>();
+              m->device = h.handle.device();
+              fill(*m);
+              return py::cast(m);
+            }
             auto m = std::make_shared<PyMapping>();
-            m->reservation = reservation;
-            m->handle = handle;
-            m->owner = c;
-            m->read_only = h.handle.read_only();
-            m->mapping = Take(c->client.MapMem(r.reservation.at(offset_in_reservation), size, offset, h.handle,
-                                               populate ? kMapPopulate : 0));
-            return m;
+            fill(*m);
+            return py::cast(m);
           },
           py::arg("reservation"), py::arg("handle"), py::arg("at") = 0, py::arg("size") = 0, py::arg("offset") = 0,
           py::arg("populate") = false)
       .def(
           "set_access",
-          [](PyClient& c, PyMapping& m, const std::string& access) {
+          [](PyClient& c, py::object mapping, const std::string& access) {
+            PyMapping& m = py::isinstance<PyDeviceMapping>(mapping)
+                               ? static_cast<PyMapping&>(mapping.cast<PyDeviceMapping&>())
+                               : mapping.cast<PyMapping&>();
             m.CheckOpen();
             Access a = access == "none"   ? Access::kNone
                        : access == "read" ? Access::kRead

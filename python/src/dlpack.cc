@@ -36,10 +36,10 @@ void ReleaseOwner(DLPackOwner* owner) {
   delete owner;
 }
 
-DLTensor MakeTensor(PyMapping& m, DLPackOwner* owner) {
+DLTensor MakeTensor(PyMapping& m, DLDevice device, DLPackOwner* owner) {
   DLTensor t{};
   t.data = m.mapping.data();
-  t.device = {kDLCPU, 0};
+  t.device = device;
   t.ndim = 1;
   t.dtype = {kDLUInt, 8, 1};
   owner->shape[0] = static_cast<int64_t>(m.mapping.size());
@@ -51,8 +51,7 @@ DLTensor MakeTensor(PyMapping& m, DLPackOwner* owner) {
 
 }  // namespace
 
-py::capsule DLPackCapsule(py::object self, py::object max_version) {
-  PyMapping& m = self.cast<PyMapping&>();
+py::capsule DLPackCapsule(py::object self, PyMapping& m, DLDevice device, py::object max_version) {
   m.CheckOpen();
   auto* owner = new DLPackOwner{{0}, self.ptr()};
   Py_INCREF(self.ptr());
@@ -70,7 +69,7 @@ py::capsule DLPackCapsule(py::object self, py::object max_version) {
       delete self;
     };
     t->flags = m.read_only ? kDLFlagReadOnly : 0;
-    t->dl_tensor = MakeTensor(m, owner);
+    t->dl_tensor = MakeTensor(m, device, owner);
     return py::capsule(t, "dltensor_versioned", [](PyObject* cap) {
       // Not consumed (still named so): the producer frees it.
       if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
@@ -89,7 +88,7 @@ py::capsule DLPackCapsule(py::object self, py::object max_version) {
     ReleaseOwner(static_cast<DLPackOwner*>(self->manager_ctx));
     delete self;
   };
-  t->dl_tensor = MakeTensor(m, owner);
+  t->dl_tensor = MakeTensor(m, device, owner);
   return py::capsule(t, "dltensor", [](PyObject* cap) {
     if (PyCapsule_IsValid(cap, "dltensor")) {
       auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));

@@ -11,6 +11,8 @@
 // GIL: every call that can block (a broker round trip, a wait) releases it.
 #pragma once
 
+#include <dlpack/dlpack.h>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -92,9 +94,17 @@ struct PyMapping {
   }
 };
 
+// A mapping of CUDA device memory: no buffer protocol (the CPU cannot touch
+// it); __cuda_array_interface__ and DLPack (kDLCUDA) views instead.
+struct PyDeviceMapping : PyMapping {
+  int device = 0;
+};
+
 // A capsule over a mapping's bytes (dlpack.cc): DLPack 1.0's versioned one
 // (with the read-only flag) when max_version asks for it, else the legacy one.
-py::capsule DLPackCapsule(py::object self, py::object max_version);
+// `self` is the Python object of m, which the capsule keeps alive; device is
+// {kDLCPU, 0} or {kDLCUDA, N}.
+py::capsule DLPackCapsule(py::object self, PyMapping& m, DLDevice device, py::object max_version);
 
 // Pinned host memory from MallocHost: freed (unmapped) when the last
 // reference, views included, goes; close() only refuses new views.

@@ -1,0 +1,89 @@
+"""Device memory from Python (ctest Python.Device, label device): against the
+CUDA driver double where no GPU is (LD_LIBRARY_PATH), the real driver on a GPU.
+Debian's torch is CPU-only, so the views' contents are checked directly, and
+bytes move through the driver's own copies (ctypes, the way a GPU program's
+runtime would), never by touching device memory from the CPU."""
+import ctypes
+
+import pytest
+
+import membroker
+
+
+class Driver:
+    """The few driver calls a test needs, found as membroker finds them."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        get = lib.cuGetProcAddress_v2
+        get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                        ctypes.c_void_p]
+        get.restype = ctypes.c_int
+
+        def fn(name, *argtypes):
+            p = ctypes.c_void_p()
+            assert get(name.encode(), ctypes.byref(p), 12000, 0, None) == 0, name
+            return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(p.value)
+
+        assert fn("cuInit", ctypes.c_uint)(0) == 0
+        ctx = ctypes.c_void_p()
+        assert fn("cuDevicePrimaryCtxRetain", ctypes.POINTER(ctypes.c_void_p), ctypes.c_int)(ctypes.byref(ctx), 0) == 0
+        assert fn("cuCtxSetCurrent", ctypes.c_void_p)(ctx) == 0
+        self.htod = fn("cuMemcpyHtoD", ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t)
+        self.dtoh = fn("cuMemcpyDtoH", ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t)
+
+    def write(self, address: int, data: bytes):
+        buf = ctypes.create_string_buffer(data, len(data))
+        assert self.htod(address, buf, len(data)) == 0
+
+    def read(self, address: int, n: int) -> bytes:
+        buf = ctypes.create_string_buffer(n)
+        assert self.dtoh(buf, address, n) == 0
+        return buf.raw
+
+
+@pytest.fixture
+def driver():
+    try:
+        return Driver()
+    except OSError as e:
+        pytest.skip(f"no CUDA driver here: {e}")
+
+
+def test_a_device_tensor_is_viewed_through_the_cuda_interfaces(mb, driver):
+    with membroker.connect(mb.socket, "device") as c:
+        t = c.new_tensor((4, 8), "float32", device=0)
+        assert t.device == "cuda:0" and t.handle.device == 0
+        assert type(t.mapping).__name__ == "DeviceMapping"
+        with pytest.raises(TypeError, match="cuda:0 memory"):
+            t.numpy()
+        with pytest.raises(TypeError):
+            memoryview(t.mapping)  # no buffer protocol over device memory
+        cai = t.__cuda_array_interface__
+        assert cai == {"shape": (4, 8), "typestr": "<f4", "strides": (32, 4),
+                       "data": (t.mapping.address, False), "stream": None, "version": 3}
+        assert t.mapping.__dlpack_device__() == (2, 0)  # kDLCUDA, device 0
+        assert type(t.mapping.__dlpack__()).__name__ == "PyCapsule"
+
+        payload = bytes(range(128))
+        driver.write(t.mapping.address, payload)
+        c.publish_tensor("dev/t", t, read_only=True)
+        with membroker.connect(mb.socket, "reader") as r:
+            seen = r.lookup_tensor("dev/t")
+            assert seen.device == "cuda:0" and seen.read_only
+            assert seen.__cuda_array_interface__["data"][1] is True
+            assert driver.read(seen.mapping.address, 128) == payload
+            with pytest.raises(membroker.PermissionDenied):
+                r.set_access(seen.mapping, "read-write")
+            seen.close()
+            del seen
+        c.unpublish("dev/t")
+        t.close()
+
+
+def test_bfloat16_has_no_cuda_type_string(mb, driver):
+    with membroker.connect(mb.socket, "bf16") as c:
+        t = c.new_tensor((2,), "bfloat16", device=0)
+        with pytest.raises(TypeError, match="DLPack"):
+            t.__cuda_array_interface__  # pylint: disable=pointless-statement
+        t.close()
