@@ -1,6 +1,7 @@
 #include "membroker/client.h"
 
 #include "client/client_core.h"
+#include "client/device_vmm.h"
 #include "membroker/ipc/cuda_driver.h"
 #include "membroker/ipc/escape.h"
 #include "membroker/ipc/framing.h"
@@ -216,11 +217,13 @@ Result<void*> Client::MallocHost(size_t size) {
   MB_ASSIGN_OR_RETURN(PhysicalHandle h, MallocPhysical(size, prop));
   MB_ASSIGN_OR_RETURN(void* base, core_->Reserve(h.size(), 0, nullptr, 0));
   auto mapped = core_->Map(base, h.size(), 0, h.id_, kMapPopulate);
-  if (!mapped.ok()) {
+  auto cuda = mapped.ok() ? detail::device::RegisterHost(base, h.size()) : Result<bool>(mapped.status());
+  if (!cuda.ok()) {
     (void)core_->Release(base, /*force=*/true);
-    return mapped.status();
+    return cuda.status();
   }
-  // The core owns it from here: FreeHost unmaps and releases it.
+  // The core owns it from here: FreeHost unregisters, unmaps and releases it.
+  if (*cuda) core_->NoteCudaRegistered(base);
   core_->AddHostAlloc(base, h.id_);
   h.core_.reset();
   return base;
@@ -228,7 +231,9 @@ Result<void*> Client::MallocHost(size_t size) {
 
 Status Client::FreeHost(void* ptr) {
   if (!core_) return detail::NotConnectedClient();
-  return core_->FreeHostAlloc(ptr);
+  Status cuda = core_->TakeCudaRegistered(ptr) ? detail::device::UnregisterHost(ptr) : Status::Ok();
+  MB_RETURN_IF_ERROR(core_->FreeHostAlloc(ptr));
+  return cuda;
 }
 
 Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
@@ -246,14 +251,24 @@ Status Client::HostRegister(void* ptr, size_t size, uint32_t flags) {
                             {{ENOMEM, ErrorCode::kParamInvalid,
                               "is the whole range mapped? is RLIMIT_MEMLOCK large enough?"}});
   }
+  auto cuda = detail::device::RegisterHost(ptr, size);
+  if (!cuda.ok()) {
+    ::munlock(ptr, size);
+    (void)core_->conn().SendOneWay(ipc::UnregisterHostRequest{addr});
+    return cuda.status();
+  }
+  if (*cuda) core_->NoteCudaRegistered(ptr);
   return core_->AddHostRegistration(ptr, size);
 }
 
 Status Client::HostUnregister(void* ptr) {
   if (!core_) return detail::NotConnectedClient();
   MB_ASSIGN_OR_RETURN(size_t size, core_->TakeHostRegistration(ptr));
+  Status cuda = core_->TakeCudaRegistered(ptr) ? detail::device::UnregisterHost(ptr) : Status::Ok();
   ::munlock(ptr, size);
-  return core_->conn().SendOneWay(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
+  Status sent = core_->conn().SendOneWay(ipc::UnregisterHostRequest{reinterpret_cast<uintptr_t>(ptr)});
+  MB_RETURN_IF_ERROR(cuda);
+  return sent;
 }
 
 Status Client::Ping() {

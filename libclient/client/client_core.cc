@@ -369,6 +369,16 @@ Status ClientCore::AddHostRegistration(void* ptr, size_t size) {
   return Status::Ok();
 }
 
+void ClientCore::NoteCudaRegistered(void* ptr) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cuda_registered_.insert(reinterpret_cast<uintptr_t>(ptr));
+}
+
+bool ClientCore::TakeCudaRegistered(void* ptr) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cuda_registered_.erase(reinterpret_cast<uintptr_t>(ptr)) != 0;
+}
+
 Result<size_t> ClientCore::TakeHostRegistration(void* ptr) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = host_regs_.find(reinterpret_cast<uintptr_t>(ptr));

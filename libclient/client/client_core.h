@@ -128,6 +128,9 @@ class ClientCore {
   // HostRegister bookkeeping: address -> size, locked here.
   Status AddHostRegistration(void* ptr, size_t size);
   Result<size_t> TakeHostRegistration(void* ptr);
+  // Host ranges this library registered with the CUDA driver (device_vmm.h).
+  void NoteCudaRegistered(void* ptr);
+  bool TakeCudaRegistered(void* ptr);
 
   // Transfer engine: finds what backs [va, va+size) - one mapping of a broker
   // allocation, or one HostRegister range - and keeps the range from being
@@ -183,6 +186,7 @@ class ClientCore {
   std::map<uintptr_t, ReservationState> reservations_;  // by base address
   std::map<uintptr_t, uint64_t> host_allocs_;           // MallocHost pointers
   std::map<uintptr_t, size_t> host_regs_;               // HostRegister ranges
+  std::set<uintptr_t> cuda_registered_;                 // of those and MallocHost's: registered with CUDA
   std::map<uintptr_t, EngineRegistration> engine_ranges_;  // registered with the transfer engine
   uint64_t next_map_id_ = 1;
 };

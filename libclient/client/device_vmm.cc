@@ -98,6 +98,25 @@ Status SetAccess(uintptr_t va, size_t size, int device, Access access) {
   return Status::Ok();
 }
 
+Result<bool> RegisterHost(void* ptr, size_t size) {
+  const ipc::CudaDriver& driver = ipc::CudaDriver::Get();
+  if (!driver.Available().ok()) return false;
+  const ipc::CudaDriver::Api* cu = driver.api();
+  CUcontext ctx = nullptr;
+  if (cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
+  CUresult rc = cu->cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE);
+  if (rc == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) return false;  // the program's own registration
+  if (rc != CUDA_SUCCESS) return Refused("cuMemHostRegister", Range(reinterpret_cast<uintptr_t>(ptr), size), rc);
+  return true;
+}
+
+Status UnregisterHost(void* ptr) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  if (CUresult rc = cu->cuMemHostUnregister(ptr); rc != CUDA_SUCCESS)
+    return Refused("cuMemHostUnregister", ipc::Hex(reinterpret_cast<uintptr_t>(ptr)), rc);
+  return Status::Ok();
+}
+
 #else  // built without the CUDA headers: CudaDriver says why
 
 namespace {
@@ -111,6 +130,8 @@ Status Free(uintptr_t, size_t) { return Why(); }
 Status Map(uintptr_t, size_t, size_t, uint64_t, int, Access) { return Why(); }
 Status Unmap(uintptr_t, size_t) { return Why(); }
 Status SetAccess(uintptr_t, size_t, int, Access) { return Why(); }
+Result<bool> RegisterHost(void*, size_t) { return false; }
+Status UnregisterHost(void*) { return Why(); }
 
 #endif
 

@@ -28,6 +28,14 @@ Status Map(uintptr_t va, size_t size, size_t offset, uint64_t handle, int device
 Status Unmap(uintptr_t va, size_t size);
 Status SetAccess(uintptr_t va, size_t size, int device, Access access);
 
+// Host memory registered with the driver (cuMemHostRegister, portable), so
+// device copies from and to it run at full speed: only where this thread has
+// a current context (a CUDA program's), so that membroker never creates a
+// context behind a program's back. true when this call registered it; false
+// without a driver or a context, or when the program registered it itself.
+Result<bool> RegisterHost(void* ptr, size_t size);
+Status UnregisterHost(void* ptr);
+
 // The minimum granularity of `device`'s memory.
 Result<size_t> Granularity(int device);
 

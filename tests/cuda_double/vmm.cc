@@ -302,6 +302,7 @@ CUresult HostRegister(void* p, size_t size, unsigned int flags) {
   std::lock_guard lock(s.mu);
   if (CUresult rc = Enter(s, "cuMemHostRegister"); rc != CUDA_SUCCESS) return rc;
   (void)flags;
+  if (CurrentContext() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (p == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
   auto it = s.host_registered.lower_bound(at);

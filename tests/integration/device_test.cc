@@ -12,7 +12,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -22,6 +26,7 @@
 #include "membroker/ipc/cuda_driver.h"
 #ifdef MEMBROKER_HAVE_CUDA_HEADERS
 #include "membroker/ipc/cuda_api.h"
+#include "../cuda_double/cuda_double.h"
 #endif
 
 namespace membroker::testing {
@@ -327,6 +332,47 @@ TEST_F(DeviceMemory, DriverFaultsAreClearErrorsThatLeaveNothing) {
   ASSERT_TRUE(c->FreePhysical(*ok).ok());
   EXPECT_EQ(b.WaitForStat("device_bytes", 0), 0u);
   EXPECT_EQ(DeviceFdsOf(b.pid()), 0u);
+}
+
+// Pinned host memory is registered with the driver where the program has a
+// current context (cuMemHostRegister), and never makes one of its own.
+TEST_F(DeviceMemory, PinnedHostMemoryIsRegisteredWithTheDriverOfACudaProgram) {
+  auto counters = DoubleControl<void (*)(mbfake_cuda_counters*)>("mbfake_cuda_get_counters");
+  if (counters == nullptr) GTEST_SKIP() << "a real driver: its registrations cannot be counted";
+  auto registered = [&] {
+    mbfake_cuda_counters n{};
+    counters(&n);
+    return n.host_registered;
+  };
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "pinned"});
+  ASSERT_TRUE(c.ok());
+  auto p = c->MallocHost(1 << 20);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(registered(), 1u);
+  void* own = ::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(own, MAP_FAILED);
+  ASSERT_TRUE(c->HostRegister(own, 1 << 20).ok());
+  EXPECT_EQ(registered(), 2u);
+  // A device copy from it, as a CUDA program makes one.
+  auto h = c->MallocPhysical(g_, OnDevice(0));
+  auto r = c->ReserveMemAddress(g_, 0, nullptr, kReserveDevice);
+  auto m = c->MapMem(r->base(), g_, 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::memset(own, 0x3c, 4096);
+  ASSERT_EQ(cu_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(m->data()), own, 4096), CUDA_SUCCESS);
+  ASSERT_TRUE(c->HostUnregister(own).ok());
+  ASSERT_TRUE(c->FreeHost(*p).ok());
+  EXPECT_EQ(registered(), 0u);
+  // A thread with no current context: pinned (mlock) only.
+  std::thread([&] {
+    auto q = c->MallocHost(1 << 20);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    EXPECT_EQ(registered(), 0u);
+    EXPECT_TRUE(c->FreeHost(*q).ok());
+  }).join();
+  EXPECT_EQ(b.Stat("pinned_bytes"), 0u);
+  ::munmap(own, 1 << 20);
 }
 
 // A take-over keeps host memory; device memory stays with the processes that
