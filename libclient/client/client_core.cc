@@ -403,6 +403,9 @@ Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size, const st
   EngineRange found;
   bool ok = false;
   if (ReservationState* r = FindReservation(va, size)) {
+    if (r->device)
+      return Status(ErrorCode::kParamInvalid, "range " + ipc::Hex(va) + "+" + std::to_string(size) +
+                                                  " is device memory, not MEM_HOST (and MEM_DEVICE is not built yet)");
     auto m = ipc::Containing(r->mappings, va, size, [](const MappingState& m) { return m.size; });
     if (m != r->mappings.end()) {
       auto held = handles_.find(m->second.handle);

@@ -99,7 +99,8 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
   if (!initialized_) return NotInitialized();
   if (!name.empty()) MB_RETURN_IF_ERROR(ipc::CheckName(name, ipc::kMaxRegionNameBytes, "a region name"));
   if (type == MEM_DEVICE)
-    return Status(ErrorCode::kUnsupported, "MEM_DEVICE needs a device backend, which this build lacks");
+    return Status(ErrorCode::kUnsupported,
+                  "MEM_DEVICE: the transfer engine does not move device memory yet (docs/MEMORY.md, \"Device memory\")");
   if (type != MEM_HOST) return Status(ErrorCode::kParamInvalid, "unknown memory type");
   if (mem.len == 0 || mem.addr == 0 || mem.addr % kRegionAlign || mem.len % kRegionAlign)
     return Status(ErrorCode::kParamInvalid, "addr and len must be non-zero multiples of 4096");

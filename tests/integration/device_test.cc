@@ -23,6 +23,7 @@
 
 #include "broker_process.h"
 #include "membroker/client.h"
+#include "membroker/transfer_engine.h"
 #include "membroker/ipc/cuda_driver.h"
 #ifdef MEMBROKER_HAVE_CUDA_HEADERS
 #include "membroker/ipc/cuda_api.h"
@@ -373,6 +374,26 @@ TEST_F(DeviceMemory, PinnedHostMemoryIsRegisteredWithTheDriverOfACudaProgram) {
   }).join();
   EXPECT_EQ(b.Stat("pinned_bytes"), 0u);
   ::munmap(own, 1 << 20);
+}
+
+// The transfer engine does not move device memory yet, and says so.
+TEST_F(DeviceMemory, TheTransferEngineRefusesDeviceMemoryClearly) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "engine"});
+  ASSERT_TRUE(c.ok());
+  auto h = c->MallocPhysical(g_, OnDevice(0));
+  auto r = c->ReserveMemAddress(g_, 0, nullptr, kReserveDevice);
+  ASSERT_TRUE(h.ok() && r.ok());
+  auto m = c->MapMem(r->base(), g_, 0, *h);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  TransferEngine engine(*c);
+  ASSERT_TRUE(engine.Initialize("device-engine").ok());
+  MemHandle region{};
+  Status as_host = engine.RegisterMem({reinterpret_cast<uintptr_t>(m->data()), g_}, MEM_HOST, region);
+  EXPECT_EQ(as_host.code(), ErrorCode::kParamInvalid);
+  EXPECT_NE(as_host.message().find("is device memory"), std::string::npos) << as_host.ToString();
+  EXPECT_EQ(engine.RegisterMem({reinterpret_cast<uintptr_t>(m->data()), g_}, MEM_DEVICE, region).code(),
+            ErrorCode::kUnsupported);
 }
 
 // A take-over keeps host memory; device memory stays with the processes that
