@@ -42,34 +42,34 @@ CUmemAllocationProp Prop(CUmemLocationType type = CU_MEM_LOCATION_TYPE_DEVICE) {
   return p;
 }
 
-bool SendFd(int sock, int fd) {
+// One byte with room for one fd beside it (SCM_RIGHTS).
+struct FdMessage {
   char byte = 'f';
   iovec iov{&byte, 1};
-  alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = buf;
-  msg.msg_controllen = sizeof buf;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+};
+
+bool SendFd(int sock, int fd) {
+  FdMessage m;
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  return ::sendmsg(sock, &msg, 0) == 1;
+  return ::sendmsg(sock, &m.msg, 0) == 1;
 }
 
 int RecvFd(int sock) {
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = buf;
-  msg.msg_controllen = sizeof buf;
-  if (::recvmsg(sock, &msg, 0) != 1) return -1;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  FdMessage m;
+  if (::recvmsg(sock, &m.msg, 0) != 1) return -1;
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
   if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
   int fd;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
