@@ -70,5 +70,9 @@ inline bool KeptOverRestart(const PhysicalMemory& mem) { return mem.device < 0; 
 inline PhysicalBackend& BackendOf(const PhysicalMemory& mem, PhysicalBackend& host) {
   return mem.device >= 0 ? CudaBackend() : host;
 }
+// The backend that makes what `spec` asks for, by the same rule.
+inline PhysicalBackend& BackendFor(const MemorySpec& spec, PhysicalBackend& host) {
+  return spec.device >= 0 ? CudaBackend() : host;
+}
 
 }  // namespace membroker::broker

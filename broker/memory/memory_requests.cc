@@ -69,7 +69,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::MallocRequest& m) {
   // Charge the largest size the policy may produce; settled in FinishMalloc.
   const bool pinned = m.flags & ipc::kMallocPinned;
   MemorySpec spec{state_file_->NameFor("membroker:client" + std::to_string(s.id)), m.size, m.policy, pinned, m.device};
-  PhysicalBackend& backend = m.device >= 0 ? CudaBackend() : holdings_.backend();
+  PhysicalBackend& backend = BackendFor(spec, holdings_.backend());
   uint64_t reserve = backend.MaxBytes(spec);
   if (reserve == 0) return Status(ErrorCode::kParamInvalid, "size overflows");
   PendingMalloc p{s.id, rid, m.policy, m.flags, m.export_flags, Usage::For(reserve, pinned, m.device), s.cred.uid};

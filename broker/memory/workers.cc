@@ -56,7 +56,7 @@ void Workers::Create(MemorySpec spec, Created done) {
       [](uv_work_t* r) {
         LowerWorkerPriority();
         auto* w = static_cast<MallocWork*>(r->data);
-        w->result = w->workers->BackendFor(w->spec).Create(w->spec);
+        w->result = BackendFor(w->spec, w->workers->backend_).Create(w->spec);
       },
       [](uv_work_t* r, int) {
         std::unique_ptr<MallocWork> w(static_cast<MallocWork*>(r->data));
@@ -66,7 +66,7 @@ void Workers::Create(MemorySpec spec, Created done) {
   if (rc != 0) {  // not queued: create it here rather than lose the request
     std::unique_ptr<MallocWork> owned(w);
     MB_WARN("worker_refused", "work=malloc error=\"%s\"", uv_strerror(rc));
-    owned->done(BackendFor(owned->spec).Create(owned->spec));
+    owned->done(BackendFor(owned->spec, backend_).Create(owned->spec));
   }
 }
 

@@ -66,7 +66,6 @@ class Workers {
   struct ReturnWork;
 
   uv_loop_t* loop_;
-  PhysicalBackend& BackendFor(const MemorySpec& spec) { return spec.device >= 0 ? CudaBackend() : backend_; }
   PhysicalBackend& backend_;
   Pools& pools_;
   const uint32_t delay_ms_;
