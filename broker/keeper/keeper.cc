@@ -362,7 +362,8 @@ int Keeper::Run() {
     if (exit_code_ >= 0) break;
     if (p[2].revents & POLLIN) {
       uint64_t expirations;
-      (void)::read(timer_.get(), &expirations, sizeof(expirations));
+      // Nothing read: the timer has not expired after all (it was re-armed).
+      if (::read(timer_.get(), &expirations, sizeof(expirations)) != sizeof(expirations)) continue;
       if (restart_due_ && broker_ == 0 && !stopping_) {
         restart_due_ = false;
         if (!StartBroker()) ArmTimer(kMaxBackoff);  // fork failed: try again later

@@ -1,4 +1,4 @@
-// Loading the network module (net_transport.h): found beside the library
+// Loading the network module (net_transport.h): found in membroker/ beside the library
 // that holds this code (libmembroker.so, wherever it was loaded from: the
 // build tree, an install prefix, a Python package's rpath), once per process,
 // and never unloaded (UCX keeps threads and handlers while it is mapped).
@@ -28,7 +28,7 @@ Module LoadModule() {
     const char* why = ::dlerror();
     return {nullptr, Status(ErrorCode::kUnsupported,
                             "engines on other hosts need the network module " + path +
-                                " (built where UCX is, installed beside libmembroker): " + (why ? why : "not found"))};
+                                " (built where UCX is, installed in membroker/ beside libmembroker): " + (why ? why : "not found"))};
   }
   auto start = reinterpret_cast<StartNetTransportFn>(::dlsym(handle, kNetTransportEntry));
   if (start == nullptr)

@@ -1,6 +1,6 @@
 // The transfer engine's path to engines on other hosts, as the engine sees
 // it: a Transport (transport.h) with a listener, and a loader. The implementation (UCX: transfer/ucx/)
-// lives in a module of its own, libmembroker-ucx.so beside libmembroker.so,
+// lives in a module of its own, membroker/libmembroker-ucx.so beside libmembroker.so,
 // loaded with dlopen the first time an engine asks for the network (a
 // listen_address, or Connect("ip:port")): a process that never talks to
 // another host never maps UCX, whose signal handlers would replace the
@@ -71,6 +71,6 @@ Result<std::unique_ptr<NetTransport>> StartNetTransport(NetOptions options);
 // build made both sides, so C++ types cross.
 using StartNetTransportFn = void (*)(NetOptions options, Result<std::unique_ptr<NetTransport>>* out);
 inline constexpr const char kNetTransportEntry[] = "membroker_net_transport_start_v1";
-inline constexpr const char kNetTransportModule[] = "libmembroker-ucx.so";
+inline constexpr const char kNetTransportModule[] = "membroker/libmembroker-ucx.so";
 
 }  // namespace membroker::detail

@@ -115,7 +115,7 @@ def install_units(units_dir: str, rt: str, membrokerd: str, log: str) -> None:
     """The shipped units, pointed at this build and a private runtime directory
     (and the broker's log at a file: no journal here)."""
     for name in ("membrokerd.service", "membrokerd.socket"):
-        with open(os.path.join(ROOT, "packaging", name)) as f:
+        with open(os.path.join(ROOT, "packaging", name + (".in" if name.endswith(".service") else ""))) as f:
             text = f.read()
         # First: the paths put in below must not be rewritten.
         text = text.replace("/run/membroker/", rt + "/").replace("/run/membroker\n", rt + "\n")
@@ -123,7 +123,7 @@ def install_units(units_dir: str, rt: str, membrokerd: str, log: str) -> None:
             # What this test is about must be in the unit we ship.
             assert "--fd-store" in text and "FileDescriptorStoreMax=" in text, "the shipped unit lost its fd store"
             assert "Restart=on-failure" in text and "Type=notify" in text
-            text = text.replace("/usr/local/bin/membrokerd", membrokerd)
+            text = text.replace("@CMAKE_INSTALL_FULL_BINDIR@/membrokerd", membrokerd)
             text = text.replace("[Service]\n", "[Service]\nStandardOutput=append:%s\nStandardError=append:%s\n" %
                                 (log, log))
         with open(os.path.join(units_dir, name), "w") as f:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# install_into_fresh_root.sh DEB: installs the Debian package with dpkg into
+# a fresh root (its own dpkg database, a copy of this machine's, so Depends are
+# checked against what is really installed), then, in a mount namespace where
+# that root's /usr lies over this machine's (and /usr/local is hidden), runs
+# what a user would: the man pages, the units through systemd-analyze, and
+# tests/consumer/check_prefix.sh against /usr: the package's own membrokerd,
+# membrokerctl, headers, CMake and pkg-config files, library, network module
+# and Python package. Then removes and purges it and checks nothing is left.
+# As root (dpkg --root, mount namespaces).
+set -euo pipefail
+deb=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+[ "$(id -u)" -eq 0 ] || { echo "install_into_fresh_root.sh: needs root (dpkg --root, unshare -m)" >&2; exit 1; }
+root=$(mktemp -d /tmp/membroker-root.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+
+mkdir -p "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"
+cp -a /var/lib/dpkg/status /var/lib/dpkg/info "$root/var/lib/dpkg/"
+touch "$root/var/lib/dpkg/available"
+# Maintainer scripts run from this machine's /bin/sh with DPKG_ROOT set
+# (the fresh root has no shell); ours leave systemd alone there. Triggers
+# (ldconfig, man-db) are recorded, not run: their programs would write to this
+# machine's /etc and /var; the loader finds /usr/lib/x86_64-linux-gnu without
+# its cache.
+dpkg_root() { dpkg --root="$root" --force-script-chrootless --no-triggers --log=/dev/null "$@"; }
+dpkg_root -i "$deb"
+dpkg_root -s membroker | grep -q '^Status: install ok installed$'
+echo "installed into $root: $(dpkg_root -L membroker | grep -c .) paths"
+
+# Inside: the package's files at their real paths, over this machine's /usr.
+unshare -m --propagation private bash -euo pipefail -c '
+  root=$1 here=$2
+  mount -t overlay membroker-usr -o "lowerdir=$root/usr:/usr" /usr
+  mount -t tmpfs membroker-no-local /usr/local
+  [ "$(command -v membrokerd)" = /usr/bin/membrokerd ]
+  for page in /usr/share/man/man8/membrokerd.8.gz /usr/share/man/man1/membrokerctl.1.gz; do
+    out=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null)
+    [ -z "$out" ] || { echo "$page: $out" >&2; exit 1; }
+  done
+  MANPATH=/usr/share/man man -w membrokerd membrokerctl >/dev/null
+  systemd-analyze verify --man=no /usr/lib/systemd/system/membrokerd.socket /usr/lib/systemd/system/membrokerd.service
+  membrokerd --help | grep -q -- --supervise
+  "$here/../consumer/check_prefix.sh" /usr
+' bash "$root" "$here"
+
+dpkg_root --purge membroker
+left=$(find "$root" -path "$root/var" -prune -o ! -type d -print)
+[ -z "$left" ] || { echo "left behind after purge:" >&2; echo "$left" >&2; exit 1; }
+echo "installed into a fresh root, used from /usr by C, C++, Python and membrokerctl, purged without a trace"
