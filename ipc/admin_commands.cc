@@ -39,6 +39,12 @@ constexpr AdminCommand kCommands[] = {
      "Named objects, one row each: the allocation, its size, how it is published, and its "
      "publisher.",
      "name allocation size read_only persist publisher_pid publisher_connected"},
+    {kListChannels, "list channels", AdminArg::kNone, true, "channels: subscribers, queues, drops",
+     "Channels (docs/PIPELINE.md), one row each, read from their control blocks: the publisher, "
+     "geometry, subscribers, chunks queued (all queues, and the fullest), chunks in use, and the "
+     "publisher's counts: published, dropped, unreceived, dead subscribers reaped, redelivered.",
+     "name publisher_pid state mode when_full chunks chunk_bytes queue_depth subscribers queued fullest_queue "
+     "chunks_in_use published dropped unreceived reaped redelivered"},
     {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
      "One client, with the ids of the allocations it holds."},
     {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "admin/admin_format.h"
+#include "admin/channel_census.h"
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/admin_commands.h"
@@ -71,6 +72,8 @@ std::string Broker::AdminCommand(const std::string& line) {
       return Table(EngineRecords(), req, "no engines");
     case ipc::AdminCommandId::kListNames:
       return Table(NameRecords(), req, "no named objects");
+    case ipc::AdminCommandId::kListChannels:
+      return Table(ChannelRecords(names_, holdings_), req, "no channels");
     case ipc::AdminCommandId::kUnpublish: {
       if (names_.Find(req.arg) == nullptr) return RenderError("no named object '" + req.arg + "'", json);
       Unpublish(req.arg, 0);

@@ -1,5 +1,5 @@
 // Channels (membroker/channel.h): the publisher and the subscribers over the
-// shared control block whose layout shm/channel_layout.h describes. A chunk is
+// shared control block whose layout membroker/ipc/channel_layout.h describes. A chunk is
 // free when its `waiting` word is 0; each release clears one bit, so whoever
 // cleans up after a dead subscriber clears that subscriber's bit on every
 // chunk and gets back exactly what it held, wherever it died.
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "shm/channel_layout.h"
+#include "shm/channel_view.h"
 #include "shm/channel_wake.h"
 #include "shm/futex.h"
 #include "membroker/ipc/pidfd.h"
@@ -30,7 +30,7 @@ namespace membroker {
 
 namespace {
 
-using namespace detail::channel;  // the shared layout (channel_layout.h)
+using namespace detail::channel;  // the shared layout (ipc/channel_layout.h, shm/channel_view.h)
 using Clock = std::chrono::steady_clock;
 // A publisher waiting for chunks or room re-checks its subscribers' pidfds
 // this often, so a dead subscriber's chunks come back while it waits.
@@ -172,6 +172,12 @@ class ChannelPublisher::Impl {
   uint64_t sequence = 0;
   std::set<uint32_t> loaned;
   ChannelStats counts;
+  // A count goes up here, and its copy in the header (for `membrokerctl list
+  // channels`) follows.
+  void Count(uint64_t ChannelStats::*field, std::atomic<uint64_t> Header::*shared, uint64_t n = 1) {
+    counts.*field += n;
+    (v.header()->*shared).store(counts.*field, std::memory_order_relaxed);
+  }
   // What this publisher knows of each slot's process, to notice its death.
   struct Known {
     uint32_t generation = UINT32_MAX;
@@ -220,14 +226,14 @@ class ChannelPublisher::Impl {
       // Gone: no more chunks for it, and back what it held or had queued.
       v.header()->active.fetch_and(~(uint64_t{1} << s));
       if (options.mode == ChannelMode::kWorkSharing) Redeliver(s);
-      counts.reclaimed += ClearBit(v, s);
+      Count(&ChannelStats::reclaimed, &Header::reclaimed, ClearBit(v, s));
       slot.head.store(0);
       slot.tail.store(0);
       slot.pid.store(0);
       slot.wake_nonce.store(0);
       slot.generation.fetch_add(1);
       slot.state.store(kFree);
-      ++counts.reaped;
+      Count(&ChannelStats::reaped, &Header::reaped);
       ++reaped;
     }
     return reaped;
@@ -253,7 +259,7 @@ class ChannelPublisher::Impl {
       v.entry(to, to_tail).store(i);
       to.tail.store(to_tail + 1);
       SignalSubscribers(v, target);
-      ++counts.redelivered;
+      Count(&ChannelStats::redelivered, &Header::redelivered);
     }
   }
 
@@ -324,7 +330,7 @@ class ChannelPublisher::Impl {
       if (options.when_full == WhenFull::kDropOldest) {
         const uint32_t oldest = v.entry(q, head).load();
         if (q.head.compare_exchange_strong(head, head + 1)) {
-          ++counts.dropped;
+          Count(&ChannelStats::dropped, &Header::dropped);
           if (oldest < v.layout.chunks) {
             const uint64_t before = v.meta(oldest).waiting.fetch_and(~bit);
             if ((before & ~bit) == 0 && (before & bit))
@@ -400,8 +406,8 @@ class ChannelPublisher::Impl {
     h->publishing.fetch_add(1);
     loaned.erase(c.index);
     last_published = c.index;
-    ++counts.published;
-    if (targets == 0) ++counts.unreceived;
+    Count(&ChannelStats::published, &Header::published);
+    if (targets == 0) Count(&ChannelStats::unreceived, &Header::unreceived);
     c.sequence = m.sequence;
     return Status::Ok();
   }

@@ -21,7 +21,7 @@
 #include "readable.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
-#include "shm/channel_layout.h"
+#include "shm/channel_view.h"
 
 namespace membroker::testing {
 namespace {

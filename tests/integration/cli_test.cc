@@ -24,8 +24,11 @@
 #include <gtest/gtest.h>
 
 #include "broker_process.h"
+#include "map_whole.h"
+#include "membroker/channel.h"
 #include "membroker/client.h"
 #include "membroker/ipc/admin_commands.h"
+#include "membroker/ipc/channel_layout.h"
 #include "membroker/ipc/framing.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/transfer_engine.h"
@@ -154,7 +157,7 @@ TEST(Cli, EveryListsColumnsAreTheTablesInHelpAndInTheDocs) {
         << "docs/OPERATIONS.md does not show `" << ipc::AdminUsage(c) << "`: `" << columns << "`";
     EXPECT_NE(help.find("columns: " + columns), std::string::npos) << help;
   }
-  EXPECT_EQ(lists, 6u);
+  EXPECT_EQ(lists, 7u);
 }
 
 TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
@@ -167,6 +170,8 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
   ASSERT_TRUE(c->Publish("cli/tensor", *h).ok());
   TransferEngine engine(*c);
   ASSERT_TRUE(engine.Initialize("cli-engine").ok());
+  auto chan = ChannelPublisher::Create(*c, "cli/chan", {.chunks = 2, .chunk_bytes = 64, .queue_depth = 1});
+  ASSERT_TRUE(chan.ok());
 
   auto victim = Client::Connect({b.socket(), "victim"});
   ASSERT_TRUE(victim.ok());
@@ -187,6 +192,7 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
       {ipc::AdminCommandId::kListQuotas, {"", "client:" + std::to_string(c->client_id())}},
       {ipc::AdminCommandId::kListEngines, {"", "cli-engine"}},
       {ipc::AdminCommandId::kListNames, {"", "cli/tensor"}},
+      {ipc::AdminCommandId::kListChannels, {"", "cli/chan"}},
       {ipc::AdminCommandId::kShowClient, {std::to_string(c->client_id()), "name: operator-view"}},
       {ipc::AdminCommandId::kShowAllocation, {std::to_string(h->id()), "held_by: "}},
       {ipc::AdminCommandId::kConfig, {"", "pool: 65536:normal:1"}},
@@ -259,8 +265,108 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
     ++ran;
   }
   EXPECT_EQ(ran, ipc::AdminCommands().size()) << "a command has no case in this test";
+  *chan = ChannelPublisher();  // unpublishes its two names
   EXPECT_EQ(b.Stat("named_objects"), 0u);
   EXPECT_EQ(b.Stat("clients_connected"), 1u);
+}
+
+// list channels, as an operator watches a pipeline: subscribers, queue fill,
+// drops, a SIGKILLed subscriber reaped; and a control block a subscriber
+// scribbled on is shown for what it is while the broker serves on.
+TEST(Cli, ListChannelsShowsQueuesDropsAndADeadSubscriber) {
+  BrokerProcess b;
+  const std::string admin = b.admin_socket();
+  auto list = [&](bool json) {
+    std::vector<std::string> args{"--admin-socket", admin, "list", "channels"};
+    if (json) args.insert(args.begin() + 2, "--json");
+    Output o = RunCtl(args);
+    EXPECT_EQ(o.code, 0) << o.err;
+    return o.out;
+  };
+  auto expect_fields = [&](std::initializer_list<const char*> fields) {
+    const std::string json = list(true);
+    for (const char* f : fields) EXPECT_NE(json.find(f), std::string::npos) << f << " in " << json;
+  };
+  EXPECT_EQ(list(false), "no channels\n");
+
+  auto c = Client::Connect({b.socket(), "publisher"});
+  ASSERT_TRUE(c.ok());
+  const ChannelOptions o{.chunks = 8, .chunk_bytes = 4096, .queue_depth = 4, .when_full = WhenFull::kDropOldest};
+  auto pub = ChannelPublisher::Create(*c, "ops/frames", o);
+  ASSERT_TRUE(pub.ok());
+  auto watcher = Client::Connect({b.socket(), "watcher"});
+  ASSERT_TRUE(watcher.ok());
+  auto sub = ChannelSubscriber::Join(*watcher, "ops/frames");
+  ASSERT_TRUE(sub.ok());
+  // A second subscriber, in a process of its own: it joins and never takes.
+  int ready[2];
+  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+  const pid_t doomed = ForkChild([&] {
+    auto cc = Client::Connect({b.socket(), "doomed"});
+    if (!cc.ok()) return 10;
+    auto joined = ChannelSubscriber::Join(*cc, "ops/frames");
+    if (!joined.ok()) return 11;
+    if (::write(ready[1], "j", 1) != 1) return 12;
+    for (;;) ::pause();
+  });
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ASSERT_TRUE(pub->WaitForSubscribers(2, 5000).ok());
+
+  // Six publications into queues of four: each queue drops its two oldest.
+  for (int n = 0; n < 6; ++n) {
+    auto chunk = pub->Loan(64, 5000);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    chunk->size = 64;
+    ASSERT_TRUE(pub->Publish(*chunk, 5000).ok());
+  }
+  auto held = sub->Receive(5000);  // the watcher holds one, three stay queued
+  ASSERT_TRUE(held.ok());
+  expect_fields({"\"name\": \"ops/frames\"", "\"state\": \"open\"", "\"mode\": \"broadcast\"",
+                 "\"when_full\": \"drop-oldest\"", "\"chunks\": 8", "\"queue_depth\": 4", "\"subscribers\": 2",
+                 "\"queued\": 7", "\"fullest_queue\": 4", "\"chunks_in_use\": 4", "\"published\": 6", "\"dropped\": 4",
+                 "\"reaped\": 0", ("\"publisher_pid\": " + std::to_string(::getpid())).c_str()});
+  const std::string text = list(false);
+  EXPECT_EQ(text.rfind("NAME", 0), 0u) << text;
+  EXPECT_NE(text.find("ops/frames"), std::string::npos) << text;
+
+  // SIGKILLed, then reaped by the publisher: its queue is gone, its count is 1.
+  ::kill(doomed, SIGKILL);
+  EXPECT_EQ(WaitChild(doomed), 128 + SIGKILL);
+  EXPECT_EQ(pub->Reap(), 1u);
+  expect_fields(
+      {"\"subscribers\": 1", "\"reaped\": 1", "\"queued\": 3", "\"fullest_queue\": 3", "\"chunks_in_use\": 4"});
+
+  // The control block is writable by every subscriber: what one writes there
+  // is read as hostile. A queue longer than its depth counts as full; a block
+  // that is no channel says so; the broker answers everyone throughout.
+  auto vandal = Client::Connect({b.socket(), "vandal"});
+  ASSERT_TRUE(vandal.ok());
+  auto h = vandal->Lookup("ops/frames");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  auto m = MapWhole(*vandal, *h);
+  ASSERT_TRUE(m.ok());
+  namespace layout = detail::channel;
+  const auto l = layout::Layout::For(o.chunks, o.chunk_bytes, o.queue_depth);
+  auto& header = *m->as<layout::Header>();
+  auto& slot = *reinterpret_cast<layout::SlotHeader*>(m->as<char>() + l.slots + l.slot_stride * sub->slot());
+  const uint64_t tail = slot.tail.load();
+  slot.tail.store(slot.head.load() + 1000000);
+  expect_fields({"\"queued\": 4", "\"fullest_queue\": 4"});
+  slot.tail.store(tail);
+  header.chunks = 1u << 30;
+  expect_fields({"\"state\": \"unreadable: not a channel of this layout\"", "\"subscribers\": 0"});
+  header.chunks = 65536;  // in range, but a control block larger than this memory
+  expect_fields({"\"state\": \"unreadable: smaller than its geometry says\""});
+  header.chunks = o.chunks;
+  const uint64_t magic = header.magic.exchange(0x4d424348414e4e33ull);  // layout 3's
+  expect_fields({"\"state\": \"unreadable: not a channel of this layout\""});
+  header.magic.store(magic);
+  expect_fields({"\"state\": \"open\"", "\"subscribers\": 1"});
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+  ASSERT_TRUE(sub->Release(*held).ok());
 }
 
 TEST(Cli, UsageErrorsAreExitTwoWithAReason) {

@@ -23,6 +23,7 @@ enum class AdminCommandId {
   kListQuotas,
   kListEngines,
   kListNames,
+  kListChannels,
   kShowClient,
   kShowAllocation,
   kKickClient,

@@ -1,11 +1,13 @@
-// A channel's shared layout (membroker/channel.h; shm/channel.cc uses it), as
-// the engine's control block has ipc/engine_control.h. The control block,
-// shared writable by the publisher and every subscriber:
+// A channel's shared layout (membroker/channel.h; libclient/shm/channel.cc
+// uses it, and the broker reads it for `list channels`), as the engine's
+// control block has ipc/engine_control.h. The control block, shared writable
+// by the publisher and every subscriber:
 //
 //   Header       geometry (checked once at Join and kept locally), the
 //                publisher's pid, the active-subscriber mask, futex words
 //                (one that every sleeping subscriber of a broadcast channel
-//                waits on, so one system call wakes them all)
+//                waits on, so one system call wakes them all), and the
+//                publisher's counters, copied there for operators
 //   ChunkMeta[N] per chunk: `waiting`, one bit per subscriber slot the chunk
 //                is queued to or held by, plus kLoaned while the publisher
 //                has it; size and sequence of its last publication
@@ -27,16 +29,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "membroker/channel.h"
-
 namespace membroker::detail::channel {
 
-inline constexpr uint64_t kMagic = 0x4d424348414e4e33ull;  // "MBCHANN3": layout 3 (slots' wake nonces)
+inline constexpr uint64_t kMagic = 0x4d424348414e4e34ull;  // "MBCHANN4": layout 4 (counters in the header)
+inline constexpr uint32_t kSlots = 63;                     // kMaxChannelSubscribers (membroker/channel.h)
 inline constexpr uint64_t kLoaned = uint64_t{1} << 63;
 inline constexpr size_t kLine = 64;
 inline constexpr uint32_t kMaxChunks = 65536;
 inline constexpr uint32_t kMaxQueueDepth = 4096;
-inline constexpr uint64_t kSlotMask = (uint64_t{1} << kMaxChannelSubscribers) - 1;
+inline constexpr uint64_t kSlotMask = (uint64_t{1} << kSlots) - 1;
 enum SlotState : uint32_t { kFree = 0, kJoining = 1, kActive = 2, kLeaving = 3 };
 
 inline size_t AlignUp(size_t v) { return (v + kLine - 1) / kLine * kLine; }
@@ -57,6 +58,14 @@ struct Header {
   // futex: a broadcast channel's sleeping subscribers all wait here (those
   // that poll watch their own slot's data_signal).
   alignas(kLine) std::atomic<uint32_t> sleepers_signal;
+  // The publisher's counts (ChannelStats), stored by it after each change;
+  // others only read them, and only as figures to show.
+  alignas(kLine) std::atomic<uint64_t> published;
+  std::atomic<uint64_t> dropped;
+  std::atomic<uint64_t> unreceived;
+  std::atomic<uint64_t> reaped;
+  std::atomic<uint64_t> reclaimed;
+  std::atomic<uint64_t> redelivered;
 };
 
 struct ChunkMeta {
@@ -110,7 +119,7 @@ struct Layout {
     l.metas = AlignUp(sizeof(Header));
     l.slots = AlignUp(l.metas + sizeof(ChunkMeta) * chunks);
     l.slot_stride = AlignUp(offsetof(SlotHeader, entries) + sizeof(uint32_t) * queue_depth);
-    l.control_bytes = l.slots + l.slot_stride * kMaxChannelSubscribers;
+    l.control_bytes = l.slots + l.slot_stride * kSlots;
     l.data_bytes = l.chunk_bytes * chunks;
     return l;
   }
@@ -120,29 +129,5 @@ inline bool Valid(uint32_t chunks, size_t chunk_bytes, uint32_t queue_depth) {
   return chunks >= 1 && chunks <= kMaxChunks && chunk_bytes >= 1 && chunk_bytes <= (size_t{1} << 40) &&
          queue_depth >= 1 && queue_depth <= kMaxQueueDepth && std::has_single_bit(queue_depth);
 }
-
-// The shared block as this process sees it.
-struct View {
-  Layout layout;
-  bool broadcast = true;  // the channel's mode, read once (a sleeper's word depends on it)
-  char* control = nullptr;
-  char* data = nullptr;
-  Header* header() const { return reinterpret_cast<Header*>(control); }
-  ChunkMeta& meta(uint32_t i) const { return reinterpret_cast<ChunkMeta*>(control + layout.metas)[i]; }
-  SlotHeader& slot(uint32_t s) const {
-    return *reinterpret_cast<SlotHeader*>(control + layout.slots + layout.slot_stride * s);
-  }
-  std::atomic<uint32_t>& entry(SlotHeader& q, uint64_t position) const {
-    return q.entries[position & (layout.queue_depth - 1)];
-  }
-  char* chunk(uint32_t i) const { return data + layout.chunk_bytes * i; }
-  // The active-subscriber mask, only bits of slots that exist: a scribbled
-  // bit 63 would name a slot past the block.
-  uint64_t active() const { return header()->active.load() & kSlotMask; }
-  // The word slot q's subscriber waits on for data.
-  std::atomic<uint32_t>* data_word(SlotHeader& q, WakeMode wake) const {
-    return wake == WakeMode::kFutex && broadcast ? &header()->sleepers_signal : &q.data_signal;
-  }
-};
 
 }  // namespace membroker::detail::channel
