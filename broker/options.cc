@@ -10,6 +10,7 @@
 #include "admin/metrics_http.h"
 #include "log.h"
 #include "memory/memfd.h"
+#include "server/socket_path.h"
 #include "membroker/ipc/page_policy.h"
 #include "size_text.h"
 
@@ -51,7 +52,8 @@ const char kUsage[] =
     "  --socket-group GROUP     group owning the client socket (mode 0660), name or number\n"
     "  --allow-uid UID          also admit clients of this uid (repeatable; the broker's own\n"
     "                           uid and root are always admitted)\n"
-    "  --allow-gid GID          also admit clients in this group (primary or supplementary)\n"
+    "  --allow-gid GROUP        also admit clients in this group, by name or number (primary or\n"
+    "                           supplementary)\n"
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  --metrics-listen ADDR    serve the metrics over HTTP at GET /metrics (Prometheus); PORT alone\n"
     "                           means 127.0.0.1:PORT\n"
@@ -163,8 +165,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     if (!ParseCount(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric uid");
     o->allow_uids.push_back(static_cast<uid_t>(n));
   } else if (key == "allow-gid") {
-    if (!ParseCount(value, &n) || n >= UINT32_MAX) return Bad(key, value, "a numeric gid");
-    o->allow_gids.push_back(static_cast<gid_t>(n));
+    Result<gid_t> gid = ResolveGroup(value);
+    if (!gid.ok()) return Bad(key, value, "a group that exists, by name or number: " + gid.status().message());
+    o->allow_gids.push_back(*gid);
   } else if (key == "log-level") {
     auto it = std::find(std::begin(kLogLevelNames), std::end(kLogLevelNames), value);
     if (it == std::end(kLogLevelNames)) return Bad(key, value, "error, warn, info or debug");

@@ -60,8 +60,9 @@ if(MEMBROKER_PYTHON_MINOR)
   # The extension module is built for one Python: this minor version, with numpy for tensors.
   math(EXPR _mb_next_minor "${MEMBROKER_PYTHON_MINOR} + 1")
   set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "python3 (>= 3.${MEMBROKER_PYTHON_MINOR}), python3 (<< 3.${_mb_next_minor}), python3-numpy")
+    "python3 (>= 3.${MEMBROKER_PYTHON_MINOR}), python3 (<< 3.${_mb_next_minor}), python3-numpy, ")
 endif()
+string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")  # postinst: addgroup --system membroker
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, prometheus")
 
 # Debian's changelog, dated by SOURCE_DATE_EPOCH where set (reproducible builds).

@@ -63,7 +63,9 @@ Status Admission::Listen(const Options& options, ipc::UniqueFd activated) {
   // Clients of the same uid or group may connect: mode 0660.
   MB_RETURN_IF_ERROR(BindSeqpacket(options.socket_path, 0117, &listen_fd_, &bound_));
   if (!options.socket_group.empty()) {
-    MB_ASSIGN_OR_RETURN(gid_t gid, ResolveGroup(options.socket_group));
+    Result<gid_t> group = ResolveGroup(options.socket_group);
+    if (!group.ok()) return Status(group.code(), "--socket-group: " + group.status().message());
+    const gid_t gid = *group;
     MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("chown", options.socket_path, nullptr, [&] {
       return ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), gid);
     }));

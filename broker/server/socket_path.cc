@@ -7,6 +7,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -16,14 +19,18 @@
 namespace membroker::broker {
 
 Result<gid_t> ResolveGroup(const std::string& name) {
-  char* end = nullptr;
-  unsigned long n = std::strtoul(name.c_str(), &end, 10);
-  if (!name.empty() && *end == '\0') return static_cast<gid_t>(n);
+  if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    uint32_t n = 0;
+    const auto [end, err] = std::from_chars(name.data(), name.data() + name.size(), n);
+    if (err != std::errc() || n == UINT32_MAX)  // (gid_t)-1 means "no change" to chown
+      return Status(ErrorCode::kParamInvalid, "group number '" + name + "' is out of range");
+    return static_cast<gid_t>(n);
+  }
   group grp{};
   group* found = nullptr;
   std::vector<char> buf(16384);
   if (::getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found) != 0 || found == nullptr)
-    return Status(ErrorCode::kParamInvalid, "unknown group '" + name + "' (--socket-group)");
+    return Status(ErrorCode::kParamInvalid, "unknown group '" + name + "'");
   return found->gr_gid;
 }
 

@@ -11,7 +11,7 @@
 
 namespace membroker::broker {
 
-// A group name or number.
+// A group name or number (not 4294967295, which chown reads as "no change").
 Result<gid_t> ResolveGroup(const std::string& name);
 // Prepares a Unix socket path for bind: a stale socket file (nobody accepting)
 // is removed; a live broker or a non-socket file there is an error.

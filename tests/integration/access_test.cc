@@ -78,6 +78,33 @@ TEST(Access, AdmittedGroupCanUseTheBroker) {
   EXPECT_EQ(WaitChild(pid), 0);
 }
 
+// Groups by name, as the shipped units give them (--allow-gid membroker,
+// SocketGroup=membroker): the same admission as by number. A group that does
+// not exist, or gid 4294967295, is a usage error naming the flag.
+TEST(Access, AGroupByNameIsAdmittedAndAnUnknownOneIsAClearError) {
+  REQUIRE_ROOT();
+  const group* g = ::getgrgid(kNogroup);
+  ASSERT_NE(g, nullptr) << "this machine has no group " << kNogroup;
+  const std::string name = g->gr_name;
+  BrokerProcess b({"--socket-group", name, "--allow-gid", name});
+  std::string s = b.socket();
+  pid_t pid = ForkChild([&] {
+    if (!BecomeNobody()) return 10;
+    auto c = Client::Connect({s, "guest"});
+    if (!c.ok()) return 1;
+    return c->MallocPhysical(4096).ok() ? 0 : 2;
+  });
+  EXPECT_EQ(WaitChild(pid), 0);
+  for (const char* bad : {"no-such-group-here", "4294967295", "99999999999"}) {
+    auto r = RunBrokerExpectingExit({"--socket", b.dir() + "/other.sock", "--allow-gid", bad});
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.output.find(std::string("bad value '") + bad + "' for allow-gid"), std::string::npos) << r.output;
+  }
+  auto r = RunBrokerExpectingExit({"--socket", b.dir() + "/other.sock", "--socket-group", "no-such-group-here"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--socket-group: unknown group 'no-such-group-here'"), std::string::npos) << r.output;
+}
+
 // --allow-gid also admits a process whose primary group is another one and
 // which has the group only among its supplementary groups; a process with
 // neither is refused.

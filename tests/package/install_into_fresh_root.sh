@@ -13,7 +13,8 @@ deb=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 [ "$(id -u)" -eq 0 ] || { echo "install_into_fresh_root.sh: needs root (dpkg --root, unshare -m)" >&2; exit 1; }
 root=$(mktemp -d /tmp/membroker-root.XXXXXX)
-trap 'rm -rf "$root"' EXIT
+etc=$(mktemp -d /tmp/membroker-etc.XXXXXX)  # the postinst's writes to /etc, inside the namespace
+trap 'rm -rf "$root" "$etc"' EXIT
 
 mkdir -p "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"
 cp -a /var/lib/dpkg/status /var/lib/dpkg/info "$root/var/lib/dpkg/"
@@ -30,9 +31,32 @@ echo "installed into $root: $(dpkg_root -L membroker | grep -c .) paths"
 
 # Inside: the package's files at their real paths, over this machine's /usr.
 unshare -m --propagation private bash -euo pipefail -c '
-  root=$1 here=$2
+  root=$1 here=$2 etc=$3
   mount -t overlay membroker-usr -o "lowerdir=$root/usr:/usr" /usr
   mount -t tmpfs membroker-no-local /usr/local
+  # The postinst as a real install runs it (no DPKG_ROOT), writing to a copy
+  # of /etc and talking to no systemd of this machine.
+  mkdir "$etc/upper" "$etc/work"
+  mount -t overlay membroker-etc -o "lowerdir=/etc,upperdir=$etc/upper,workdir=$etc/work" /etc
+  if [ -d /run/systemd ]; then mount -t tmpfs membroker-no-systemd /run/systemd; fi
+  sh "$root/var/lib/dpkg/info/membroker.postinst" configure
+  getent group membroker >/dev/null
+  sh "$root/var/lib/dpkg/info/membroker.postinst" configure  # again: an upgrade keeps the group
+  # The units admission: a member of membroker (nobody, given the group) is
+  # served; nobody without it is refused.
+  tmp=$(mktemp -d) && chmod 755 "$tmp"
+  mkfifo "$tmp/ready"
+  membrokerd --socket "$tmp/b.sock" --socket-group membroker --allow-gid membroker --ready-fd 3 3>"$tmp/ready" 2>"$tmp/log" &
+  broker=$!
+  read -r _ <"$tmp/ready"
+  client="import membroker, sys; c = membroker.connect(sys.argv[1], \"member\"); t = c.new_tensor((4,), \"float32\"); c.ping()"
+  setpriv --reuid=nobody --regid=nogroup --groups=membroker /usr/bin/python3 -c "$client" "$tmp/b.sock"
+  if setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 -c "$client" "$tmp/b.sock" 2>/dev/null; then
+    echo "a process outside the group membroker was served" >&2; exit 1
+  fi
+  kill -TERM "$broker" && wait "$broker"
+  rm -rf "$tmp"
+  echo "postinst made the group membroker; its members are served, others refused"
   [ "$(command -v membrokerd)" = /usr/bin/membrokerd ]
   for page in /usr/share/man/man8/membrokerd.8.gz /usr/share/man/man1/membrokerctl.1.gz; do
     out=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null)
@@ -42,7 +66,7 @@ unshare -m --propagation private bash -euo pipefail -c '
   systemd-analyze verify --man=no /usr/lib/systemd/system/membrokerd.socket /usr/lib/systemd/system/membrokerd.service
   membrokerd --help | grep -q -- --supervise
   "$here/../consumer/check_prefix.sh" /usr
-' bash "$root" "$here"
+' bash "$root" "$here" "$etc"
 
 dpkg_root --purge membroker
 left=$(find "$root" -path "$root/var" -prune -o ! -type d -print)
