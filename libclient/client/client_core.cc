@@ -398,19 +398,23 @@ Status ClientCore::CheckNotEngineRange(uintptr_t va, size_t size, const char* wh
                                       " (DeregisterMem it first)");
 }
 
-Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size, const std::string& name) {
+Result<EngineRange> ClientCore::PinForEngine(uintptr_t va, size_t size, const std::string& name, bool device) {
   std::lock_guard<std::mutex> lk(mu_);
   EngineRange found;
   bool ok = false;
-  if (ReservationState* r = FindReservation(va, size)) {
-    if (r->device)
-      return Status(ErrorCode::kParamInvalid, "range " + ipc::Hex(va) + "+" + std::to_string(size) +
-                                                  " is device memory, not MEM_HOST (and MEM_DEVICE is not built yet)");
+  const std::string range = "range " + ipc::Hex(va) + "+" + std::to_string(size);
+  ReservationState* r = FindReservation(va, size);
+  if (device && (r == nullptr || !r->device))
+    return Status(ErrorCode::kParamInvalid, range + " is not device memory mapped through membroker (MEM_DEVICE)");
+  if (r != nullptr) {
+    if (r->device && !device)
+      return Status(ErrorCode::kParamInvalid, range + " is device memory: register it as MEM_DEVICE, not MEM_HOST");
     auto m = ipc::Containing(r->mappings, va, size, [](const MappingState& m) { return m.size; });
     if (m != r->mappings.end()) {
       auto held = handles_.find(m->second.handle);
       found = EngineRange{m->second.handle, m->second.offset + (va - m->first),
-                          held != handles_.end() && held->second.read_only};
+                          held != handles_.end() && held->second.read_only,
+                          held != handles_.end() ? held->second.device : -1};
       ok = true;
     }
   } else {

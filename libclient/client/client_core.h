@@ -55,6 +55,7 @@ struct EngineRange {
   uint64_t handle = 0;
   uint64_t offset = 0;
   bool read_only = false;
+  int device = -1;  // the CUDA device of device memory (MEM_DEVICE), or -1
 };
 
 // A range registered with this client's transfer engine, as a reattach
@@ -135,7 +136,8 @@ class ClientCore {
   // Transfer engine: finds what backs [va, va+size) - one mapping of a broker
   // allocation, or one HostRegister range - and keeps the range from being
   // unmapped, protected below read-write or unregistered until ForgetEngineRange.
-  Result<EngineRange> PinForEngine(uintptr_t va, size_t size, const std::string& name);
+  // device: the range must be device memory (MEM_DEVICE), else host memory.
+  Result<EngineRange> PinForEngine(uintptr_t va, size_t size, const std::string& name, bool device);
   void ForgetEngineRange(uintptr_t va);
   // The range's region id at the current broker (0: none), and setting it.
   uint64_t EngineRegion(uintptr_t va);

@@ -1,6 +1,8 @@
 // device_vmm.h over the driver that ipc/cuda_driver.h loads at run time.
 #include "client/device_vmm.h"
 
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "membroker/ipc/cuda_driver.h"
@@ -30,6 +32,21 @@ Status Refused(const char* call, const std::string& what, CUresult rc) {
 }
 
 std::string Range(uintptr_t va, size_t size) { return ipc::Hex(va) + "+" + std::to_string(size); }
+
+// `device`'s primary context, retained the first time and kept for the
+// process's life (releasing it with the last copy would tear it down and
+// build it again for the next, which costs a real driver milliseconds).
+Result<CUcontext> PrimaryContext(const ipc::CudaDriver::Api& cu, int device) {
+  static std::mutex mu;
+  static std::map<int, CUcontext> retained;
+  std::lock_guard<std::mutex> lk(mu);
+  if (auto it = retained.find(device); it != retained.end()) return it->second;
+  CUcontext ctx = nullptr;
+  if (CUresult rc = cu.cuDevicePrimaryCtxRetain(&ctx, device); rc != CUDA_SUCCESS)
+    return Refused("cuDevicePrimaryCtxRetain", "device " + std::to_string(device), rc);
+  retained[device] = ctx;
+  return ctx;
+}
 
 CUmemAccess_flags Flags(Access access) {
   return access == Access::kReadWrite ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
@@ -98,6 +115,25 @@ Status SetAccess(uintptr_t va, size_t size, int device, Access access) {
   return Status::Ok();
 }
 
+Status Copy(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t size, int device) {
+  MB_ASSIGN_OR_RETURN(const ipc::CudaDriver::Api* cu, Driver());
+  MB_RETURN_IF_ERROR(ipc::CudaDriver::Get().CheckDevice(device));
+  CUcontext current = nullptr;
+  const bool borrow = cu->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr;
+  if (borrow) {
+    MB_ASSIGN_OR_RETURN(CUcontext primary, PrimaryContext(*cu, device));
+    if (CUresult rc = cu->cuCtxSetCurrent(primary); rc != CUDA_SUCCESS)
+      return Refused("cuCtxSetCurrent", "device " + std::to_string(device) + "'s primary context", rc);
+  }
+  const char* call = dst_device && src_device ? "cuMemcpyDtoD" : dst_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
+  const CUresult rc = dst_device && src_device ? cu->cuMemcpyDtoD(dst, src, size)
+                      : dst_device             ? cu->cuMemcpyHtoD(dst, reinterpret_cast<const void*>(src), size)
+                                               : cu->cuMemcpyDtoH(reinterpret_cast<void*>(dst), src, size);
+  if (borrow) (void)cu->cuCtxSetCurrent(nullptr);  // the thread is as it was
+  if (rc != CUDA_SUCCESS) return Refused(call, Range(src, size) + " to " + ipc::Hex(dst), rc);
+  return Status::Ok();
+}
+
 Result<bool> RegisterHost(void* ptr, size_t size) {
   const ipc::CudaDriver& driver = ipc::CudaDriver::Get();
   if (!driver.Available().ok()) return false;
@@ -130,6 +166,7 @@ Status Free(uintptr_t, size_t) { return Why(); }
 Status Map(uintptr_t, size_t, size_t, uint64_t, int, Access) { return Why(); }
 Status Unmap(uintptr_t, size_t) { return Why(); }
 Status SetAccess(uintptr_t, size_t, int, Access) { return Why(); }
+Status Copy(uintptr_t, bool, uintptr_t, bool, size_t, int) { return Why(); }
 Result<bool> RegisterHost(void*, size_t) { return false; }
 Status UnregisterHost(void*) { return Why(); }
 

@@ -36,6 +36,14 @@ Status SetAccess(uintptr_t va, size_t size, int device, Access access);
 Result<bool> RegisterHost(void* ptr, size_t size);
 Status UnregisterHost(void* ptr);
 
+// A copy of `size` bytes where at least one side is device memory (dst_device,
+// src_device: which), with cuMemcpyDtoD, HtoD or DtoH. It runs in the calling
+// thread's current context; a thread without one (an engine's caller that is
+// no CUDA program, a worker thread) borrows `device`'s primary context, the
+// one the CUDA runtime uses, retained once per process and current only for
+// the copy.
+Status Copy(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t size, int device);
+
 // The minimum granularity of `device`'s memory.
 Result<size_t> Granularity(int device);
 

@@ -97,8 +97,9 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   // Connect to "ip:port": over the network, or through the broker when the
   // engine answering there is this host's.
   Status ConnectByAddress(const std::string& address, int32_t timeout_ms);
-  // Every descriptor's local range is registered (and writable for READ).
-  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs);
+  // Every descriptor's local range is registered (and writable for READ);
+  // device memory only where device_allowed (the same-host path).
+  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs, bool device_allowed);
   // The network transport: loaded and started on first use.
   Result<detail::NetTransport*> Net();
   detail::NetTransport* CurrentNet() {  // nullptr before the first use

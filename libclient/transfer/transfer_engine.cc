@@ -98,10 +98,7 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
                                          const std::string& name) {
   if (!initialized_) return NotInitialized();
   if (!name.empty()) MB_RETURN_IF_ERROR(ipc::CheckName(name, ipc::kMaxRegionNameBytes, "a region name"));
-  if (type == MEM_DEVICE)
-    return Status(ErrorCode::kUnsupported,
-                  "MEM_DEVICE: the transfer engine does not move device memory yet (docs/MEMORY.md, \"Device memory\")");
-  if (type != MEM_HOST) return Status(ErrorCode::kParamInvalid, "unknown memory type");
+  if (type != MEM_HOST && type != MEM_DEVICE) return Status(ErrorCode::kParamInvalid, "unknown memory type");
   if (mem.len == 0 || mem.addr == 0 || mem.addr % kRegionAlign || mem.len % kRegionAlign)
     return Status(ErrorCode::kParamInvalid, "addr and len must be non-zero multiples of 4096");
   std::unique_lock<std::shared_mutex> lk(local_mu_);
@@ -112,11 +109,13 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
       if (r.desc.name == name)
         return Status(ErrorCode::kAlreadyExists, "this engine has a range named \"" + name + "\" already");
   // Pinned: not unmappable, protectable or host-unregistered until DeregisterMem.
-  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len, name));
-  const RegionDesc desc{next_handle_++, mem.addr, mem.len, where.read_only, where.handle, where.offset, name};
+  MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len, name, type == MEM_DEVICE));
+  const RegionDesc desc{next_handle_++, mem.addr,     mem.len, where.read_only,
+                        where.handle,   where.offset, name,    where.device};
   Status st = same_host_->AddRegion(desc);
-  // Known to the network transport too where the engine has one.
-  detail::NetTransport* net = st.ok() ? CurrentNet() : nullptr;
+  // Known to the network transport too where the engine has one (host memory:
+  // device memory moves between engines of this host only).
+  detail::NetTransport* net = st.ok() && desc.device < 0 ? CurrentNet() : nullptr;
   if (net != nullptr) st = net->AddRegion(desc);
   if (!st.ok()) {
     (void)same_host_->RemoveRegion(desc.handle, Clock::now() + drain_timeout_);
@@ -140,7 +139,8 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
   // Each transport takes it from its peers and waits for those inside it
   // (TIMEOUT: it stays locked here; a later call waits again).
   MB_RETURN_IF_ERROR(same_host_->RemoveRegion(h, Clock::now() + drain_timeout_));
-  if (detail::NetTransport* net = CurrentNet()) MB_RETURN_IF_ERROR(net->RemoveRegion(h, Clock::now() + drain_timeout_));
+  detail::NetTransport* net = it->second.desc.device < 0 ? CurrentNet() : nullptr;
+  if (net != nullptr) MB_RETURN_IF_ERROR(net->RemoveRegion(h, Clock::now() + drain_timeout_));
   core_->ForgetEngineRange(it->first);
   local_.erase(it);
   return Status::Ok();
@@ -232,7 +232,7 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (c == nullptr) return NotConnected(remote);
   // Local ranges stay registered (and mapped) until the transfer is over.
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
-  MB_RETURN_IF_ERROR(CheckLocal(op, descs));
+  MB_RETURN_IF_ERROR(CheckLocal(op, descs, /*device_allowed=*/c->transport == same_host_.get()));
   // Past its deadline before it starts (timeout 0, or a queued async request):
   // nothing moves, whichever transport it would take.
   if (Clock::now() >= deadline)
@@ -240,7 +240,7 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   return c->transport->Transfer(c->id, op, descs, deadline);
 }
 
-Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs) {
+Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs, bool device_allowed) {
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
     auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.desc.length; });
@@ -249,6 +249,10 @@ Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<Transfe
                                                   ": local range is empty or not inside memory this engine registered");
     if (op == READ && it->second.desc.read_only)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
+    if (!device_allowed && it->second.desc.device >= 0)
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": local range is device memory, which moves between engines of "
+                                                  "this host only (docs/TRANSFER.md)");
   }
   return Status::Ok();
 }

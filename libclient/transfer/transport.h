@@ -31,6 +31,7 @@ struct RegionDesc {
   uint64_t allocation = 0;  // the broker allocation behind it; 0: this process's own memory (HostRegister)
   uint64_t offset = 0;      // into that allocation
   std::string name;         // "" when unnamed: how peers find it (RegionInfo)
+  int device = -1;          // MEM_DEVICE: the CUDA device of the memory; -1: host memory
 };
 
 // Who answered a Connect.

@@ -220,7 +220,8 @@ TEST(Transfer, RegistrationErrors) {
   EXPECT_EQ(local.engine->RegisterMem({base + 1, 4096}, MEM_HOST, h).code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(local.engine->RegisterMem({base, 4096}, MEM_HOST, h).code(), ErrorCode::kParamInvalid)
       << "overlaps the registration Local made";
-  EXPECT_EQ(local.engine->RegisterMem({base, 4096}, MEM_DEVICE, h).code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(local.engine->RegisterMem({base, 4096}, MEM_DEVICE, h).code(), ErrorCode::kParamInvalid)
+      << "host memory is not MEM_DEVICE";
   std::vector<char> stack_like(3 * 4096);
   uintptr_t unregistered = (reinterpret_cast<uintptr_t>(stack_like.data()) + 4095) & ~uintptr_t{4095};
   EXPECT_EQ(local.engine->RegisterMem({unregistered, 4096}, MEM_HOST, h).code(), ErrorCode::kParamInvalid)

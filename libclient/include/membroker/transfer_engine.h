@@ -8,13 +8,15 @@
 //    until the peer deregisters it or goes away) and copied with memcpy,
 //    split over several threads for large batches;
 //  - a peer's own registered (HostRegister'ed) memory is reached with
-//    process_vm_readv / process_vm_writev, under the kernel's ptrace rules.
+//    process_vm_readv / process_vm_writev, under the kernel's ptrace rules;
+//  - device memory (MEM_DEVICE) is mapped with the CUDA driver and copied with
+//    its copies, on this host only (docs/MEMORY.md, "Device memory").
 // Unlike HIXL, memory registered after Connect becomes visible to connected
 // peers too (their next transfer that needs it refreshes the region list).
 //
 // No function throws. Errors: PARAM_INVALID (bad or unregistered range),
 // NOT_CONNECTED (no connection, or the peer finalized or died), ALREADY_CONNECTED,
-// TIMEOUT, UNSUPPORTED (MEM_DEVICE), RESOURCE_EXHAUSTED (notify queue full).
+// TIMEOUT, UNSUPPORTED (no CUDA driver for MEM_DEVICE), RESOURCE_EXHAUSTED (notify queue full).
 #pragma once
 
 #include <cstdint>
@@ -108,10 +110,12 @@ class MEMBROKER_API TransferEngine {
   // into our memory), deregisters everything and gives the name back.
   void Finalize();
 
-  // [addr, addr+len): addr and len multiples of 4096, inside one mapping of
-  // broker memory made by this process (MapMem, MallocHost) or inside one
-  // HostRegister range. The range cannot be unmapped, protected below
-  // read-write or host-unregistered until DeregisterMem (BUSY).
+  // [addr, addr+len): addr and len multiples of 4096. MEM_HOST: inside one
+  // mapping of host broker memory made by this process (MapMem, MallocHost)
+  // or inside one HostRegister range; MEM_DEVICE: inside one mapping of device
+  // memory (MapMem into a kReserveDevice reservation). The range cannot be
+  // unmapped, protected below read-write or host-unregistered until
+  // DeregisterMem (BUSY).
   Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle);
   // The same, with a name connected peers find the range by (GetRemoteRegions):
   // 1 to 32 bytes of UTF-8, unique among this engine's ranges (ALREADY_EXISTS).

@@ -13,6 +13,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "client/device_vmm.h"
 #include "shm/futex.h"
 #include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/pidfd.h"
@@ -36,11 +37,6 @@ Status NotConnected(const std::string& remote) {
   return Status(ErrorCode::kNotConnected, "not connected to engine \"" + remote + "\"");
 }
 
-struct RemoteMap {
-  void* base = nullptr;
-  size_t size = 0;
-};
-
 // A peer the broker says is connected to this engine.
 struct ConnectedPeer {
   uint32_t slot = 0;
@@ -52,6 +48,16 @@ struct CopySegment {
   char* dst;
   const char* src;
   size_t len;
+};
+
+// A copy with device memory on one side or both: the driver's.
+struct DeviceSegment {
+  uintptr_t dst;
+  bool dst_device;
+  uintptr_t src;
+  bool src_device;
+  size_t len;
+  int device;
 };
 
 }  // namespace
@@ -69,7 +75,7 @@ struct SameHostTransport::Peer {
   uint32_t generation = 0;                        // of the control block when `regions` was fetched
   bool fresh = false;                             // regions fetched at least once
   std::map<uint64_t, ipc::EngineRegion> regions;  // by remote address
-  std::unordered_map<uint64_t, RemoteMap> maps;   // allocation -> mapping here
+  std::unordered_map<uint64_t, ImportedMemory> maps;  // allocation -> mapping here
   std::atomic<bool> lost{false};
   uint64_t epoch = 0;  // the client's reattach count when this connection was made (under mu)
 };
@@ -276,7 +282,14 @@ Status SameHostTransport::AddRegion(const RegionDesc& r) {
   core_->SetEngineRegion(r.address, m->region);
   std::lock_guard<std::mutex> lk(regions_mu_);
   regions_[r.handle] = r.address;
+  if (r.device >= 0) device_ranges_[r.address] = DeviceRange{r.length, r.device};
   return Status::Ok();
+}
+
+int SameHostTransport::LocalDevice(uintptr_t address, size_t length) {
+  std::lock_guard<std::mutex> lk(regions_mu_);
+  auto it = ipc::Containing(device_ranges_, address, length, [](const DeviceRange& r) { return r.length; });
+  return it == device_ranges_.end() ? -1 : it->second.device;
 }
 
 Status SameHostTransport::RemoveRegion(uint64_t handle, Clock::time_point deadline) {
@@ -298,6 +311,7 @@ Status SameHostTransport::RemoveRegion(uint64_t handle, Clock::time_point deadli
   MB_RETURN_IF_ERROR(WaitForPeers(control_, peers, deadline, options_.drain_timeout));
   std::lock_guard<std::mutex> lk(regions_mu_);
   regions_.erase(handle);
+  device_ranges_.erase(address);
   return Status::Ok();
 }
 
@@ -381,40 +395,60 @@ Status SameHostTransport::TakeNotifies(std::vector<ReceivedNotify>* out) {
   }
 }
 
-Result<void*> SameHostTransport::MapImported(const std::string& remote, uint64_t allocation, size_t* size) {
+Result<ImportedMemory> SameHostTransport::MapImported(const std::string& remote, uint64_t allocation) {
   MB_ASSIGN_OR_RETURN(Reply r, core_->conn().Call(ipc::EngineImportRequest{remote, allocation}));
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "EngineImportRequest got a wrong reply");
+  auto give_back = [&] { (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation}); };
+  if (m->device >= 0) {
+    // Device memory: a driver handle, a device reservation, mapped with the
+    // access the owner has; the mapping keeps the memory (the handle goes).
+    const std::string what = "engine \"" + remote + "\" device memory";
+    auto handle = device::Import(r.fds[0].get(), m->device);
+    auto granularity = device::Granularity(m->device);
+    Result<uintptr_t> va = !handle.ok()        ? Result<uintptr_t>(handle.status())
+                           : !granularity.ok() ? Result<uintptr_t>(granularity.status())
+                                               : device::Reserve(m->size, *granularity, 0);
+    Status st =
+        va.ok() ? device::Map(*va, m->size, 0, *handle, m->device, m->read_only ? Access::kRead : Access::kReadWrite)
+                : va.status();
+    if (!st.ok() && va.ok()) (void)device::Free(*va, m->size);
+    if (handle.ok()) (void)device::ReleaseHandle(*handle);
+    if (!st.ok()) {
+      give_back();
+      return Status(st.code(), what + ": " + st.message());
+    }
+    return ImportedMemory{reinterpret_cast<void*>(*va), m->size, m->device};
+  }
   int prot = PROT_READ | (m->read_only ? 0 : PROT_WRITE);
   void* base = ::mmap(nullptr, m->size, prot, MAP_SHARED, r.fds[0].get(), 0);
   if (base == MAP_FAILED) {
     int err = errno;
-    (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
+    give_back();
     return ipc::ErrnoStatus("mmap", "engine \"" + remote + "\" memory, " + std::to_string(m->size) + " bytes", err,
                             {{0, ErrorCode::kResourceExhausted, ""}});
   }
-  *size = m->size;
-  return base;
+  return ImportedMemory{base, m->size, -1};
 }
 
-void SameHostTransport::ReleaseImported(void* base, size_t size, uint64_t allocation) {
-  ::munmap(base, size);
-  (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
+void SameHostTransport::ReleaseImported(const ImportedMemory& m, uint64_t allocation, bool tell_broker) {
+  if (m.device >= 0) {
+    const auto va = reinterpret_cast<uintptr_t>(m.base);
+    (void)device::Unmap(va, m.size);
+    (void)device::Free(va, m.size);
+  } else {
+    ::munmap(m.base, m.size);
+  }
+  if (tell_broker) (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
 }
 
 void SameHostTransport::DropPeerMappings(Peer& peer, bool tell_broker) {
-  auto drop = [&](void* base, size_t size, uint64_t allocation) {
-    if (tell_broker)
-      ReleaseImported(base, size, allocation);
-    else
-      ::munmap(base, size);
-  };
-  for (auto& [alloc, m] : peer.maps) drop(m.base, m.size, alloc);
+  for (auto& [alloc, m] : peer.maps) ReleaseImported(m, alloc, tell_broker);
   peer.maps.clear();
   peer.regions.clear();
   peer.fresh = false;
   if (peer.control != nullptr) {
-    drop(peer.control, sizeof(ControlBlock), peer.control_allocation);
+    ReleaseImported(ImportedMemory{peer.control, sizeof(ControlBlock), -1}, peer.control_allocation, tell_broker);
     peer.control = nullptr;
   }
 }
@@ -432,9 +466,12 @@ Status SameHostTransport::Adopt(Peer& peer, const ipc::EngineInfoReply& info) {
   if (pidfd.ok()) peer.pidfd = std::move(*pidfd);
   if (!pidfd.ok() || !PeerAlive(peer))
     return Status(ErrorCode::kNotConnected, "engine \"" + peer.name + "\" exited while connecting");
-  size_t size = 0;
-  MB_ASSIGN_OR_RETURN(void* control, MapImported(peer.name, info.control_allocation, &size));
-  peer.control = static_cast<ControlBlock*>(control);
+  MB_ASSIGN_OR_RETURN(ImportedMemory control, MapImported(peer.name, info.control_allocation));
+  if (control.device >= 0 || control.size < sizeof(ControlBlock)) {
+    ReleaseImported(control, info.control_allocation);
+    return Status(ErrorCode::kProtocolError, "engine \"" + peer.name + "\"'s control block is not one");
+  }
+  peer.control = static_cast<ControlBlock*>(control.base);
   ControlSlot& slot = peer.control->slots[peer.slot % ipc::kEngineSlots];
   slot.busy.store(0);  // a previous holder of this slot may have died mid-transfer
   return Status::Ok();
@@ -489,7 +526,7 @@ Status SameHostTransport::Refresh(Peer& peer) {
   auto* info = std::get_if<ipc::EngineInfoReply>(&reply->body);
   if (info == nullptr) return Status(ErrorCode::kProtocolError, "EngineRegionsRequest got a wrong reply");
   peer.regions.clear();
-  std::unordered_map<uint64_t, RemoteMap> keep;
+  std::unordered_map<uint64_t, ImportedMemory> keep;
   for (const auto& r : info->regions) {
     peer.regions[r.address] = r;
     if (r.allocation == 0 || keep.count(r.allocation)) continue;
@@ -498,12 +535,11 @@ Status SameHostTransport::Refresh(Peer& peer) {
       peer.maps.erase(m);
       continue;
     }
-    size_t size = 0;
-    auto base = MapImported(peer.name, r.allocation, &size);
-    if (base.ok()) keep.emplace(r.allocation, RemoteMap{*base, size});
+    auto mapped = MapImported(peer.name, r.allocation);
+    if (mapped.ok()) keep.emplace(r.allocation, *mapped);
     // else: the region stays unresolvable; descriptors into it are PARAM_INVALID
   }
-  for (auto& [alloc, m] : peer.maps) ReleaseImported(m.base, m.size, alloc);
+  for (auto& [alloc, m] : peer.maps) ReleaseImported(m, alloc);
   peer.maps = std::move(keep);
   peer.generation = generation;
   peer.fresh = true;
@@ -569,6 +605,7 @@ Status SameHostTransport::Transfer(uint64_t conn, TransferOp op, const std::vect
 Status SameHostTransport::CopyOnce(Peer& peer, TransferOp op, const std::vector<TransferOpDesc>& descs,
                                    Clock::time_point deadline, bool* retry) {
   std::vector<CopySegment> segs;
+  std::vector<DeviceSegment> device_segs;
   std::vector<iovec> local_iov, remote_iov;
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
@@ -584,6 +621,12 @@ Status SameHostTransport::CopyOnce(Peer& peer, TransferOp op, const std::vector<
       return Status(ErrorCode::kParamInvalid,
                     "descriptor " + std::to_string(i) + ": remote range is read-only for its owner");
     char* local = reinterpret_cast<char*>(d.local_addr);
+    const int local_device = LocalDevice(d.local_addr, d.len);
+    if (r->allocation == 0 && local_device >= 0)
+      return Status(ErrorCode::kParamInvalid,
+                    "descriptor " + std::to_string(i) +
+                        ": device memory moves only to and from broker memory, and engine \"" + peer.name +
+                        "\" registered this range as its own (HostRegister)");
     if (r->allocation == 0) {
       local_iov.push_back({local, d.len});
       remote_iov.push_back({reinterpret_cast<void*>(d.remote_addr), d.len});
@@ -594,9 +637,24 @@ Status SameHostTransport::CopyOnce(Peer& peer, TransferOp op, const std::vector<
       return Status(ErrorCode::kParamInvalid,
                     "descriptor " + std::to_string(i) + ": the remote memory could not be mapped here");
     char* there = static_cast<char*>(m->second.base) + r->offset + (d.remote_addr - r->address);
-    segs.push_back(op == READ ? CopySegment{local, there, d.len} : CopySegment{there, local, d.len});
+    const int remote_device = m->second.device;
+    if (local_device < 0 && remote_device < 0) {
+      segs.push_back(op == READ ? CopySegment{local, there, d.len} : CopySegment{there, local, d.len});
+      continue;
+    }
+    // The copy runs on the device of the device side (the remote's when both are).
+    const int device = remote_device >= 0 ? remote_device : local_device;
+    const auto l = reinterpret_cast<uintptr_t>(local), t = reinterpret_cast<uintptr_t>(there);
+    device_segs.push_back(op == READ ? DeviceSegment{l, local_device >= 0, t, remote_device >= 0, d.len, device}
+                                     : DeviceSegment{t, remote_device >= 0, l, local_device >= 0, d.len, device});
   }
   MB_RETURN_IF_ERROR(CopyAll(copy_pool_, segs, deadline));
+  // Device copies on this thread, one call each (the driver's copy engines
+  // split them), the deadline looked at between them.
+  for (const DeviceSegment& s : device_segs) {
+    if (Clock::now() > deadline) return Status(ErrorCode::kTimeout, "transfer exceeded its timeout");
+    MB_RETURN_IF_ERROR(device::Copy(s.dst, s.dst_device, s.src, s.src_device, s.len, s.device));
+  }
   if (!local_iov.empty()) MB_RETURN_IF_ERROR(CrossMemory(peer, op, local_iov, remote_iov, deadline));
   return Status::Ok();
 }

@@ -4,6 +4,9 @@
 //  - a peer's broker-backed memory is imported and mapped here once (cached
 //    until the peer deregisters it or goes away) and copied with memcpy,
 //    split over several threads for large batches;
+//  - device memory (MEM_DEVICE, on either side) is imported with the CUDA
+//    driver and mapped into a device reservation here, and copied with the
+//    driver's copies (client/device_vmm.h);
 //  - a peer's own registered (HostRegister'ed) memory is reached with
 //    process_vm_readv / process_vm_writev, under the kernel's ptrace rules.
 //
@@ -44,6 +47,14 @@ struct EngineInfoReply;
 }  // namespace membroker::ipc
 
 namespace membroker::detail {
+
+// A peer's memory as mapped here: host memory by mmap, device memory into a
+// device reservation (device >= 0).
+struct ImportedMemory {
+  void* base = nullptr;
+  size_t size = 0;
+  int device = -1;
+};
 
 class SameHostTransport final : public Transport {
  public:
@@ -101,8 +112,12 @@ class SameHostTransport final : public Transport {
   void DropPeerMappings(Peer& peer, bool tell_broker = true);
   Status CopyOnce(Peer& peer, TransferOp op, const std::vector<TransferOpDesc>& descs, Clock::time_point deadline,
                   bool* retry);
-  Result<void*> MapImported(const std::string& remote, uint64_t allocation, size_t* size);
-  void ReleaseImported(void* base, size_t size, uint64_t allocation);
+  Result<ImportedMemory> MapImported(const std::string& remote, uint64_t allocation);
+  // Unmaps it; tell_broker: and gives the broker's holding back.
+  void ReleaseImported(const ImportedMemory& m, uint64_t allocation, bool tell_broker = true);
+  // The device of the local range [address, address+length) when it lies in
+  // device memory this engine registered, else -1.
+  int LocalDevice(uintptr_t address, size_t length);
 
   Client client_;
   std::shared_ptr<ClientCore> core_;
@@ -115,6 +130,11 @@ class SameHostTransport final : public Transport {
 
   std::mutex regions_mu_;
   std::map<uint64_t, uintptr_t> regions_;  // MemHandle -> address (ClientCore knows the rest)
+  struct DeviceRange {
+    size_t length = 0;
+    int device = -1;
+  };
+  std::map<uintptr_t, DeviceRange> device_ranges_;  // by address: this engine's MEM_DEVICE ranges
 
   std::mutex conns_mu_;
   uint64_t next_conn_ = 1;
