@@ -110,8 +110,14 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
         return Status(ErrorCode::kAlreadyExists, "this engine has a range named \"" + name + "\" already");
   // Pinned: not unmappable, protectable or host-unregistered until DeregisterMem.
   MB_ASSIGN_OR_RETURN(detail::EngineRange where, core_->PinForEngine(mem.addr, mem.len, name, type == MEM_DEVICE));
-  const RegionDesc desc{next_handle_++, mem.addr,     mem.len, where.read_only,
-                        where.handle,   where.offset, name,    where.device};
+  const RegionDesc desc{.handle = next_handle_++,
+                        .address = mem.addr,
+                        .length = mem.len,
+                        .read_only = where.read_only,
+                        .allocation = where.handle,
+                        .offset = where.offset,
+                        .name = name,
+                        .device = where.device};
   Status st = same_host_->AddRegion(desc);
   // Known to the network transport too where the engine has one (host memory:
   // device memory moves between engines of this host only).

@@ -5,16 +5,28 @@ from . import _membroker, _waker
 
 
 def _pointer_of(obj) -> tuple[int, int, str]:
-    """(address, bytes, what) of a torch tensor, numpy array or buffer, which
-    must be contiguous: a transfer moves one run of bytes."""
+    """(address, bytes, what) of a torch tensor (host or CUDA), an object with
+    __cuda_array_interface__ (a membroker device Tensor), a numpy array or a
+    buffer, which must be contiguous: a transfer moves one run of bytes. The
+    engine then checks it lies in memory it registered."""
     what = type(obj).__module__ + "." + type(obj).__qualname__
+    if type(obj).__name__ == "Tensor" and hasattr(obj, "mapping") and obj.device == "cpu":
+        obj = obj.numpy()  # a membroker Tensor in host memory: its bytes
     if type(obj).__module__.startswith("torch"):
-        if obj.device.type != "cpu":
-            raise ValueError(f"a {what} on {obj.device} is not host memory (device memory: docs/TRANSFER.md)")
         if not obj.is_contiguous():
             raise ValueError(f"a {what} of shape {tuple(obj.shape)} and strides {obj.stride()} is not "
                              "contiguous: pass .contiguous() memory, or one descriptor per contiguous piece")
         return obj.data_ptr(), obj.numel() * obj.element_size(), what
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape, itemsize = tuple(cai["shape"]), int(cai["typestr"][2:])
+        contiguous, step = [], itemsize
+        for extent in reversed(shape):
+            contiguous.insert(0, step)
+            step *= extent
+        if cai.get("strides") not in (None, tuple(contiguous)):
+            raise ValueError(f"a {what} of shape {shape} and strides {cai['strides']} is not contiguous")
+        return cai["data"][0], step, what
     try:
         import numpy as np
         a = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)
@@ -51,13 +63,14 @@ class TransferEngine:
         self._e = _membroker.TransferEngine(native, name, {k: str(v) for k, v in (options or {}).items()})
 
     def register_mem(self, memory, name: str = "") -> int:
-        """Registers broker memory mapped in this process: a Mapping, a membroker
-        Tensor, or a torch tensor, numpy array or buffer that lies in one (the
-        whole mapping it lies in is registered). name (up to 32 bytes, unique
-        in this engine) is how connected peers find it: remote_regions(). The
-        id is for deregister_mem."""
+        """Registers broker memory mapped in this process: a Mapping, a
+        DeviceMapping (device memory, moved between engines of this host with
+        the CUDA driver's copies), a membroker Tensor, or a torch tensor, numpy
+        array or buffer that lies in one (the whole mapping it lies in is
+        registered). name (up to 32 bytes, unique in this engine) is how
+        connected peers find it: remote_regions(). The id is for deregister_mem."""
         from ._client import _mapped
-        if isinstance(memory, _membroker.Mapping):
+        if isinstance(memory, (_membroker.Mapping, _membroker.DeviceMapping)):
             return self._e.register_mem(memory, name)
         if type(memory).__name__ == "Tensor" and hasattr(memory, "mapping"):  # a membroker Tensor
             return self._e.register_mem(memory.mapping, name)

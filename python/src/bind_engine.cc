@@ -26,12 +26,14 @@ void BindEngine(py::module_& mod) {
       .def(
           "register_mem",
           [](PyEngine& e, py::object mapping, const std::string& name) {
-            PyMapping& m = mapping.cast<PyMapping&>();
+            const bool device = py::isinstance<PyDeviceMapping>(mapping);  // MEM_DEVICE
+            PyMapping& m =
+                device ? static_cast<PyMapping&>(mapping.cast<PyDeviceMapping&>()) : mapping.cast<PyMapping&>();
             m.CheckOpen();
             MemHandle h = nullptr;
             Check(Unlocked([&] {
-              return e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()}, MEM_HOST,
-                                           h, name);
+              return e.engine->RegisterMem({reinterpret_cast<uintptr_t>(m.mapping.data()), m.mapping.size()},
+                                           device ? MEM_DEVICE : MEM_HOST, h, name);
             }));
             const uint64_t id = reinterpret_cast<uintptr_t>(h);
             e.registered[id] = mapping;

@@ -87,3 +87,47 @@ def test_bfloat16_has_no_cuda_type_string(mb, driver):
         with pytest.raises(TypeError, match="DLPack"):
             t.__cuda_array_interface__  # pylint: disable=pointless-statement
         t.close()
+
+
+def test_engines_move_device_memory_between_processes_of_this_host(mb, driver, tmp_path):
+    """A device tensor registered with one engine (in a process of its own) is
+    read into host memory and written from it by another engine; the bytes are
+    checked with the driver's copies."""
+    import subprocess, sys, textwrap
+    with membroker.connect(mb.socket, "decode") as c:
+        t = c.new_tensor((64, 1024), "uint8", device=0)
+        e = membroker.TransferEngine(c, "py-decode")
+        e.register_mem(t, name="kv")
+        driver.write(t.mapping.address, bytes(i % 251 for i in range(64 * 1024)))
+        prefill = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import membroker, sys
+            with membroker.connect(sys.argv[1], "prefill") as c:
+                h = c.new_tensor((64, 1024), "uint8")
+                e = membroker.TransferEngine(c, "py-prefill")
+                e.register_mem(h)
+                e.connect("py-decode", 10000)
+                e.transfer_sync("py-decode", "read", [(h, "kv")], 10000)
+                got = bytes(h.numpy().tobytes())
+                assert got == bytes(i % 251 for i in range(64 * 1024)), "the device bytes read differ"
+                h.numpy()[:] = 7
+                e.transfer_sync("py-decode", "write", [(h, "kv")], 10000)
+                e.disconnect("py-decode", 10000)
+                e.finalize()
+                print("OK")
+            """), mb.socket], capture_output=True, text=True, timeout=300)
+        assert prefill.returncode == 0 and prefill.stdout.strip() == "OK", prefill.stderr
+        assert driver.read(t.mapping.address, 64 * 1024) == bytes([7]) * (64 * 1024)
+        # The device tensor as the local side: host memory of another engine read into it.
+        with membroker.connect(mb.socket, "host-side") as hc:
+            h = hc.new_tensor((64, 1024), "uint8")
+            h.numpy()[:] = 9
+            he = membroker.TransferEngine(hc, "py-host")
+            he.register_mem(h, name="h")
+            e.connect("py-host", 10000)
+            e.transfer_sync("py-host", "read", [(t, "h")], 10000)
+            assert driver.read(t.mapping.address, 64 * 1024) == bytes([9]) * (64 * 1024)
+            e.disconnect("py-host", 10000)
+            he.finalize()
+            h.close()
+        e.finalize()
+        t.close()
