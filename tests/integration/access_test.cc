@@ -65,17 +65,20 @@ TEST(Access, SocketFileModeKeepsOthersOutBeforeThePolicy) {
   EXPECT_EQ(WaitChild(pid), 0);
 }
 
+// A process of nobody (primary group nogroup) connects and allocates: 0 when served.
+int ServedAsNobody(const std::string& socket) {
+  return WaitChild(ForkChild([&] {
+    if (!BecomeNobody()) return 10;
+    auto c = Client::Connect({socket, "guest"});
+    if (!c.ok()) return 1;
+    return c->MallocPhysical(4096).ok() ? 0 : 2;
+  }));
+}
+
 TEST(Access, AdmittedGroupCanUseTheBroker) {
   REQUIRE_ROOT();
   BrokerProcess b({"--socket-group", std::to_string(kNogroup), "--allow-gid", std::to_string(kNogroup)});
-  std::string s = b.socket();
-  pid_t pid = ForkChild([&] {
-    if (!BecomeNobody()) return 10;
-    auto c = Client::Connect({s, "guest"});
-    if (!c.ok()) return 1;
-    return c->MallocPhysical(4096).ok() ? 0 : 2;
-  });
-  EXPECT_EQ(WaitChild(pid), 0);
+  EXPECT_EQ(ServedAsNobody(b.socket()), 0);
 }
 
 // Groups by name, as the shipped units give them (--allow-gid membroker,
@@ -87,14 +90,7 @@ TEST(Access, AGroupByNameIsAdmittedAndAnUnknownOneIsAClearError) {
   ASSERT_NE(g, nullptr) << "this machine has no group " << kNogroup;
   const std::string name = g->gr_name;
   BrokerProcess b({"--socket-group", name, "--allow-gid", name});
-  std::string s = b.socket();
-  pid_t pid = ForkChild([&] {
-    if (!BecomeNobody()) return 10;
-    auto c = Client::Connect({s, "guest"});
-    if (!c.ok()) return 1;
-    return c->MallocPhysical(4096).ok() ? 0 : 2;
-  });
-  EXPECT_EQ(WaitChild(pid), 0);
+  EXPECT_EQ(ServedAsNobody(b.socket()), 0);
   for (const char* bad : {"no-such-group-here", "4294967295", "99999999999"}) {
     auto r = RunBrokerExpectingExit({"--socket", b.dir() + "/other.sock", "--allow-gid", bad});
     EXPECT_EQ(r.exit_code, 2) << bad;
