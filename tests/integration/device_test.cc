@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "broker_process.h"
+#include "net_engines.h"
 #include "membroker/client.h"
 #include "membroker/transfer_engine.h"
 #include "membroker/ipc/cuda_driver.h"
@@ -470,6 +471,60 @@ TEST_F(DeviceMemory, TheTransferEngineMovesDeviceMemoryOnThisHost) {
   ea.Finalize();
   ed.Finalize();
   EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+}
+
+// Device memory does not cross hosts yet: an engine reached over the network
+// (at another broker, as another host's is) is not offered a device range, and
+// a local device range on such a connection is refused saying why, while host
+// memory moves as before.
+TEST_F(DeviceMemory, DeviceMemoryStaysOnThisHost) {
+  BrokerProcess here, there;
+  auto a = Client::Connect({here.socket(), "listener"});
+  auto r = Client::Connect({there.socket(), "remote"});
+  ASSERT_TRUE(a.ok() && r.ok());
+  const std::string secret = SecretFile(here.dir(), "device-secret");
+  TransferEngine ea(*a), er(*r);
+  const std::string address = ListenOnLoopback(ea, "dev-listener", secret);
+  if (address.empty()) {
+    Status st = TransferEngine(*a).Initialize("probe", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}});
+    MB_UCX_OR_SKIP(st);
+    FAIL() << st.ToString();
+  }
+  ASSERT_TRUE(er.Initialize("dev-remote", {{"secret_file", secret}}).ok());
+  auto device_range = [&](Client& c, Reservation* range, Mapping* map, PhysicalHandle* h) -> Status {
+    MB_ASSIGN_OR_RETURN(*h, c.MallocPhysical(g_, OnDevice(0)));
+    MB_ASSIGN_OR_RETURN(*range, c.ReserveMemAddress(g_, 0, nullptr, kReserveDevice));
+    MB_ASSIGN_OR_RETURN(*map, c.MapMem(range->base(), g_, 0, *h));
+    return Status::Ok();
+  };
+  PhysicalHandle ah, rh;
+  Reservation ar, rr;
+  Mapping am, rm;
+  ASSERT_TRUE(device_range(*a, &ar, &am, &ah).ok());
+  ASSERT_TRUE(device_range(*r, &rr, &rm, &rh).ok());
+  const auto a_dev = reinterpret_cast<uintptr_t>(am.data()), r_dev = reinterpret_cast<uintptr_t>(rm.data());
+  MemHandle a_reg{}, r_reg{};
+  ASSERT_TRUE(ea.RegisterMem({a_dev, g_}, MEM_DEVICE, a_reg, "dev").ok());
+  ASSERT_TRUE(er.RegisterMem({r_dev, g_}, MEM_DEVICE, r_reg).ok());
+  Memory a_host = Register(*a, ea, 1 << 16), r_host = Register(*r, er, 1 << 16);
+  std::memset(a_host.data(), 5, 1 << 16);
+
+  ASSERT_TRUE(er.Connect(address, 10000).ok());
+  ConnectionInfo info;
+  ASSERT_TRUE(er.GetConnectionInfo(address, info).ok());
+  EXPECT_EQ(info.path, "ucx");
+  std::vector<RegionInfo> regions;
+  ASSERT_TRUE(er.GetRemoteRegions(address, regions, 10000).ok());
+  for (const RegionInfo& region : regions)
+    EXPECT_NE(region.name, "dev") << "a device range was offered over the network";
+  EXPECT_EQ(er.TransferSync(address, READ, {{r_host.addr(), a_dev, 4096}}, 10000).code(), ErrorCode::kParamInvalid);
+  Status local_device = er.TransferSync(address, READ, {{r_dev, a_host.addr(), 4096}}, 10000);
+  EXPECT_EQ(local_device.code(), ErrorCode::kParamInvalid);
+  EXPECT_NE(local_device.message().find("this host only"), std::string::npos) << local_device.ToString();
+  ASSERT_TRUE(er.TransferSync(address, READ, {{r_host.addr(), a_host.addr(), 4096}}, 10000).ok());
+  EXPECT_EQ(r_host.data()[4095], 5);
+  er.Finalize();
+  ea.Finalize();
 }
 
 // A take-over keeps host memory; device memory stays with the processes that
