@@ -6,7 +6,7 @@ MB_PACKAGES=(cmake ninja-build g++ pkg-config libuv1-dev libflatbuffers-dev flat
              libboost-dev libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
              python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch
              libsystemd-dev systemd libucx-dev libsodium-dev ucx-utils iproute2 util-linux
-             libmicrohttpd-dev prometheus tmux)
+             libmicrohttpd-dev prometheus tmux man-db)
 
 mb_install_packages() {
   local missing=()

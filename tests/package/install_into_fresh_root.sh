@@ -23,8 +23,9 @@ touch "$root/var/lib/dpkg/available"
 # (the fresh root has no shell); ours leave systemd alone there. Triggers
 # (ldconfig, man-db) are recorded, not run: their programs would write to this
 # machine's /etc and /var; the loader finds /usr/lib/x86_64-linux-gnu without
-# its cache.
-dpkg_root() { dpkg --root="$root" --force-script-chrootless --no-triggers --log=/dev/null "$@"; }
+# its cache. --path-include: every file, also where this machine's dpkg
+# excludes man pages and docs (slim container images do).
+dpkg_root() { dpkg --root="$root" --force-script-chrootless --no-triggers --path-include='*' --log=/dev/null "$@"; }
 dpkg_root -i "$deb"
 dpkg_root -s membroker | grep -q '^Status: install ok installed$'
 echo "installed into $root: $(dpkg_root -L membroker | grep -c .) paths"
