@@ -174,4 +174,21 @@ Status UnregisterHost(void*) { return Why(); }
 
 Result<size_t> Granularity(int device) { return ipc::CudaDriver::Get().Granularity(device, false); }
 
+Result<uintptr_t> MapWhole(int fd, size_t size, int device, Access access) {
+  MB_ASSIGN_OR_RETURN(size_t granularity, Granularity(device));
+  MB_ASSIGN_OR_RETURN(uint64_t handle, Import(fd, device));
+  Result<uintptr_t> va = Reserve(size, granularity, 0);
+  Status st = va.ok() ? Map(*va, size, 0, handle, device, access) : va.status();
+  if (!st.ok() && va.ok()) (void)Free(*va, size);
+  (void)ReleaseHandle(handle);  // mapped: the mapping holds the memory; else: nothing does
+  if (!st.ok()) return st;
+  return va;
+}
+
+Status UnmapWhole(uintptr_t va, size_t size) {
+  Status unmapped = Unmap(va, size);
+  Status freed = Free(va, size);
+  return unmapped.ok() ? freed : unmapped;
+}
+
 }  // namespace membroker::detail::device

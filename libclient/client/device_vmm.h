@@ -36,6 +36,13 @@ Status SetAccess(uintptr_t va, size_t size, int device, Access access);
 Result<bool> RegisterHost(void* ptr, size_t size);
 Status UnregisterHost(void* ptr);
 
+// The memory behind `fd` (size bytes on `device`) mapped whole at a fresh
+// device reservation with `access` (a transfer engine's view of a peer's
+// memory); the mapping keeps the memory, the driver handle is released.
+// Nothing is left behind on failure. UnmapWhole undoes it.
+Result<uintptr_t> MapWhole(int fd, size_t size, int device, Access access);
+Status UnmapWhole(uintptr_t va, size_t size);
+
 // A copy of `size` bytes where at least one side is device memory (dst_device,
 // src_device: which), with cuMemcpyDtoD, HtoD or DtoH. It runs in the calling
 // thread's current context; a thread without one (an engine's caller that is

@@ -400,23 +400,11 @@ Result<ImportedMemory> SameHostTransport::MapImported(const std::string& remote,
   auto* m = std::get_if<ipc::ImportReply>(&r.body);
   if (m == nullptr) return Status(ErrorCode::kProtocolError, "EngineImportRequest got a wrong reply");
   auto give_back = [&] { (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation}); };
-  if (m->device >= 0) {
-    // Device memory: a driver handle, a device reservation, mapped with the
-    // access the owner has; the mapping keeps the memory (the handle goes).
-    const std::string what = "engine \"" + remote + "\" device memory";
-    auto handle = device::Import(r.fds[0].get(), m->device);
-    auto granularity = device::Granularity(m->device);
-    Result<uintptr_t> va = !handle.ok()        ? Result<uintptr_t>(handle.status())
-                           : !granularity.ok() ? Result<uintptr_t>(granularity.status())
-                                               : device::Reserve(m->size, *granularity, 0);
-    Status st =
-        va.ok() ? device::Map(*va, m->size, 0, *handle, m->device, m->read_only ? Access::kRead : Access::kReadWrite)
-                : va.status();
-    if (!st.ok() && va.ok()) (void)device::Free(*va, m->size);
-    if (handle.ok()) (void)device::ReleaseHandle(*handle);
-    if (!st.ok()) {
+  if (m->device >= 0) {  // device memory, mapped with the access its owner has
+    auto va = device::MapWhole(r.fds[0].get(), m->size, m->device, m->read_only ? Access::kRead : Access::kReadWrite);
+    if (!va.ok()) {
       give_back();
-      return Status(st.code(), what + ": " + st.message());
+      return Status(va.code(), "engine \"" + remote + "\" device memory: " + va.status().message());
     }
     return ImportedMemory{reinterpret_cast<void*>(*va), m->size, m->device};
   }
@@ -432,13 +420,10 @@ Result<ImportedMemory> SameHostTransport::MapImported(const std::string& remote,
 }
 
 void SameHostTransport::ReleaseImported(const ImportedMemory& m, uint64_t allocation, bool tell_broker) {
-  if (m.device >= 0) {
-    const auto va = reinterpret_cast<uintptr_t>(m.base);
-    (void)device::Unmap(va, m.size);
-    (void)device::Free(va, m.size);
-  } else {
+  if (m.device >= 0)
+    (void)device::UnmapWhole(reinterpret_cast<uintptr_t>(m.base), m.size);
+  else
     ::munmap(m.base, m.size);
-  }
   if (tell_broker) (void)core_->conn().SendOneWay(ipc::EngineReleaseRequest{allocation});
 }
 
