@@ -60,31 +60,15 @@ Result<ChannelCensus> ReadChannel(const char* block, uint64_t size) {
   return c;
 }
 
-Result<ChannelCensus> ReadChannel(int fd, uint64_t size, uint64_t page_size) {
-  if (size < sizeof(Header) || page_size == 0 || size % page_size != 0)
-    return Status(ErrorCode::kParamInvalid, "smaller than a channel header");
-  // Mappings in whole pages of the memory's size (huge pages want that).
-  auto map = [&](uint64_t bytes) -> Result<const char*> {
-    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return ipc::ErrnoStatus("mmap", "a channel's control block, read-only", errno);
-    return static_cast<const char*>(p);
-  };
-  // The geometry first, from the first page alone (read once into locals:
-  // the block may change under us); then the whole control block (never the
-  // chunks), or as much of it as the memory has, read and checked again.
-  MB_ASSIGN_OR_RETURN(const char* first, map(page_size));
-  const auto* h = reinterpret_cast<const Header*>(first);
-  const uint64_t magic = h->magic.load();
-  const uint32_t chunks = h->chunks, depth = h->queue_depth;
-  const uint64_t chunk_bytes = h->chunk_bytes;
-  (void)::munmap(const_cast<char*>(first), page_size);
-  if (magic != kMagic || !Valid(chunks, chunk_bytes, depth))
-    return Status(ErrorCode::kParamInvalid, "not a channel of this layout");
-  const uint64_t control = std::min(Layout::For(chunks, chunk_bytes, depth).control_bytes, size);
-  const uint64_t bytes = (control + page_size - 1) / page_size * page_size;
-  MB_ASSIGN_OR_RETURN(const char* block, map(bytes));
-  Result<ChannelCensus> c = ReadChannel(block, control);
-  (void)::munmap(const_cast<char*>(block), bytes);
+Result<ChannelCensus> ReadChannel(int fd, uint64_t size) {
+  if (size < sizeof(Header)) return Status(ErrorCode::kParamInvalid, "smaller than a channel header");
+  // The whole memory, read-only, in one mapping (whole pages of any page
+  // size): only address space until read, and ReadChannel reads no further
+  // than the geometry it has checked allows.
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ipc::ErrnoStatus("mmap", "a channel's control block, read-only", errno);
+  Result<ChannelCensus> c = ReadChannel(static_cast<const char*>(p), size);
+  (void)::munmap(p, size);
   return c;
 }
 
@@ -96,7 +80,7 @@ std::vector<Record> ChannelRecords(const NameRegistry& names, const Holdings& ho
     if (a == nullptr) continue;
     Result<ChannelCensus> c = a->memory.device >= 0
                                   ? Result<ChannelCensus>(Status(ErrorCode::kParamInvalid, "device memory"))
-                                  : ReadChannel(a->memory.fd.get(), a->size, a->page_size);
+                                  : ReadChannel(a->memory.fd.get(), a->size);
     const ChannelCensus none;
     const ChannelCensus& v = c.ok() ? *c : none;
     Record r;

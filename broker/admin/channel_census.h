@@ -32,8 +32,8 @@ struct ChannelCensus {
   uint64_t published = 0, dropped = 0, unreceived = 0, reaped = 0, redelivered = 0;
 };
 
-// The control block in `fd` (a memfd of `size` bytes in pages of page_size).
-Result<ChannelCensus> ReadChannel(int fd, uint64_t size, uint64_t page_size);
+// The control block in `fd` (a memfd of `size` bytes, mapped whole).
+Result<ChannelCensus> ReadChannel(int fd, uint64_t size);
 // The same, from memory already mapped (the tests' entry).
 Result<ChannelCensus> ReadChannel(const char* block, uint64_t size);
 

@@ -357,7 +357,7 @@ TEST(Cli, ListChannelsShowsQueuesDropsAndADeadSubscriber) {
   expect_fields({"\"queued\": 4", "\"fullest_queue\": 4"});
   slot.tail.store(tail);
   header.chunks = 1u << 30;
-  expect_fields({"\"state\": \"unreadable: not a channel of this layout\"", "\"subscribers\": 0"});
+  expect_fields({"\"state\": \"unreadable: its geometry is out of range\"", "\"subscribers\": 0"});
   header.chunks = 65536;  // in range, but a control block larger than this memory
   expect_fields({"\"state\": \"unreadable: smaller than its geometry says\""});
   header.chunks = o.chunks;
