@@ -224,7 +224,7 @@ bool Broker::Idle() const {
   return sessions_.empty() && holdings_.table().all().empty() && holdings_.table().export_count() == 0 &&
          u.bytes == 0 && u.pinned_bytes == 0 && u.allocations == 0 && u.imports == 0 && u.device_bytes == 0 &&
          holdings_.window().used() == 0 && counters_.bytes_pending == 0 && workers_.bytes_returning() == 0 &&
-         engines_.empty() && waiters_.empty() && names_.empty();
+         engines_.empty() && waiters_.empty() && names_.empty() && kv_.empty();
 }
 
 size_t Broker::UnpublishAll() {

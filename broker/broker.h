@@ -19,6 +19,7 @@
 #include "answer.h"
 #include "counters.h"
 #include "engine_registry.h"
+#include "kv/kv_stores.h"
 #include "memory/holdings.h"
 #include "name_registry.h"
 #include "options.h"
@@ -53,6 +54,8 @@ class Broker {
   Status FreeAllocation(uint64_t id);
   // Removes every named object, persistent ones included (embedding, fuzzer).
   size_t UnpublishAll();
+  // Drops every KV store no client uses (embedding, fuzzer).
+  size_t DropAllStores();
 
  private:
   explicit Broker(Options options);
@@ -96,6 +99,7 @@ class Broker {
   void Unpublish(const std::string& name, int32_t pid);
   void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid);
   void SendEvents(Session& s, uint64_t rid);
+  Status DropStore(const std::string& name);  // kv/kv_requests.cc
   // Answers and closes every waiter of kind for key: answer() sends the reply, or returns the error to send.
   void AnswerWaiters(Waiter::Kind kind, const std::string& key, const std::function<Status(Session&, uint64_t)>& answer);
   void OnWaiterTimeout(const Waiter& w);
@@ -144,6 +148,7 @@ class Broker {
   Holdings holdings_;
   EngineRegistry engines_;
   NameRegistry names_;
+  KvStores kv_;
   Waiters waiters_;
 };
 

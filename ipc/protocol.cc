@@ -280,6 +280,64 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
   fb::Offset<void> operator()(const WakeRequest&) { return w::CreateWakeRequest(b).Union(); }
+  fb::Offset<fb::Vector<fb::Offset<w::KvKey>>> Keys(const std::vector<std::string>& keys) {
+    std::vector<fb::Offset<w::KvKey>> ks;
+    ks.reserve(keys.size());
+    for (const auto& k : keys)
+      ks.push_back(w::CreateKvKey(b, b.CreateVector(reinterpret_cast<const uint8_t*>(k.data()), k.size())));
+    return b.CreateVector(ks);
+  }
+  fb::Offset<fb::Vector<const w::KvRef*>> Refs(const std::vector<KvRef>& refs) {
+    std::vector<w::KvRef> rs;
+    rs.reserve(refs.size());
+    for (const auto& r : refs) rs.emplace_back(r.slot, r.generation);
+    return b.CreateVectorOfStructs(rs);
+  }
+  fb::Offset<void> operator()(const KvOpenRequest& m) {
+    auto n = b.CreateString(m.name);
+    return w::CreateKvOpenRequest(b, n, m.create, m.block_size, m.capacity, static_cast<w::PagePolicy>(m.policy),
+                                  m.eviction)
+        .Union();
+  }
+  fb::Offset<void> operator()(const KvStoreReply& m) {
+    return w::CreateKvStoreReply(b, m.store, m.block_size, m.blocks, m.slab_blocks, m.slabs).Union();
+  }
+  fb::Offset<void> operator()(const KvSlabRequest& m) { return w::CreateKvSlabRequest(b, m.store, m.slab).Union(); }
+  fb::Offset<void> operator()(const KvSlabReply& m) { return w::CreateKvSlabReply(b, m.size).Union(); }
+  fb::Offset<void> operator()(const KvReserveRequest& m) {
+    auto ks = Keys(m.keys);
+    return w::CreateKvReserveRequest(b, m.store, ks).Union();
+  }
+  fb::Offset<void> operator()(const KvSealRequest& m) {
+    std::vector<w::KvSeal> ss;
+    ss.reserve(m.blocks.size());
+    for (const auto& x : m.blocks) ss.emplace_back(x.slot, x.generation, x.allocation, x.offset, x.length);
+    auto vec = b.CreateVectorOfStructs(ss);
+    return w::CreateKvSealRequest(b, m.store, vec).Union();
+  }
+  fb::Offset<void> operator()(const KvAbortRequest& m) {
+    auto rs = Refs(m.refs);
+    return w::CreateKvAbortRequest(b, m.store, rs).Union();
+  }
+  fb::Offset<void> operator()(const KvGetRequest& m) {
+    auto ks = Keys(m.keys);
+    return w::CreateKvGetRequest(b, m.store, ks, m.lease).Union();
+  }
+  fb::Offset<void> operator()(const KvReleaseRequest& m) {
+    auto rs = Refs(m.refs);
+    return w::CreateKvReleaseRequest(b, m.store, rs).Union();
+  }
+  fb::Offset<void> operator()(const KvBlocksReply& m) {
+    std::vector<w::KvBlock> bs;
+    bs.reserve(m.blocks.size());
+    for (const auto& x : m.blocks) bs.emplace_back(static_cast<w::ErrorCode>(x.code), x.slot, x.generation, x.length);
+    auto vec = b.CreateVectorOfStructs(bs);
+    return w::CreateKvBlocksReply(b, vec, m.leading).Union();
+  }
+  fb::Offset<void> operator()(const KvDropRequest& m) {
+    auto n = b.CreateString(m.name);
+    return w::CreateKvDropRequest(b, n).Union();
+  }
   fb::Offset<void> operator()(const EngineNetworkRequest& m) {
     std::vector<fb::Offset<w::EngineNetConnection>> cs;
     for (const auto& c : m.connections) {
@@ -709,6 +767,96 @@ Result<Message> Read(const w::TakeOverEnd* m) {
 }
 Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
 Result<Message> Read(const w::WakeRequest*) { return Message(WakeRequest{}); }
+
+// KV-cache stores: every batch at most kMaxKvBatch long, every key 1 to
+// kMaxKvKeyBytes bytes.
+Status ReadKeys(const fb::Vector<fb::Offset<w::KvKey>>* v, std::vector<std::string>* out) {
+  if (v == nullptr) return Status::Ok();
+  if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " keys");
+  out->reserve(v->size());
+  for (const auto* k : *v) {
+    std::string key;
+    MB_RETURN_IF_ERROR(ReadBytes(k->bytes(), kMaxKvKeyBytes, "key", &key));
+    if (key.empty()) return Malformed("an empty key");
+    out->push_back(std::move(key));
+  }
+  return Status::Ok();
+}
+Status ReadRefs(const fb::Vector<const w::KvRef*>* v, std::vector<KvRef>* out) {
+  if (v == nullptr) return Status::Ok();
+  if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " refs");
+  for (const auto* r : *v) out->push_back({r->slot(), r->generation()});
+  return Status::Ok();
+}
+Result<Message> Read(const w::KvOpenRequest* m) {
+  KvOpenRequest r;
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxKvStoreNameBytes, "store name", &r.name));
+  r.create = m->create();
+  r.block_size = m->block_size();
+  r.capacity = m->capacity();
+  r.policy = static_cast<PagePolicy>(m->policy());  // checked by the broker (PARAM_INVALID)
+  r.eviction = m->eviction();
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvStoreReply* m) {
+  return Message(KvStoreReply{m->store(), m->block_size(), m->blocks(), m->slab_blocks(), m->slabs()});
+}
+Result<Message> Read(const w::KvSlabRequest* m) { return Message(KvSlabRequest{m->store(), m->slab()}); }
+Result<Message> Read(const w::KvSlabReply* m) { return Message(KvSlabReply{m->size()}); }
+Result<Message> Read(const w::KvReserveRequest* m) {
+  KvReserveRequest r;
+  r.store = m->store();
+  MB_RETURN_IF_ERROR(ReadKeys(m->keys(), &r.keys));
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvSealRequest* m) {
+  KvSealRequest r;
+  r.store = m->store();
+  if (const auto* v = m->blocks()) {
+    if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " blocks");
+    for (const auto* x : *v)
+      r.blocks.push_back({x->slot(), x->generation(), x->allocation(), x->offset(), x->length()});
+  }
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvAbortRequest* m) {
+  KvAbortRequest r;
+  r.store = m->store();
+  MB_RETURN_IF_ERROR(ReadRefs(m->refs(), &r.refs));
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvGetRequest* m) {
+  KvGetRequest r;
+  r.store = m->store();
+  r.lease = m->lease();
+  MB_RETURN_IF_ERROR(ReadKeys(m->keys(), &r.keys));
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvReleaseRequest* m) {
+  KvReleaseRequest r;
+  r.store = m->store();
+  MB_RETURN_IF_ERROR(ReadRefs(m->refs(), &r.refs));
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvBlocksReply* m) {
+  KvBlocksReply r;
+  r.leading = m->leading();
+  if (const auto* v = m->blocks()) {
+    if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " blocks");
+    for (const auto* x : *v) {
+      const int code = static_cast<int>(x->code());
+      if (code < 0 || code > static_cast<int>(w::ErrorCode_MAX)) return Malformed("unknown error code in a block");
+      r.blocks.push_back({static_cast<ErrorCode>(code), x->slot(), x->generation(), x->length()});
+    }
+  }
+  if (r.leading > r.blocks.size()) return Malformed("a leading run longer than the blocks");
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::KvDropRequest* m) {
+  KvDropRequest r;
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxKvStoreNameBytes, "store name", &r.name));
+  return Message(std::move(r));
+}
 
 Result<Message> Read(const w::EngineNetworkRequest* m) {
   EngineNetworkRequest r;

@@ -69,6 +69,14 @@ constexpr StatMetric kStatMetrics[] = {
     {"engine_network_refused", false, "Network connections engines refused (wrong secret, not allowed), as reported."},
     {"waiters", false, "Requests waiting in the broker (lookups, events, connects)."},
     {"named_objects", false, "Named objects published."},
+    {"kv_stores", false, "KV-cache stores."},
+    {"kv_blocks", false, "KV blocks sealed and cached, in every store."},
+    {"kv_writing", false, "KV blocks reserved and not yet sealed."},
+    {"kv_leases", false, "KV read leases held by clients."},
+    {"kv_hits", true, "KV keys found by gets and lookups."},
+    {"kv_misses", true, "KV keys not found by gets and lookups."},
+    {"kv_evictions", true, "KV blocks evicted to make room."},
+    {"kv_stale", true, "KV references refused as STALE (their block was evicted and its slot reused)."},
     {"allocations_created", true, "Allocations created."},
     {"allocations_freed", true, "Allocations freed."},
     {"exports_live", false, "Export tokens live."},
@@ -117,6 +125,13 @@ Record Broker::StatsRecord() const {
   uint64_t host_registered = 0;
   for (const auto& [id, s] : sessions_.all())
     for (const auto& [addr, size] : s->host_regs) host_registered += size;
+  const KvStoreStats kv = kv_.Totals();  // counters since start; the rest: now
+  uint64_t kv_sealed = 0, kv_writing = 0, kv_leases = 0;
+  for (const auto& [name, store] : kv_.all()) {
+    kv_sealed += store->sealed_blocks();
+    kv_writing += store->writing_blocks();
+    kv_leases += store->leases_held();
+  }
   r.Num("pid", static_cast<uint64_t>(::getpid()))
       .Num("clients_connected", sessions_.size())
       .Num("clients_total", counters_.clients_total)
@@ -150,6 +165,14 @@ Record Broker::StatsRecord() const {
       .Num("engine_network_refused", net_refused)
       .Num("waiters", waiters_.size())
       .Num("named_objects", names_.size())
+      .Num("kv_stores", kv_.all().size())
+      .Num("kv_blocks", kv_sealed)
+      .Num("kv_writing", kv_writing)
+      .Num("kv_leases", kv_leases)
+      .Num("kv_hits", kv.hits)
+      .Num("kv_misses", kv.misses)
+      .Num("kv_evictions", kv.evictions)
+      .Num("kv_stale", kv.stale)
       .Num("allocations_created", t.allocations_created)
       .Num("allocations_freed", t.allocations_freed)
       .Num("exports_live", table.export_count())

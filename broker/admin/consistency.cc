@@ -30,6 +30,10 @@ Status Broker::CheckTables() const {
   MB_RETURN_IF_ERROR(engines_.Check(alive));
   MB_RETURN_IF_ERROR(names_.Check(alive));
   MB_RETURN_IF_ERROR(waiters_.Check(alive));
+  MB_RETURN_IF_ERROR(kv_.Check());
+  for (const auto& [name, store] : kv_.all())
+    for (const auto& [sid, held] : store->BySession())
+      if (!alive(sid)) return Broken("a KV lease or reservation of ended client " + std::to_string(sid));
   const AllocationTable& table = holdings_.table();
   std::vector<int> pools_of_live;
   for (const auto& [id, a] : table.all()) pools_of_live.push_back(a.pool);
@@ -72,6 +76,11 @@ Status Broker::CheckTables() const {
   for (const auto& [id, a] : table.all()) {
     uid_expected[a.creator_uid] += a.charge;
     total_expected += a.charge;
+  }
+  for (const auto& [name, store] : kv_.all()) {  // a store's slabs, charged to its creator's uid
+    const Usage slabs = Usage::For(store->bytes(), false, -1);
+    uid_expected[store->spec().uid] += slabs;
+    total_expected += slabs;
   }
   for (const auto& [sid, s] : sessions_.all()) {
     if (s->inflight != 0) return Status::Ok();

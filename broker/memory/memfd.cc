@@ -31,8 +31,11 @@ unsigned HugeFlags(uint64_t page_size) {
   return 0;
 }
 
-Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size,
-                                          uint64_t page_size) {
+// writable: where to map the memory read-write before it is sealed against
+// any further writer (F_SEAL_FUTURE_WRITE), or nullptr for memory every
+// holder may write.
+Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size, uint64_t page_size,
+                                          void** writable = nullptr) {
   uint64_t rounded = RoundUp(size, page_size);
   if (rounded == 0 || rounded > kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) + " is too large");
@@ -54,25 +57,36 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>(fcall, args, nullptr, [&] {
     return ::fallocate(fd.get(), 0, 0, static_cast<off_t>(rounded));
   }));
-  MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] {
-    return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-  }));
+  unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  void* map = nullptr;
+  if (writable != nullptr) {
+    MB_RETURN_IF_ERROR(ipc::CheckedCall(
+        "mmap", args, &map, [&] { return ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0); }));
+    seals |= F_SEAL_FUTURE_WRITE;  // this mapping keeps writing; nothing made later can
+  }
+  Status sealed =
+      ipc::CheckedCall<int>("fcntl(F_ADD_SEALS)", args, nullptr, [&] { return ::fcntl(fd.get(), F_ADD_SEALS, seals); });
+  if (!sealed.ok()) {
+    if (map != nullptr) ::munmap(map, rounded);
+    return sealed;
+  }
+  if (writable != nullptr) *writable = map;
   return PhysicalMemory{std::move(fd), rounded, page_size, false, {}};
 }
 
 }  // namespace
 
-Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size,
-                                            PagePolicy policy) {
+Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size, PagePolicy policy,
+                                            void** writable) {
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   if (size > kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) +
                                                 " exceeds the per-allocation limit of " +
                                                 std::to_string(kMaxAllocationBytes));
   const uint64_t page = PreferredPageSize(policy, size);
-  auto mem = CreateWithPageSize(name, size, page);
+  auto mem = CreateWithPageSize(name, size, page, writable);
   if (mem.ok() || policy != PagePolicy::kHugeFirst || page == kNormalPageSize) return mem;
-  auto normal = CreateWithPageSize(name, size, kNormalPageSize);
+  auto normal = CreateWithPageSize(name, size, kNormalPageSize, writable);
   if (normal.ok()) normal->fell_back = true;
   return normal;
 }

@@ -42,8 +42,12 @@ struct PhysicalMemory {
 // Creates a sealed memfd of at least `size` bytes with its pages reserved
 // (fallocate), so running out of memory is an error now, never a SIGBUS later.
 // Sealed against shrink and grow so no holder can truncate it under the others.
-Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size,
-                                            PagePolicy policy);
+// With `writable`, memory only the broker writes (a KV store's slab): it is
+// mapped read-write at *writable, then sealed with F_SEAL_FUTURE_WRITE, so no
+// fd of it - a copy, or one reopened read-write through /proc - can write it
+// or map it writable; the caller munmaps *writable.
+Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size, PagePolicy policy,
+                                            void** writable = nullptr);
 
 // Populates and locks mem's pages in this process (pinned memory): they stay
 // resident, never swapped, until mem is destroyed.

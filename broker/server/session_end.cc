@@ -9,7 +9,8 @@
 //                allocations its engine imported from peers;
 //   2. names     what it published goes (persistent objects stay), and on a
 //                crash subscribers hear that a holder died;
-//   3. waiters   its requests waiting in the broker are cancelled;
+//   3. waiters   its requests waiting in the broker are cancelled; its KV
+//                leases and unsealed reservations end (kv/kv_stores.h);
 //   4. holdings  every ledger entry is released as if the client had freed it;
 //                allocations left without holders are freed;
 //   5. host registrations are uncharged;
@@ -48,6 +49,7 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
         PostEvent(ipc::NameEventKind::kHolderDied, name, e.allocation, s.cred.pid);
   for (const std::string& name : names_.OnSessionEnd(s.id)) Unpublish(name, s.cred.pid);
   waiters_.OnSessionEnd(s.id);                                      // 3
+  kv_.OnSessionEnd(s.id);
   const size_t released = holdings_.ReleaseAll(s, Holding::kLedger);  // 4
   counters_.released_on_disconnect += released;
   for (const auto& [addr, size] : s.host_regs)                      // 5

@@ -67,7 +67,10 @@ int main(int argc, char** argv) {
       LookupRequest{"p/a", 0}, LookupRequest{"p/b", 5}, UnpublishRequest{"p/a"},
       ListNamesRequest{"p/", ""}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5}, WakeRequest{},
       ListNamesReply{{{"p/a", 1, 4096, false, true, 1}}, false},
-      EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2}}, 0}};
+      EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2}}, 0},
+      KvOpenRequest{"kv", true, 4096, 16384}, KvSlabRequest{1, 0}, KvReserveRequest{1, {"a", "b"}},
+      KvSealRequest{1, {{0, 1, 1, 0, 4096}}}, KvAbortRequest{1, {{1, 1}}}, KvGetRequest{1, {"a", "c"}, true},
+      KvReleaseRequest{1, {{0, 1}}}, KvDropRequest{"kv"}, KvBlocksReply{{{membroker::ErrorCode::kOk, 0, 1, 4096}}, 1}};
   int i = 0;
   for (const auto& m : msgs) {
     auto bytes = Encode({kProtocolVersion, 7, 0, m});
@@ -108,5 +111,18 @@ int main(int argc, char** argv) {
   AddRecord(&names, Encode({kProtocolVersion, 9, 0, PublishRequest{"p/c", 1, kPublishPersist}}));
   AddRecord(&names, Encode({kProtocolVersion, 10, 0, WakeRequest{}}), 1);  // (the fuzzer's fd: /dev/null)
   Write(std::string(argv[2]) + "/names-session", names);
+  // A KV store: create, reserve, seal from an allocation, get with a lease,
+  // release, a stale release, reserve and leave it for the disconnect.
+  std::vector<uint8_t> kv{1};
+  AddRecord(&kv, Encode({kProtocolVersion, 2, 0, MallocRequest{8192}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 3, 0, KvOpenRequest{"kv", true, 4096, 16384}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 4, 0, KvReserveRequest{1, {"a", "b"}}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 5, 0, KvSealRequest{1, {{0, 1, 1, 0, 4096}, {1, 1, 1, 4096, 100}}}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 6, 0, KvGetRequest{1, {"a", "b", "c"}, true}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 7, 0, KvSlabRequest{1, 0}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 8, kFlagNoReplyOnSuccess, KvReleaseRequest{1, {{0, 1}}}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 9, 0, KvReleaseRequest{1, {{0, 7}}}}));
+  AddRecord(&kv, Encode({kProtocolVersion, 10, 0, KvReserveRequest{1, {"c", "d", "e", "f"}}}));
+  Write(std::string(argv[2]) + "/kv-session", kv);
   return 0;
 }

@@ -81,6 +81,17 @@ TEST(Protocol, EveryMessageRoundTrips) {
       WaitEventsRequest{100},
       WakeRequest{},
       EventsReply{{{NameEventKind::kHolderDied, "pipeline/ring0", 7, 4243}}, 3},
+      KvOpenRequest{"llama/kv", true, 256 << 10, 1ull << 33, PagePolicy::kHugeFirst, 1},
+      KvStoreReply{3, 256 << 10, 32768, 256, 128},
+      KvSlabRequest{3, 127},
+      KvSlabReply{64 << 20},
+      KvReserveRequest{3, {"a", std::string(64, '\xff'), std::string("\0k", 2)}},
+      KvSealRequest{3, {{5, 2, 9, 4096, 4000}, {6, 1, 9, 8192, 1}}},
+      KvAbortRequest{3, {{5, 2}}},
+      KvGetRequest{3, {"a", "b"}, true},
+      KvReleaseRequest{3, {{5, 2}, {7, 9}}},
+      KvBlocksReply{{{ErrorCode::kOk, 5, 2, 4000}, {ErrorCode::kStale, 6, 1, 0}}, 1},
+      KvDropRequest{"llama/kv"},
   };
   std::set<size_t> covered;
   for (const Message& m : all) covered.insert(m.index());

@@ -40,7 +40,8 @@ namespace membroker {
   X(16, kOverlap, OVERLAP, Overlap)                                 \
   X(17, kOutOfRange, OUT_OF_RANGE, OutOfRange)                      \
   X(18, kQuotaExceeded, QUOTA_EXCEEDED, QuotaExceeded)              \
-  X(19, kAddressInUse, ADDRESS_IN_USE, AddressInUse)
+  X(19, kAddressInUse, ADDRESS_IN_USE, AddressInUse)             \
+  X(20, kStale, STALE, Stale)
 
 enum class ErrorCode : int32_t {
 #define MEMBROKER_ERROR_ENUM(value, enumerator, wire, py) enumerator = value,

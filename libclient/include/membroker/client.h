@@ -41,6 +41,7 @@ namespace membroker {
 
 namespace detail {
 class ClientCore;
+struct KvStoreState;
 }
 namespace ipc {
 class UniqueFd;
@@ -357,6 +358,8 @@ class MEMBROKER_API Client {
 
  private:
   friend class TransferEngine;
+  friend class KvStore;
+  friend struct detail::KvStoreState;
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
   // Records an fd the broker sent and wraps it in a handle.
   PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,

@@ -66,7 +66,18 @@
   X(TakeOverEnd, Reply, 0)              \
   X(TakeOverAck, Reply, 0)              \
   X(EngineNetworkRequest, Request, 0)   \
-  X(WakeRequest, Request, 1)
+  X(WakeRequest, Request, 1)            \
+  X(KvOpenRequest, Request, 0)          \
+  X(KvStoreReply, Reply, 0)             \
+  X(KvSlabRequest, Request, 0)          \
+  X(KvSlabReply, Reply, 1)              \
+  X(KvReserveRequest, Request, 0)       \
+  X(KvSealRequest, Request, 0)          \
+  X(KvAbortRequest, Request, 0)         \
+  X(KvGetRequest, Request, 0)           \
+  X(KvReleaseRequest, Request, 0)       \
+  X(KvBlocksReply, Reply, 0)            \
+  X(KvDropRequest, Request, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

@@ -34,6 +34,9 @@ inline constexpr size_t kMaxNamesPerReply = 128;
 inline constexpr size_t kMaxEventsPerReply = 64;
 inline constexpr size_t kMaxObjectMetadataBytes = 4096;  // a named object's (a tensor's dtype, shape...)
 inline constexpr size_t kMaxEnginePeers = 63;  // = kEngineSlots (engine_control.h)
+inline constexpr size_t kMaxKvStoreNameBytes = 128;
+inline constexpr size_t kMaxKvKeyBytes = 64;
+inline constexpr size_t kMaxKvBatch = 256;  // keys, seals or refs in one request
 
 // Publish flags.
 inline constexpr uint32_t kPublishReadOnly = 1u << 0;
@@ -393,6 +396,89 @@ struct RestoreExportRequest {
   std::vector<AllowedPid> pids;
   bool operator==(const RestoreExportRequest&) const = default;
 };
+// KV-cache stores (docs/KV.md).
+struct KvOpenRequest {
+  std::string name;
+  bool create = false;
+  uint64_t block_size = 0;
+  uint64_t capacity = 0;
+  PagePolicy policy = PagePolicy::kNormalOnly;
+  uint8_t eviction = 0;  // 0: S3-FIFO, 1: LRU
+  bool operator==(const KvOpenRequest&) const = default;
+};
+struct KvStoreReply {
+  uint64_t store = 0;
+  uint64_t block_size = 0;
+  uint64_t blocks = 0;
+  uint64_t slab_blocks = 0;
+  uint32_t slabs = 0;
+  bool operator==(const KvStoreReply&) const = default;
+};
+struct KvSlabRequest {
+  uint64_t store = 0;
+  uint32_t slab = 0;
+  bool operator==(const KvSlabRequest&) const = default;
+};
+struct KvSlabReply {
+  uint64_t size = 0;
+  bool operator==(const KvSlabReply&) const = default;
+};
+struct KvRef {
+  uint64_t slot = 0;
+  uint64_t generation = 0;
+  bool operator==(const KvRef&) const = default;
+};
+struct KvReserveRequest {
+  uint64_t store = 0;
+  std::vector<std::string> keys;
+  bool operator==(const KvReserveRequest&) const = default;
+};
+struct KvSeal {
+  uint64_t slot = 0;
+  uint64_t generation = 0;
+  uint64_t allocation = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const KvSeal&) const = default;
+};
+struct KvSealRequest {
+  uint64_t store = 0;
+  std::vector<KvSeal> blocks;
+  bool operator==(const KvSealRequest&) const = default;
+};
+struct KvAbortRequest {
+  uint64_t store = 0;
+  std::vector<KvRef> refs;
+  bool operator==(const KvAbortRequest&) const = default;
+};
+struct KvGetRequest {
+  uint64_t store = 0;
+  std::vector<std::string> keys;
+  bool lease = false;
+  bool operator==(const KvGetRequest&) const = default;
+};
+struct KvReleaseRequest {
+  uint64_t store = 0;
+  std::vector<KvRef> refs;
+  bool operator==(const KvReleaseRequest&) const = default;
+};
+struct KvBlock {
+  ErrorCode code = ErrorCode::kOk;
+  uint64_t slot = 0;
+  uint64_t generation = 0;
+  uint64_t length = 0;
+  bool operator==(const KvBlock&) const = default;
+};
+struct KvBlocksReply {
+  std::vector<KvBlock> blocks;
+  uint32_t leading = 0;
+  bool operator==(const KvBlocksReply&) const = default;
+};
+struct KvDropRequest {
+  std::string name;
+  bool operator==(const KvDropRequest&) const = default;
+};
+
 struct GoodbyeRequest {
   bool operator==(const GoodbyeRequest&) const = default;
 };

@@ -1,0 +1,307 @@
+// BlockStore (block_store.h).
+#include "kv/block_store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <functional>
+
+#include "membroker/ipc/escape.h"
+
+namespace membroker::broker {
+
+namespace {
+Status Invalid(const std::string& why) { return Status(ErrorCode::kParamInvalid, why); }
+}  // namespace
+
+KvStoreStats& KvStoreStats::operator+=(const KvStoreStats& o) {
+  hits += o.hits;
+  misses += o.misses;
+  sealed += o.sealed;
+  aborted += o.aborted;
+  evictions += o.evictions;
+  exhausted += o.exhausted;
+  stale += o.stale;
+  bytes_copied += o.bytes_copied;
+  return *this;
+}
+
+BlockStore::BlockStore(uint64_t id, KvStoreSpec spec) : id_(id), spec_(std::move(spec)) {}
+
+BlockStore::~BlockStore() {
+  for (Slab& s : slabs_)
+    if (s.base != nullptr) ::munmap(s.base, s.mem.size);
+}
+
+Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec spec) {
+  MB_RETURN_IF_ERROR(ipc::CheckName(spec.name, ipc::kMaxKvStoreNameBytes, "a store name"));
+  if (spec.block_size < kKvMinBlockBytes || spec.block_size > kKvMaxBlockBytes || spec.block_size % 64 != 0)
+    return Invalid("block size " + std::to_string(spec.block_size) + " is not a multiple of 64 bytes from " +
+                   std::to_string(kKvMinBlockBytes) + " to " + std::to_string(kKvMaxBlockBytes));
+  if (spec.blocks == 0) return Invalid("a store's capacity must hold at least one block");
+  if (spec.policy > ipc::PagePolicy::kHuge1GOnly) return Invalid("unknown page policy");
+  const uint64_t slab_blocks = std::max<uint64_t>(1, kKvSlabTargetBytes / spec.block_size);
+  const uint64_t slabs = (spec.blocks + slab_blocks - 1) / slab_blocks;
+  if (slabs > kKvMaxSlabs)
+    return Invalid("capacity " + std::to_string(spec.blocks * spec.block_size) + " needs more than " +
+                   std::to_string(kKvMaxSlabs) + " slabs of " + std::to_string(slab_blocks * spec.block_size) +
+                   " bytes");
+  std::unique_ptr<BlockStore> store(new BlockStore(id, std::move(spec)));
+  BlockStore& s = *store;
+  s.slab_blocks_ = slab_blocks;
+  for (uint64_t i = 0; i < slabs; ++i) {
+    const uint64_t blocks = std::min(slab_blocks, s.spec_.blocks - i * slab_blocks);
+    Slab slab;
+    void* base = nullptr;
+    MB_ASSIGN_OR_RETURN(slab.mem, CreatePhysicalMemory("membroker-kv:" + s.spec_.name + ":" + std::to_string(i),
+                                                       blocks * s.spec_.block_size, s.spec_.policy, &base));
+    slab.base = static_cast<std::byte*>(base);
+    // (pushed before the next step can fail, so the destructor unmaps it)
+    s.slabs_.push_back(std::move(slab));
+    MB_ASSIGN_OR_RETURN(s.slabs_.back().read_only, ReopenReadOnly(s.slabs_.back().mem.fd.get()));
+  }
+  s.slots_.resize(s.spec_.blocks);
+  s.free_.reserve(s.spec_.blocks);
+  for (uint64_t i = s.spec_.blocks; i-- > 0;) s.free_.push_back(i);  // slot 0 first
+  s.high_ = s.spec_.blocks - s.spec_.blocks / 20;
+  s.low_ = std::min(s.spec_.blocks - s.spec_.blocks / 10, s.spec_.blocks - 1);
+  s.policy_ = EvictionPolicy::Make(s.spec_.eviction, s.spec_.blocks);
+  return store;
+}
+
+ipc::KvStoreReply BlockStore::Describe() const {
+  return {id_, spec_.block_size, spec_.blocks, slab_blocks_, slab_count()};
+}
+
+uint64_t BlockStore::bytes() const {
+  uint64_t n = 0;
+  for (const Slab& s : slabs_) n += s.mem.size;
+  return n;
+}
+
+uint64_t BlockStore::page_size() const { return slabs_.empty() ? 0 : slabs_.front().mem.page_size; }
+
+Result<int> BlockStore::SlabFd(uint32_t slab) const {
+  if (slab >= slabs_.size())
+    return Invalid("store \"" + ipc::EscapeText(spec_.name) + "\" has " + std::to_string(slabs_.size()) +
+                   " slabs, not " + std::to_string(slab + 1ull));
+  return slabs_[slab].read_only.get();
+}
+
+std::byte* BlockStore::Address(uint64_t slot) const {
+  return slabs_[slot / slab_blocks_].base + (slot % slab_blocks_) * spec_.block_size;
+}
+
+ipc::KvBlock BlockStore::BlockOf(ErrorCode code, uint64_t slot) const {
+  const Slot& s = slots_[slot];
+  return {code, slot, s.generation, s.length};
+}
+
+void BlockStore::Free(uint64_t slot) {
+  Slot& s = slots_[slot];
+  index_.erase(s.key);
+  s.key.clear();
+  s.state = State::kFree;
+  s.length = 0;
+  s.writer = 0;
+  free_.push_back(slot);
+  --used_;
+}
+
+void BlockStore::EvictToLowWatermark() {
+  const auto evictable = [this](uint64_t slot) {
+    return slots_[slot].state == State::kSealed && slots_[slot].leases == 0;
+  };
+  while (used_ > low_) {
+    auto victim = policy_->Victim(evictable);
+    if (!victim) return;  // everything left is leased or being written
+    Free(*victim);
+    ++stats_.evictions;
+  }
+}
+
+ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
+  if (auto it = index_.find(key); it != index_.end()) {
+    const Slot& s = slots_[it->second];
+    return BlockOf(s.state == State::kSealed ? ErrorCode::kAlreadyExists : ErrorCode::kBusy, it->second);
+  }
+  if (used_ >= high_) EvictToLowWatermark();
+  if (free_.empty()) {
+    ++stats_.exhausted;
+    return {ErrorCode::kResourceExhausted, 0, 0, 0};
+  }
+  const uint64_t slot = free_.back();
+  free_.pop_back();
+  ++used_;
+  ++writing_blocks_;
+  Slot& s = slots_[slot];
+  s.state = State::kWriting;
+  s.generation += 1;
+  s.length = 0;
+  s.writer = session;
+  s.key = key;
+  index_.emplace(key, slot);
+  writing_[session].insert(slot);
+  return BlockOf(ErrorCode::kOk, slot);
+}
+
+ipc::KvBlock BlockStore::Seal(uint64_t session, const ipc::KvSeal& seal, int src_fd) {
+  const ipc::KvRef ref{seal.slot, seal.generation};
+  if (!Refers(ref)) {
+    ++stats_.stale;
+    return {ErrorCode::kStale, seal.slot, seal.generation, 0};
+  }
+  Slot& s = slots_[seal.slot];
+  if (s.state != State::kWriting || s.writer != session)
+    return {ErrorCode::kInvalidHandle, seal.slot, seal.generation, 0};
+  if (seal.length == 0 || seal.length > spec_.block_size)
+    return {ErrorCode::kParamInvalid, seal.slot, seal.generation, 0};
+  // The copy: the kernel reads the writer's memory straight into the slab
+  // (no mapping of the writer's memory here, so a hostile one cannot fault
+  // the broker). A short read leaves the block reserved.
+  std::byte* to = Address(seal.slot);
+  uint64_t done = 0;
+  while (done < seal.length) {
+    ssize_t n = ::pread(src_fd, to + done, seal.length - done, static_cast<off_t>(seal.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return {n == 0 ? ErrorCode::kOutOfRange : ErrorCode::kInternal, seal.slot, seal.generation, 0};
+    done += static_cast<uint64_t>(n);
+  }
+  s.state = State::kSealed;
+  s.length = seal.length;
+  s.writer = 0;
+  --writing_blocks_;
+  auto w = writing_.find(session);
+  w->second.erase(seal.slot);
+  if (w->second.empty()) writing_.erase(w);
+  policy_->Inserted(seal.slot, std::hash<std::string>{}(s.key));
+  ++stats_.sealed;
+  stats_.bytes_copied += seal.length;
+  return BlockOf(ErrorCode::kOk, seal.slot);
+}
+
+ErrorCode BlockStore::Abort(uint64_t session, const ipc::KvRef& ref) {
+  if (!Refers(ref)) {
+    ++stats_.stale;
+    return ErrorCode::kStale;
+  }
+  Slot& s = slots_[ref.slot];
+  if (s.state != State::kWriting || s.writer != session) return ErrorCode::kInvalidHandle;
+  auto w = writing_.find(session);
+  w->second.erase(ref.slot);
+  if (w->second.empty()) writing_.erase(w);
+  --writing_blocks_;
+  Free(ref.slot);
+  ++stats_.aborted;
+  return ErrorCode::kOk;
+}
+
+ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool lease) {
+  auto it = index_.find(key);
+  if (it == index_.end() || slots_[it->second].state != State::kSealed) {
+    ++stats_.misses;
+    return {ErrorCode::kNotFound, 0, 0, 0};
+  }
+  const uint64_t slot = it->second;
+  ++stats_.hits;
+  policy_->Accessed(slot);
+  if (lease) {
+    ++slots_[slot].leases;
+    ++leases_[session][slot];
+  }
+  return BlockOf(ErrorCode::kOk, slot);
+}
+
+ErrorCode BlockStore::Release(uint64_t session, const ipc::KvRef& ref) {
+  if (!Refers(ref)) {
+    ++stats_.stale;
+    return ErrorCode::kStale;
+  }
+  auto l = leases_.find(session);
+  if (l == leases_.end()) return ErrorCode::kInvalidHandle;
+  auto c = l->second.find(ref.slot);
+  if (c == l->second.end()) return ErrorCode::kInvalidHandle;
+  --slots_[ref.slot].leases;
+  if (--c->second == 0) l->second.erase(c);
+  if (l->second.empty()) leases_.erase(l);
+  return ErrorCode::kOk;
+}
+
+void BlockStore::OnSessionEnd(uint64_t session) {
+  if (auto l = leases_.find(session); l != leases_.end()) {
+    for (const auto& [slot, n] : l->second) slots_[slot].leases -= n;
+    leases_.erase(l);
+  }
+  if (auto w = writing_.find(session); w != writing_.end()) {
+    for (uint64_t slot : w->second) {
+      Free(slot);
+      --writing_blocks_;
+      ++stats_.aborted;
+    }
+    writing_.erase(w);
+  }
+}
+
+uint64_t BlockStore::leases_held() const {
+  uint64_t n = 0;
+  for (const auto& [session, slots] : leases_)
+    for (const auto& [slot, c] : slots) n += c;
+  return n;
+}
+
+std::map<uint64_t, std::pair<uint64_t, uint64_t>> BlockStore::BySession() const {
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> out;
+  for (const auto& [session, slots] : leases_)
+    for (const auto& [slot, c] : slots) out[session].first += c;
+  for (const auto& [session, slots] : writing_) out[session].second += slots.size();
+  return out;
+}
+
+Status BlockStore::Check() const {
+  auto broken = [this](const std::string& why) {
+    return Status(ErrorCode::kInternal, "store \"" + ipc::EscapeText(spec_.name) + "\": " + why);
+  };
+  uint64_t used = 0, writing = 0, sealed = 0;
+  std::vector<uint32_t> leases(slots_.size(), 0);
+  for (const auto& [session, slots] : leases_)
+    for (const auto& [slot, c] : slots) {
+      if (slot >= slots_.size() || c == 0) return broken("a lease on no block");
+      leases[slot] += c;
+    }
+  for (uint64_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.leases != leases[i]) return broken("slot " + std::to_string(i) + " counts leases its clients do not hold");
+    if (s.state == State::kFree) {
+      if (s.leases != 0 || !s.key.empty()) return broken("free slot " + std::to_string(i) + " is in use");
+      continue;
+    }
+    ++used;
+    auto it = index_.find(s.key);
+    if (it == index_.end() || it->second != i)
+      return broken("slot " + std::to_string(i) + "'s key is not indexed to it");
+    if (s.state == State::kWriting) {
+      ++writing;
+      auto w = writing_.find(s.writer);
+      if (s.leases != 0 || w == writing_.end() || w->second.count(i) == 0)
+        return broken("slot " + std::to_string(i) + " is written by no client");
+    } else {
+      ++sealed;
+      if (s.length == 0 || s.length > spec_.block_size)
+        return broken("slot " + std::to_string(i) + " has a bad length");
+    }
+  }
+  if (used != used_ || writing != writing_blocks_) return broken("the block counts are off");
+  if (index_.size() != used) return broken("the index has keys of no slot");
+  if (free_.size() + used != slots_.size()) return broken("the free list is off");
+  if (policy_->size() != sealed)
+    return broken("the eviction policy tracks " + std::to_string(policy_->size()) + " blocks, not the " +
+                  std::to_string(sealed) + " sealed");
+  uint64_t reserved = 0;
+  for (const auto& [session, slots] : writing_) reserved += slots.size();
+  if (reserved != writing) return broken("a reservation has no slot");
+  return Status::Ok();
+}
+
+}  // namespace membroker::broker

@@ -1,0 +1,145 @@
+// BlockStore: one named KV-cache store (docs/KV.md). Fixed-size blocks found
+// by opaque keys, in slabs of memory only this broker writes (memfd.h's
+// `writable`): clients map a slab once, read-only, and the kernel refuses
+// them any writable fd or mapping of it. A block is put in two phases -
+// Reserve takes a free slot for the key (invisible: the key is being
+// written), Seal has the broker copy the writer's bytes from an allocation
+// the writer holds into the slot (visible, immutable) - and read under
+// leases: a leased block is never evicted, so its slot is not reused.
+//
+// Rules:
+//  1. A key is in at most one slot, writing or sealed; Reserve answers
+//     ALREADY_EXISTS for a sealed key and BUSY for one being written.
+//  2. A slot's generation changes whenever the slot is given to a key: a
+//     (slot, generation) reference to a block evicted and reused is STALE,
+//     never another key's bytes.
+//  3. A client's leases and reservations end when its session does
+//     (OnSessionEnd), however it ended.
+//  4. Eviction starts when a Reserve finds the store at its high watermark
+//     (95% of the blocks) and takes unleased sealed blocks, in the policy's
+//     order (eviction.h), down to the low one (90%; at least one free).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/eviction.h"
+#include "memory/memfd.h"
+#include "membroker/ipc/protocol.h"
+#include "membroker/status.h"
+
+namespace membroker::broker {
+
+inline constexpr uint64_t kKvSlabTargetBytes = 64ull << 20;  // a slab holds ~64 MiB of blocks
+inline constexpr uint64_t kKvMaxBlockBytes = 256ull << 20;
+inline constexpr uint64_t kKvMinBlockBytes = 64;
+inline constexpr uint32_t kKvMaxSlabs = 4096;
+inline constexpr size_t kKvMaxStores = 64;
+
+struct KvStoreSpec {
+  std::string name;
+  uint64_t block_size = 0;  // a multiple of 64 bytes
+  uint64_t blocks = 0;
+  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+  EvictionKind eviction = EvictionKind::kS3Fifo;
+  uid_t uid = 0;  // its creator's: the slabs are charged to it
+};
+
+struct KvStoreStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t sealed = 0;   // blocks sealed so far
+  uint64_t aborted = 0;  // reservations aborted or ended with their client
+  uint64_t evictions = 0;
+  uint64_t exhausted = 0;     // reservations refused: every block leased or being written
+  uint64_t stale = 0;         // STALE answers
+  uint64_t bytes_copied = 0;  // by Seal
+  KvStoreStats& operator+=(const KvStoreStats& o);
+};
+
+class BlockStore {
+ public:
+  // Checks the spec (PARAM_INVALID, saying why) and makes the slabs.
+  static Result<std::unique_ptr<BlockStore>> Create(uint64_t id, KvStoreSpec spec);
+  ~BlockStore();
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
+
+  uint64_t id() const { return id_; }
+  const KvStoreSpec& spec() const { return spec_; }
+  ipc::KvStoreReply Describe() const;
+  uint64_t bytes() const;  // the slabs' memory, as charged
+  uint64_t page_size() const;
+  uint32_t slab_count() const { return static_cast<uint32_t>(slabs_.size()); }
+  // A read-only fd of slab i (PARAM_INVALID past the last).
+  Result<int> SlabFd(uint32_t slab) const;
+
+  ipc::KvBlock Reserve(uint64_t session, const std::string& key);
+  // Copies [seal.offset, seal.offset + seal.length) of src_fd into the block
+  // the session reserved, and the key becomes visible.
+  ipc::KvBlock Seal(uint64_t session, const ipc::KvSeal& seal, int src_fd);
+  ErrorCode Abort(uint64_t session, const ipc::KvRef& ref);
+  // NOT_FOUND for a key not sealed (absent or being written).
+  ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease);
+  ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
+  void OnSessionEnd(uint64_t session);
+
+  bool InUse() const { return !leases_.empty() || !writing_.empty(); }
+  uint64_t used_blocks() const { return used_; }
+  uint64_t sealed_blocks() const { return used_ - writing_blocks_; }
+  uint64_t writing_blocks() const { return writing_blocks_; }
+  uint64_t leases_held() const;
+  const KvStoreStats& stats() const { return stats_; }
+  // Sessions holding leases or reservations here: (leases, reservations).
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> BySession() const;
+  // The index against the slots, the free list, the leases and the policy.
+  Status Check() const;
+
+ private:
+  enum class State : uint8_t { kFree, kWriting, kSealed };
+  struct Slot {
+    State state = State::kFree;
+    uint64_t generation = 0;  // 0: never used (no reference names generation 0)
+    uint64_t length = 0;
+    uint32_t leases = 0;
+    uint64_t writer = 0;  // the session, while kWriting
+    std::string key;
+  };
+  struct Slab {
+    PhysicalMemory mem;
+    UniqueFd read_only;
+    std::byte* base = nullptr;  // the broker's writable mapping
+  };
+  BlockStore(uint64_t id, KvStoreSpec spec);
+  bool Refers(const ipc::KvRef& ref) const {
+    return ref.slot < slots_.size() && slots_[ref.slot].generation == ref.generation && ref.generation != 0;
+  }
+  ipc::KvBlock BlockOf(ErrorCode code, uint64_t slot) const;
+  void EvictToLowWatermark();
+  void Free(uint64_t slot);
+  std::byte* Address(uint64_t slot) const;
+
+  uint64_t id_;
+  KvStoreSpec spec_;
+  uint64_t slab_blocks_ = 0;
+  uint64_t high_ = 0, low_ = 0;  // watermarks, in blocks
+  std::vector<Slab> slabs_;
+  std::vector<Slot> slots_;
+  std::vector<uint64_t> free_;  // slots, taken from the back
+  uint64_t used_ = 0;           // slots writing or sealed
+  uint64_t writing_blocks_ = 0;
+  std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::map<uint64_t, std::map<uint64_t, uint32_t>> leases_;  // session -> slot -> leases
+  std::map<uint64_t, std::set<uint64_t>> writing_;           // session -> slots it reserved
+  KvStoreStats stats_;
+};
+
+}  // namespace membroker::broker

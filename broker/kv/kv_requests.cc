@@ -1,0 +1,165 @@
+// KV-cache store requests over KvStores (docs/KV.md): open or create a store,
+// a slab's fd, and the batches - reserve, seal, abort, get, release - each
+// answered per key, in order. Drop removes a store nobody uses.
+#include "broker.h"
+#include "log.h"
+#include "membroker/ipc/escape.h"
+
+namespace membroker::broker {
+
+namespace {
+Status NoStore(uint64_t id) {
+  return Status(ErrorCode::kInvalidHandle, "no store has id " + std::to_string(id) + " at this broker");
+}
+// The first failure of a batch answered by one status (abort, release).
+Status FirstFailure(const char* what, ErrorCode code, size_t index, size_t failed) {
+  return Status(code, std::string(what) + " " + std::to_string(index) + " of the batch failed with " +
+                          std::string(ErrorCodeName(code)) + " (" + std::to_string(failed) +
+                          " failed in all; the others were done)");
+}
+}  // namespace
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvOpenRequest& m) {
+  MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxKvStoreNameBytes, "a store name"));
+  if (const BlockStore* store = kv_.FindByName(m.name)) {
+    if (m.create && m.block_size != store->spec().block_size)
+      return Status(ErrorCode::kAlreadyExists, "store \"" + ipc::EscapeText(m.name) + "\" exists with blocks of " +
+                                                   std::to_string(store->spec().block_size) + " bytes, not " +
+                                                   std::to_string(m.block_size));
+    return store->Describe();
+  }
+  if (!m.create) return Status(ErrorCode::kNotFound, "no store is named \"" + ipc::EscapeText(m.name) + "\"");
+  if (m.eviction > static_cast<uint8_t>(EvictionKind::kLru))
+    return Status(ErrorCode::kParamInvalid, "unknown eviction policy " + std::to_string(m.eviction));
+  if (m.block_size == 0 || m.capacity / m.block_size == 0)
+    return Status(ErrorCode::kParamInvalid, "capacity " + std::to_string(m.capacity) + " holds no block of " +
+                                                std::to_string(m.block_size) + " bytes");
+  KvStoreSpec spec{m.name,    m.block_size, m.capacity / m.block_size, m.policy, static_cast<EvictionKind>(m.eviction),
+                   s.cred.uid};
+  // The slabs' pages are reserved now: the whole capacity is charged to the
+  // creator's uid (a store outlives its creator, as a persistent name does).
+  const Usage charge = Usage::For(spec.blocks * spec.block_size, false, -1);
+  MB_RETURN_IF_ERROR(holdings_.limits().Check(Usage{}, s.cred.uid, charge));
+  MB_ASSIGN_OR_RETURN(BlockStore * store, kv_.Add(std::move(spec)));
+  const Usage actual = Usage::For(store->bytes(), false, -1);
+  if (Status st = holdings_.limits().Check(Usage{}, s.cred.uid, actual); !st.ok()) {
+    (void)kv_.Remove(m.name);  // rounded to its pages, it no longer fits
+    return st;
+  }
+  holdings_.limits().ChargeUid(s.cred.uid, actual);
+  MB_INFO("kv_store_created", "store=\"%s\" id=%llu block_size=%llu blocks=%llu slabs=%u eviction=%s uid=%u",
+          LogText(m.name).c_str(), static_cast<unsigned long long>(store->id()),
+          static_cast<unsigned long long>(store->spec().block_size),
+          static_cast<unsigned long long>(store->spec().blocks), store->slab_count(),
+          std::string(EvictionName(store->spec().eviction)).c_str(), static_cast<unsigned>(s.cred.uid));
+  return store->Describe();
+}
+
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSlabRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  MB_ASSIGN_OR_RETURN(int fd, store->SlabFd(m.slab));
+  const uint64_t size = store->Describe().slab_blocks * store->spec().block_size;
+  const int fds[] = {fd};
+  Send(s, rid, ipc::KvSlabReply{size}, fds);
+  return Deferred{};
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReserveRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  ipc::KvBlocksReply reply;
+  reply.blocks.reserve(m.keys.size());
+  for (const std::string& key : m.keys) reply.blocks.push_back(store->Reserve(s.id, key));
+  return reply;
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  ipc::KvBlocksReply reply;
+  reply.blocks.reserve(m.blocks.size());
+  for (const ipc::KvSeal& seal : m.blocks) {
+    // The source: host memory this client holds, the range inside it.
+    const Allocation* a = holdings_.Find(seal.allocation);
+    if (a == nullptr || !s.ledger.Holds(seal.allocation) || a->memory.device >= 0) {
+      reply.blocks.push_back({ErrorCode::kInvalidHandle, seal.slot, seal.generation, 0});
+      continue;
+    }
+    if (seal.offset > a->size || seal.length > a->size - seal.offset) {
+      reply.blocks.push_back({ErrorCode::kOutOfRange, seal.slot, seal.generation, 0});
+      continue;
+    }
+    reply.blocks.push_back(store->Seal(s.id, seal, a->memory.fd.get()));
+  }
+  return reply;
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvAbortRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  size_t failed = 0, first = 0;
+  ErrorCode code = ErrorCode::kOk;
+  for (size_t i = 0; i < m.refs.size(); ++i)
+    if (ErrorCode c = store->Abort(s.id, m.refs[i]); c != ErrorCode::kOk && failed++ == 0) {
+      first = i;
+      code = c;
+    }
+  if (failed != 0) return FirstFailure("abort", code, first, failed);
+  return Status::Ok();
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  ipc::KvBlocksReply reply;
+  reply.blocks.reserve(m.keys.size());
+  bool leading = true;
+  for (const std::string& key : m.keys) {
+    reply.blocks.push_back(store->Get(s.id, key, m.lease));
+    leading = leading && reply.blocks.back().code == ErrorCode::kOk;
+    if (leading) ++reply.leading;
+  }
+  return reply;
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {
+  BlockStore* store = kv_.Find(m.store);
+  if (store == nullptr) return NoStore(m.store);
+  size_t failed = 0, first = 0;
+  ErrorCode code = ErrorCode::kOk;
+  for (size_t i = 0; i < m.refs.size(); ++i)
+    if (ErrorCode c = store->Release(s.id, m.refs[i]); c != ErrorCode::kOk && failed++ == 0) {
+      first = i;
+      code = c;
+    }
+  if (failed != 0) return FirstFailure("release", code, first, failed);
+  return Status::Ok();
+}
+
+Answer Broker::Handle(Session& s, uint64_t, const ipc::KvDropRequest& m) {
+  MB_RETURN_IF_ERROR(ipc::CheckName(m.name, ipc::kMaxKvStoreNameBytes, "a store name"));
+  const BlockStore* found = kv_.FindByName(m.name);
+  if (found != nullptr && found->spec().uid != s.cred.uid && s.cred.uid != 0)
+    return Status(ErrorCode::kPermissionDenied,
+                  "store \"" + ipc::EscapeText(m.name) + "\" belongs to uid " + std::to_string(found->spec().uid));
+  return DropStore(m.name);
+}
+
+Status Broker::DropStore(const std::string& name) {
+  MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, kv_.Remove(name));
+  holdings_.limits().ReleaseUid(store->spec().uid, Usage::For(store->bytes(), false, -1));
+  MB_INFO("kv_store_dropped", "store=\"%s\" id=%llu", LogText(name).c_str(),
+          static_cast<unsigned long long>(store->id()));
+  return Status::Ok();
+}
+
+size_t Broker::DropAllStores() {
+  std::vector<std::string> names;
+  for (const auto& [name, store] : kv_.all()) names.push_back(name);
+  size_t dropped = 0;
+  for (const std::string& name : names) dropped += DropStore(name).ok();
+  return dropped;
+}
+
+}  // namespace membroker::broker

@@ -1,0 +1,351 @@
+// KV-cache stores between real processes (docs/KV.md): put in one process and
+// get in another, writers of one key, SIGKILL while reserving and while
+// leasing, leases under eviction, stale references, and the kernel's refusal
+// of any write to a sealed block.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "broker_process.h"
+#include "raw_client.h"
+#include "membroker/client.h"
+#include "membroker/kv_store.h"
+
+namespace membroker::testing {
+namespace {
+
+constexpr size_t kBlock = 4096;
+
+std::string Key(int i) { return "prefix-hash-" + std::to_string(i); }
+
+// The bytes a block of `key` holds: derived from the key, so any reader can
+// check every byte it got against the key it asked for.
+std::vector<std::byte> BytesOf(const std::string& key, size_t n = kBlock) {
+  std::vector<std::byte> out(n);
+  uint64_t x = std::hash<std::string>{}(key) | 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    out[i] = static_cast<std::byte>(x);
+  }
+  return out;
+}
+
+bool Holds(std::span<const std::byte> got, const std::string& key) {
+  auto want = BytesOf(key, got.size());
+  return !got.empty() && std::memcmp(got.data(), want.data(), got.size()) == 0;
+}
+
+std::vector<std::string> Keys(int first, int count) {
+  std::vector<std::string> out;
+  for (int i = first; i < first + count; ++i) out.push_back(Key(i));
+  return out;
+}
+
+std::vector<ErrorCode> PutAll(KvStore& store, const std::vector<std::string>& keys) {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::span<const std::byte>> values;
+  for (const auto& k : keys) bytes.push_back(BytesOf(k));
+  for (const auto& b : bytes) values.emplace_back(b);
+  auto r = store.Put(keys, values);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : std::vector<ErrorCode>{};
+}
+
+KvStore Made(Client& c, const std::string& name, size_t blocks, KvEviction eviction = KvEviction::kS3Fifo) {
+  auto s = KvStore::Create(c, name, {.block_size = kBlock, .capacity = blocks * kBlock, .eviction = eviction});
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : KvStore();
+}
+
+TEST(KvStore, PutInOneProcessGetInAnother) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "model/kv", 64);
+  ASSERT_EQ(store.blocks(), 64u);
+  auto keys = Keys(0, 10);
+  for (ErrorCode code : PutAll(store, keys)) EXPECT_EQ(code, ErrorCode::kOk);
+  // Written once: the same keys again are reported, not written twice.
+  for (ErrorCode code : PutAll(store, keys)) EXPECT_EQ(code, ErrorCode::kAlreadyExists);
+
+  pid_t child = ForkChild([&] {
+    auto r = Client::Connect({broker.socket(), "reader"});
+    if (!r.ok()) return 10;
+    auto s = KvStore::Open(*r, "model/kv");
+    if (!s.ok() || s->block_size() != kBlock) return 11;
+    // A prompt whose first 10 blocks are cached and 5 are not.
+    auto prompt = Keys(0, 15);
+    if (*s->PrefixHits(prompt) != 10) return 12;
+    auto exists = *s->Exists(Keys(8, 4));
+    if (exists != std::vector<bool>{true, true, false, false}) return 13;
+    auto got = s->Get(prompt);
+    if (!got.ok() || got->leading() != 10) return 14;
+    for (size_t i = 0; i < 10; ++i)
+      if (!Holds(got->data(i), prompt[i])) return 15;
+    for (size_t i = 10; i < 15; ++i)
+      if (got->found(i)) return 16;
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(child), 0);
+  EXPECT_EQ(broker.Stat("kv_blocks"), 10u);
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);  // the reader's leases ended with it
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// Two writers of one key: the second hears BUSY while the first writes, and
+// ALREADY_EXISTS once it sealed; a reader never sees the unsealed block.
+TEST(KvStore, OneWriterPerKey) {
+  BrokerProcess broker;
+  auto a = *Client::Connect({broker.socket(), "a"});
+  auto b = *Client::Connect({broker.socket(), "b"});
+  KvStore sa = Made(a, "kv", 8);
+  KvStore sb = *KvStore::Open(b, "kv");
+  std::vector<std::string> key{Key(1)};
+  auto put = *sa.Reserve(key);
+  ASSERT_EQ(put.status(0), ErrorCode::kOk);
+  auto bytes = BytesOf(key[0]);
+  std::memcpy(put.data(0).data(), bytes.data(), kBlock);
+  EXPECT_EQ(sb.Reserve(key)->status(0), ErrorCode::kBusy);
+  EXPECT_FALSE(sb.Get(key)->found(0));
+  EXPECT_EQ(*sb.PrefixHits(key), 0u);
+  ASSERT_TRUE(sa.Seal(put).ok());
+  EXPECT_EQ(put.status(0), ErrorCode::kOk);
+  EXPECT_TRUE(put.data(0).empty());  // sealed: nothing left to write
+  EXPECT_EQ(sb.Reserve(key)->status(0), ErrorCode::kAlreadyExists);
+  auto got = *sb.Get(key);
+  EXPECT_TRUE(Holds(got.data(0), key[0]));
+  // Aborted: the key is free to write again.
+  auto other = *sa.Reserve(Keys(2, 1));
+  ASSERT_TRUE(sa.Abort(other).ok());
+  EXPECT_EQ(broker.WaitForStat("kv_writing", 0), 0u);
+  EXPECT_EQ(sb.Reserve(Keys(2, 1))->status(0), ErrorCode::kOk);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// SIGKILL at each step of a put and a get: a writer killed before sealing
+// leaves nothing visible and nothing held; a reader killed holding leases
+// leaves its blocks evictable again.
+TEST(KvStore, NothingOutlivesAKilledProcess) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "survivor"});
+  KvStore store = Made(c, "kv", 16);
+  PutAll(store, Keys(100, 4));
+  for (const char* step : {"reserved", "written", "leased", "read"}) {
+    SCOPED_TRACE(step);
+    Channel ch;
+    pid_t child = ForkChild([&] {
+      ch.AsChild();
+      auto r = Client::Connect({broker.socket(), "doomed"});
+      if (!r.ok()) return 10;
+      auto s = KvStore::Open(*r, "kv");
+      if (!s.ok()) return 11;
+      const std::string what = step;
+      KvPut put;
+      KvLeases got;
+      if (what == "reserved" || what == "written") {
+        auto r = s->Reserve(Keys(0, 8));
+        if (!r.ok()) return 12;
+        put = std::move(*r);
+        if (what == "written")
+          for (size_t i = 0; i < put.size(); ++i) std::memset(put.data(i).data(), 0x5a, kBlock);
+      } else {
+        auto r = s->Get(Keys(100, 4));
+        if (!r.ok() || r->leading() != 4) return 13;
+        got = std::move(*r);
+        if (what == "read" && !Holds(got.data(3), Key(103))) return 14;
+      }
+      ch.Send("ready");
+      ch.Receive();  // killed here, holding `put` or `got`
+      return 0;
+    });
+    ch.AsParent();
+    ASSERT_EQ(ch.Receive(), "ready");
+    EXPECT_GT(broker.Stat("kv_writing") + broker.Stat("kv_leases"), 0u);
+    ::kill(child, SIGKILL);
+    EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+    EXPECT_EQ(broker.WaitForStat("clients_connected", 1), 1u);
+    EXPECT_EQ(broker.Stat("kv_writing"), 0u);
+    EXPECT_EQ(broker.Stat("kv_leases"), 0u);
+    EXPECT_EQ(*store.PrefixHits(Keys(0, 8)), 0u);  // nothing unsealed became visible
+    EXPECT_EQ(*store.PrefixHits(Keys(100, 4)), 4u);
+    EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  }
+  // The killed writers' keys are free to write.
+  for (ErrorCode code : PutAll(store, Keys(0, 8))) EXPECT_EQ(code, ErrorCode::kOk);
+}
+
+// A store far over its capacity: the leased block stays (and reads back
+// right), unleased ones are evicted; with every block leased a reservation
+// is refused, not served by reusing a leased block.
+TEST(KvStore, LeasedBlocksAreNeverEvicted) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "engine"});
+  for (KvEviction eviction : {KvEviction::kS3Fifo, KvEviction::kLru}) {
+    const std::string name = eviction == KvEviction::kLru ? "lru" : "s3fifo";
+    SCOPED_TRACE(name);
+    KvStore store = Made(c, name, 20, eviction);
+    PutAll(store, Keys(0, 1));
+    auto leased = *store.Get(Keys(0, 1));
+    ASSERT_TRUE(leased.found(0));
+    for (int i = 1; i < 200; i += 10)
+      for (ErrorCode code : PutAll(store, Keys(i, 10))) EXPECT_EQ(code, ErrorCode::kOk);
+    EXPECT_TRUE(Holds(leased.data(0), Key(0)));
+    EXPECT_EQ(*store.PrefixHits(Keys(0, 1)), 1u);
+    auto present = *store.Exists(Keys(1, 199));
+    EXPECT_LT(std::count(present.begin(), present.end(), true), 20);
+    EXPECT_GT(std::count(present.begin(), present.end(), true), 0);
+
+    // Lease everything present, then ask for more room than is left.
+    std::vector<std::string> all = Keys(0, 200);
+    auto everything = *store.Get(all);
+    size_t held = 0;
+    for (size_t i = 0; i < everything.size(); ++i) held += everything.found(i);
+    auto put = *store.Reserve(Keys(1000, 25));
+    size_t reserved = 0, exhausted = 0;
+    for (size_t i = 0; i < put.size(); ++i) {
+      reserved += put.status(i) == ErrorCode::kOk;
+      exhausted += put.status(i) == ErrorCode::kResourceExhausted;
+    }
+    EXPECT_EQ(reserved, 20 - held);
+    EXPECT_EQ(exhausted, 25 - reserved);
+    ASSERT_TRUE(store.Abort(put).ok());
+    for (size_t i = 0; i < everything.size(); ++i)
+      if (everything.found(i)) {
+        EXPECT_TRUE(Holds(everything.data(i), all[i]));
+      }
+    everything.Release();
+    leased.Release();
+    EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
+    EXPECT_EQ(broker.WaitForStat("kv_writing", 0), 0u);
+    ASSERT_TRUE(KvStore::Drop(c, name).ok());
+  }
+  EXPECT_GT(broker.Stat("kv_evictions"), 0u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// The wire, by hand: a reference to a block evicted and reused is STALE;
+// another client's reservation cannot be sealed; a seal's bytes come from an
+// allocation this client holds, inside it.
+TEST(KvStore, ReferencesAreCheckedByGeneration) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "owner"});
+  KvStore store = Made(c, "kv", 4);
+  RawClient raw(broker.socket());
+  raw.Hello();
+  auto call = [&](ipc::Message m) {
+    EXPECT_TRUE(raw.SendMsg(std::move(m)).ok());
+    return raw.Next();
+  };
+  auto blocks = [](const Result<ipc::Envelope>& r) {
+    auto* m = r.ok() ? std::get_if<ipc::KvBlocksReply>(&r->body) : nullptr;
+    return m ? m->blocks : std::vector<ipc::KvBlock>{};
+  };
+  auto reserved = blocks(call(ipc::KvReserveRequest{store.id(), {"raw-key"}}));
+  ASSERT_EQ(reserved.size(), 1u);
+  ASSERT_EQ(reserved[0].code, ErrorCode::kOk);
+  const ipc::KvRef ref{reserved[0].slot, reserved[0].generation};
+  // Sealed by another client: not its reservation.
+  auto alloc = *c.MallocPhysical(kBlock);
+  EXPECT_EQ(ErrorOf(call(ipc::KvAbortRequest{store.id(), {{ref.slot, ref.generation + 1}}})), ErrorCode::kStale);
+  // The raw client seals from an allocation it does not hold, then out of range.
+  auto sealed = blocks(call(ipc::KvSealRequest{store.id(), {{ref.slot, ref.generation, alloc.id(), 0, kBlock}}}));
+  ASSERT_EQ(sealed.size(), 1u);
+  EXPECT_EQ(sealed[0].code, ErrorCode::kInvalidHandle);
+  EXPECT_EQ(ErrorOf(call(ipc::KvAbortRequest{store.id(), {ref}})), ErrorCode::kOk);
+  // The slot goes to other keys: the old reference is STALE everywhere.
+  PutAll(store, Keys(0, 4));
+  EXPECT_EQ(ErrorOf(call(ipc::KvReleaseRequest{store.id(), {ref}})), ErrorCode::kStale);
+  EXPECT_EQ(ErrorOf(call(ipc::KvAbortRequest{store.id(), {ref}})), ErrorCode::kStale);
+  // Unknown store, an out-of-range slab, a lease this client does not hold.
+  EXPECT_EQ(ErrorOf(call(ipc::KvGetRequest{store.id() + 100, {"k"}, true})), ErrorCode::kInvalidHandle);
+  EXPECT_EQ(ErrorOf(call(ipc::KvSlabRequest{store.id(), 7})), ErrorCode::kParamInvalid);
+  auto got = blocks(call(ipc::KvGetRequest{store.id(), {Key(0)}, false}));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(ErrorOf(call(ipc::KvReleaseRequest{store.id(), {{got[0].slot, got[0].generation}}})),
+            ErrorCode::kInvalidHandle);
+  EXPECT_GE(broker.Stat("kv_stale"), 3u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// Immutability is the kernel's: the slab fd a reader gets cannot be mapped
+// writable, nor can a read-write fd reopened from it through /proc, nor can a
+// read-only mapping be made writable, nor the file be written or resized.
+TEST(KvStore, NoClientCanWriteASealedBlock) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "owner"});
+  KvStore store = Made(c, "kv", 4);
+  PutAll(store, Keys(0, 1));
+  RawClient raw(broker.socket());
+  raw.Hello();
+  ASSERT_TRUE(raw.SendMsg(ipc::KvSlabRequest{store.id(), 0}).ok());
+  ipc::Frame frame;
+  auto r = raw.Next(&frame);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(std::holds_alternative<ipc::KvSlabReply>(r->body));
+  ASSERT_EQ(frame.fds.size(), 1u);
+  const int fd = frame.fds[0].get();
+  const size_t size = std::get<ipc::KvSlabReply>(r->body).size;
+  EXPECT_EQ(::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {  // (memfds may be reopened read-write: the seal is what stops it)
+    EXPECT_EQ(::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    char byte = 1;
+    EXPECT_EQ(::pwrite(rw, &byte, 1, 0), -1);
+    EXPECT_EQ(::ftruncate(rw, 0), -1);
+    ::close(rw);
+  }
+  void* ro = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_EQ(::mprotect(ro, size, PROT_READ | PROT_WRITE), -1);
+  auto got = *store.Get(Keys(0, 1));
+  EXPECT_TRUE(Holds(got.data(0), Key(0)));
+  ::munmap(ro, size);
+}
+
+TEST(KvStore, BadRequestsGetClearErrors) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "careless"});
+  EXPECT_EQ(KvStore::Open(c, "none").status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(KvStore::Create(c, "kv", {.block_size = 100, .capacity = 1 << 20}).status().code(),
+            ErrorCode::kParamInvalid);
+  EXPECT_EQ(KvStore::Create(c, "kv", {.block_size = kBlock, .capacity = kBlock - 1}).status().code(),
+            ErrorCode::kParamInvalid);
+  EXPECT_EQ(KvStore::Create(c, "", {.block_size = kBlock, .capacity = kBlock}).status().code(),
+            ErrorCode::kParamInvalid);
+  KvStore store = Made(c, "kv", 4);
+  auto other = KvStore::Create(c, "kv", {.block_size = 2 * kBlock, .capacity = 8 * kBlock});
+  EXPECT_EQ(other.status().code(), ErrorCode::kAlreadyExists);
+  EXPECT_NE(other.status().message().find("4096"), std::string::npos) << other.status().message();
+  std::vector<std::string> long_key{std::string(65, 'k')};
+  EXPECT_EQ(store.Get(long_key).status().code(), ErrorCode::kParamInvalid);
+  std::vector<std::string> empty_key{""};
+  EXPECT_EQ(store.Reserve(empty_key).status().code(), ErrorCode::kParamInvalid);
+  std::vector<std::byte> too_big(kBlock + 1);
+  std::vector<std::span<const std::byte>> values{too_big};
+  EXPECT_EQ(store.Put(Keys(0, 1), values).status().code(), ErrorCode::kParamInvalid);
+  // Busy while leased; dropped once not; gone for everyone after.
+  PutAll(store, Keys(0, 1));
+  {
+    auto got = *store.Get(Keys(0, 1));
+    auto busy = KvStore::Drop(c, "kv");
+    EXPECT_EQ(busy.code(), ErrorCode::kBusy);
+    EXPECT_NE(busy.message().find("1 leases"), std::string::npos) << busy.message();
+  }
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
+  EXPECT_TRUE(KvStore::Drop(c, "kv").ok());
+  EXPECT_EQ(KvStore::Drop(c, "kv").code(), ErrorCode::kNotFound);
+  EXPECT_EQ(store.PrefixHits(Keys(0, 1)).status().code(), ErrorCode::kInvalidHandle);
+  EXPECT_EQ(broker.Stat("kv_stores"), 0u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+}  // namespace
+}  // namespace membroker::testing
