@@ -25,6 +25,7 @@ from ._client import Client, connect  # noqa: F401
 from ._engine import TransferEngine  # noqa: F401
 from ._ring import TensorRing  # noqa: F401
 from ._channel import ChannelPublisher, ChannelSubscriber, Chunk  # noqa: F401
+from ._kv import KvLeases, KvPut, KvStore  # noqa: F401
 
 __all__ = ["connect", "Client", "Tensor", "TensorRing", "TransferEngine", "ChannelPublisher", "ChannelSubscriber",
-           "Chunk"] + _errors.__all__
+           "Chunk", "KvStore", "KvLeases", "KvPut"] + _errors.__all__

@@ -49,4 +49,5 @@ PYBIND11_MODULE(_membroker, mod) {
   BindMemory(mod);
   BindPipeline(mod);
   BindEngine(mod);
+  BindKv(mod);
 }

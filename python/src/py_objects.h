@@ -208,5 +208,6 @@ void BindClient(py::module_& mod);    // bind_client.cc
 void BindMemory(py::module_& mod);    // bind_memory.cc: handles, reservations, mappings, host buffers
 void BindPipeline(py::module_& mod);  // bind_pipeline.cc: tensor rings, channels, chunks
 void BindEngine(py::module_& mod);    // bind_engine.cc
+void BindKv(py::module_& mod);        // bind_kv.cc: KV-cache stores
 
 }  // namespace membroker::python

@@ -1,0 +1,140 @@
+"""KV-cache stores from Python (docs/KV.md), between real processes."""
+import hashlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import membroker
+
+BLOCK = 16 << 10
+
+
+def keys_of(prompt: str, n: int) -> list[bytes]:
+    """A prompt's block keys, each hashed over the whole prefix before it."""
+    out, h = [], hashlib.sha256()
+    for i in range(n):
+        h.update(f"{prompt}/{i}".encode())
+        out.append(h.copy().digest())
+    return out
+
+
+def bytes_of(key: bytes) -> np.ndarray:
+    """A block's content, derived from its key: any reader can check it."""
+    return np.frombuffer(hashlib.shake_256(key).digest(BLOCK), dtype=np.uint8)
+
+
+def child(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen) -> str:
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, f"child failed ({p.returncode}):\n{out}\n{err}"
+    return out
+
+
+def test_blocks_set_in_one_process_are_read_in_another(mb):
+    c = membroker.connect(mb.socket, "engine-0")
+    store = membroker.KvStore.create(c, "model/kv", block_size=BLOCK, capacity=64 * BLOCK)
+    assert (store.block_size, store.blocks) == (BLOCK, 64)
+    keys = keys_of("the quick brown fox", 12)
+    assert store.batch_set(keys[:8], [bytes_of(k) for k in keys[:8]]) == [True] * 8
+    assert store.batch_set(keys[:2], [b"x", b"y"]) == [True, True]  # already there: not rewritten
+    p = child("""
+        import hashlib, sys, numpy as np, membroker
+        c = membroker.connect(sys.argv[1], "engine-1")
+        store = membroker.KvStore.open(c, "model/kv")
+        h, keys = hashlib.sha256(), []
+        for i in range(12):
+            h.update(f"the quick brown fox/{i}".encode())
+            keys.append(h.copy().digest())
+        assert store.prefix_hits(keys) == 8
+        assert store.batch_exists(keys[6:10]) == [True, True, False, False]
+        with store.batch_get(keys) as got:
+            assert got.leading == 8 and len(got) == 12
+            for k, block in zip(keys, got):
+                if block is None:
+                    continue
+                want = np.frombuffer(hashlib.shake_256(k).digest(len(block)), dtype=np.uint8)
+                assert np.array_equal(block, want)
+                assert not block.flags.writeable
+                try:
+                    block[0] = 1
+                    raise SystemExit("a sealed block was writable")
+                except ValueError:
+                    pass
+            print("read", sum(b is not None for b in got))
+    """, mb.socket)
+    assert finish(p).strip() == "read 8"
+    assert mb.wait_for_stat("kv_leases", 0) == 0
+    assert mb.stats()["kv_blocks"] == 8
+
+
+def test_writing_in_place_and_the_put_context_manager(mb):
+    c = membroker.connect(mb.socket, "writer")
+    store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=8 * BLOCK)
+    keys = keys_of("prompt", 3)
+    with store.reserve(keys) as put:
+        assert [put.status(i) for i in range(3)] == ["OK"] * 3
+        for i, k in enumerate(keys):
+            put.block(i)[:] = bytes_of(k)  # written in place, no copy of ours
+    with store.batch_get(keys) as got:
+        assert all(np.array_equal(b, bytes_of(k)) for k, b in zip(keys, got))
+    # An exception in the with block aborts: nothing becomes visible.
+    with pytest.raises(RuntimeError):
+        with store.reserve([b"never"]) as put:
+            put.block(0)[:] = 1
+            raise RuntimeError("the model failed")
+    assert store.batch_exists([b"never"]) == [False]
+    assert mb.wait_for_stat("kv_writing", 0) == 0
+    with pytest.raises(membroker.ParamInvalid):
+        store.batch_get([b"k" * 65])
+    with pytest.raises(membroker.AlreadyExists):
+        membroker.KvStore.create(c, "kv", block_size=2 * BLOCK, capacity=8 * BLOCK)
+    with pytest.raises(membroker.NotFound):
+        membroker.KvStore.open(c, "none")
+
+
+def test_a_killed_reader_or_writer_leaves_nothing_held(mb):
+    c = membroker.connect(mb.socket, "survivor")
+    store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=16 * BLOCK)
+    keys = keys_of("shared", 4)
+    store.batch_set(keys, [bytes_of(k) for k in keys])
+    p = child("""
+        import sys, time, membroker
+        c = membroker.connect(sys.argv[1], "doomed")
+        store = membroker.KvStore.open(c, "kv")
+        got = store.batch_get([bytes.fromhex(k) for k in sys.argv[2:]])
+        put = store.reserve([b"half-written"])
+        put.block(0)[:] = 7
+        print("holding", got.leading, flush=True)
+        time.sleep(60)
+    """, mb.socket, *[k.hex() for k in keys])
+    assert p.stdout.readline().strip() == "holding 4"
+    assert mb.stats()["kv_leases"] == 4 and mb.stats()["kv_writing"] == 1
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    p.stdout.close()
+    p.stderr.close()
+    assert mb.wait_for_stat("clients_connected", 1) == 1
+    assert mb.stats()["kv_leases"] == 0 and mb.stats()["kv_writing"] == 0
+    assert store.batch_exists([b"half-written"]) == [False]
+    assert store.batch_set([b"half-written"], [b"now whole"]) == [True]
+    membroker.KvStore.drop(c, "kv")
+    assert mb.stats()["kv_stores"] == 0
+
+
+def test_torch_tensors_as_values(mb):
+    torch = pytest.importorskip("torch")
+    c = membroker.connect(mb.socket, "torch")
+    store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=4 * BLOCK)
+    t = torch.arange(BLOCK // 2, dtype=torch.float16)
+    assert store.batch_set([b"t"], [t]) == [True]
+    with store.batch_get([b"t"]) as got:
+        back = torch.from_numpy(got[0].copy()).view(torch.float16)
+        assert torch.equal(back, t)
