@@ -125,6 +125,7 @@ class Broker {
   std::vector<Record> PoolRecords() const;
   std::vector<Record> EngineRecords() const;
   std::vector<Record> NameRecords() const;
+  std::vector<Record> StoreRecords() const;
   std::vector<Record> QuotaRecords() const;
   std::string MetricsText() const;
 

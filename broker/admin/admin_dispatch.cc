@@ -74,6 +74,8 @@ std::string Broker::AdminCommand(const std::string& line) {
       return Table(NameRecords(), req, "no named objects");
     case ipc::AdminCommandId::kListChannels:
       return Table(ChannelRecords(names_, holdings_), req, "no channels");
+    case ipc::AdminCommandId::kListStores:
+      return Table(StoreRecords(), req, "no KV stores");
     case ipc::AdminCommandId::kUnpublish: {
       if (names_.Find(req.arg) == nullptr) return RenderError("no named object '" + req.arg + "'", json);
       Unpublish(req.arg, 0);

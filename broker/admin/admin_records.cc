@@ -342,6 +342,39 @@ std::vector<Record> Broker::NameRecords() const {
   return rows;
 }
 
+std::vector<Record> Broker::StoreRecords() const {
+  std::vector<Record> rows;
+  for (const auto& [name, store] : kv_.all()) {
+    const KvStoreSpec& spec = store->spec();
+    const KvStoreStats& k = store->stats();
+    std::string clients;
+    for (const auto& [sid, held] : store->BySession())
+      clients += (clients.empty() ? "" : ",") + std::to_string(sid) + ":" + std::to_string(held.first) + "/" +
+                 std::to_string(held.second);
+    Record r;
+    r.Str("name", name)
+        .Num("id", store->id())
+        .Num("block_size", spec.block_size)
+        .Num("blocks", spec.blocks)
+        .Num("slabs", store->slab_count())
+        .Num("page_size", store->page_size())
+        .Str("eviction", std::string(EvictionName(spec.eviction)))
+        .Num("uid", spec.uid)
+        .Num("bytes", store->bytes())
+        .Num("sealed", store->sealed_blocks())
+        .Num("writing", store->writing_blocks())
+        .Num("leases", store->leases_held())
+        .Num("hits", k.hits)
+        .Num("misses", k.misses)
+        .Num("evictions", k.evictions)
+        .Num("exhausted", k.exhausted)
+        .Num("stale", k.stale)
+        .Str("clients", clients.empty() ? "-" : clients);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 std::vector<Record> Broker::QuotaRecords() const {
   std::vector<Record> rows;
   auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {

@@ -27,6 +27,7 @@
 #include "map_whole.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
+#include "membroker/kv_store.h"
 #include "membroker/ipc/admin_commands.h"
 #include "membroker/ipc/channel_layout.h"
 #include "membroker/ipc/framing.h"
@@ -157,7 +158,7 @@ TEST(Cli, EveryListsColumnsAreTheTablesInHelpAndInTheDocs) {
         << "docs/OPERATIONS.md does not show `" << ipc::AdminUsage(c) << "`: `" << columns << "`";
     EXPECT_NE(help.find("columns: " + columns), std::string::npos) << help;
   }
-  EXPECT_EQ(lists, 7u);
+  EXPECT_EQ(lists, 8u);
 }
 
 TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
@@ -172,6 +173,8 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
   ASSERT_TRUE(engine.Initialize("cli-engine").ok());
   auto chan = ChannelPublisher::Create(*c, "cli/chan", {.chunks = 2, .chunk_bytes = 64, .queue_depth = 1});
   ASSERT_TRUE(chan.ok());
+  auto store = KvStore::Create(*c, "cli/kv", {.block_size = 4096, .capacity = 4 * 4096});
+  ASSERT_TRUE(store.ok());
 
   auto victim = Client::Connect({b.socket(), "victim"});
   ASSERT_TRUE(victim.ok());
@@ -193,6 +196,7 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
       {ipc::AdminCommandId::kListEngines, {"", "cli-engine"}},
       {ipc::AdminCommandId::kListNames, {"", "cli/tensor"}},
       {ipc::AdminCommandId::kListChannels, {"", "cli/chan"}},
+      {ipc::AdminCommandId::kListStores, {"", "cli/kv"}},
       {ipc::AdminCommandId::kShowClient, {std::to_string(c->client_id()), "name: operator-view"}},
       {ipc::AdminCommandId::kShowAllocation, {std::to_string(h->id()), "held_by: "}},
       {ipc::AdminCommandId::kConfig, {"", "pool: 65536:normal:1"}},
@@ -581,6 +585,52 @@ TEST(Cli, TopRedrawsInATerminalAndQuitsOnQ) {
     if (!gone) ::poll(nullptr, 0, 100);
   }
   EXPECT_TRUE(gone) << "top did not quit on q:\n" << tmux({"capture-pane", "-p"}).output;
+}
+
+}  // namespace
+}  // namespace membroker::testing
+
+namespace membroker::testing {
+namespace {
+
+// `membrokerctl list stores` through the binary: a store's figures, and the
+// client holding leases and a reservation, named until it is gone.
+TEST(Cli, ListStoresShowsBlocksLeasesAndTheirHolders) {
+  BrokerProcess b;
+  auto list = [&](bool json) {
+    std::vector<std::string> args{"--admin-socket", b.admin_socket(), "list", "stores"};
+    if (json) args.insert(args.begin() + 2, "--json");
+    Output o = RunCtl(args);
+    EXPECT_EQ(o.code, 0) << o.err;
+    return o.out;
+  };
+  EXPECT_EQ(list(false), "no KV stores\n");
+  auto c = *Client::Connect({b.socket(), "engine"});
+  auto store =
+      *KvStore::Create(c, "llama/kv \"7b\"", {.block_size = 4096, .capacity = 8 * 4096, .eviction = KvEviction::kLru});
+  std::vector<std::string> keys{"a", "b", "c"};
+  std::vector<std::byte> bytes(100, std::byte{1});
+  std::vector<std::span<const std::byte>> values(3, std::span<const std::byte>(bytes));
+  ASSERT_TRUE(store.Put(keys, values).ok());
+  std::vector<std::string> asked{"a", "b", "x"};
+  auto got = *store.Get(asked);
+  std::vector<std::string> more{"d"};
+  auto put = *store.Reserve(more);
+  const std::string json = list(true);
+  for (const char* field :
+       {"\"name\": \"llama/kv \\\"7b\\\"\"", "\"block_size\": 4096", "\"blocks\": 8", "\"eviction\": \"lru\"",
+        "\"sealed\": 3", "\"writing\": 1", "\"leases\": 2", "\"hits\": 2", "\"misses\": 1", "\"bytes\": 32768"})
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  const std::string holder = "\"clients\": \"" + std::to_string(c.client_id()) + ":2/1\"";
+  EXPECT_NE(json.find(holder), std::string::npos) << holder << " in " << json;
+  const std::string table = list(false);
+  EXPECT_NE(table.find("llama/kv"), std::string::npos) << table;
+  got.Release();
+  ASSERT_TRUE(store.Abort(put).ok());
+  EXPECT_EQ(b.WaitForStat("kv_leases", 0), 0u);
+  EXPECT_EQ(b.WaitForStat("kv_writing", 0), 0u);
+  EXPECT_NE(list(true).find("\"clients\": \"-\""), std::string::npos);
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ enum class AdminCommandId {
   kListEngines,
   kListNames,
   kListChannels,
+  kListStores,
   kShowClient,
   kShowAllocation,
   kKickClient,
