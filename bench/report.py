@@ -401,6 +401,29 @@ if transfers:
                   f"{t['process_vm_readv_gbps']:.2f} | {t['sync_batch_gbps'] / floor:.2f}x | {t['batch_descs_per_s']:,.0f} |")
     md += ["", "Goals (issue 6): from 1 MiB up, broker memory at least 0.9x memcpy; 4 KiB descriptors",
            "in batches of 1000 at least 1,000,000 descriptors per second."]
+kv = [x for x in load if x["bench"] == "kv"]
+if kv:
+    md += ["", "## KV-cache store", "",
+           "`bench_kv` (docs/KV.md): batches of blocks through a `KvStore`, medians of each case's rounds.",
+           "Get: `Get` (leases), every byte read, the leases released; its floor is one round trip (`Ping`)",
+           "plus reading the same bytes from memory mapped once. Acquire: the same `Get` without reading,",
+           "against one round trip. Put: `Reserve`, fill the staging blocks, `Seal` (the broker copies them",
+           "in) into a store kept full (each batch evicts the oldest); its floor is one round trip plus",
+           "writing the bytes once.", "",
+           "| block | batch | rounds | get | get floor | get / floor | GB/s | acquire | round trip | acquire / round trip | put | put floor | put / floor |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k in kv:
+        md.append(f"| {human(k['block_bytes'])} | {k['batch']} | {k['rounds']} | {k['get_us']:.0f} us | "
+                  f"{k['get_floor_us']:.0f} us | {k['get_us'] / k['get_floor_us']:.2f}x | {k['get_gbps']:.2f} | "
+                  f"{k['acquire_us']:.0f} us | {k['round_trip_us']:.0f} us | {k['acquire_us'] / k['round_trip_us']:.2f}x | "
+                  f"{k['put_us']:.0f} us | {k['put_floor_us']:.0f} us | {k['put_us'] / k['put_floor_us']:.2f}x |")
+    ev = {x["full"]: x for x in load if x["bench"] == "kv_eviction"}
+    if True in ev and False in ev:
+        md += ["", f"Put of 64 x 16 KiB, p50 / p99: {ev[False]['put_p50_us']:.0f} / {ev[False]['put_p99_us']:.0f} us "
+               f"into a store with room, {ev[True]['put_p50_us']:.0f} / {ev[True]['put_p99_us']:.0f} us into one kept "
+               f"full (evicting on every batch): p99 ratio {ev[True]['put_p99_us'] / ev[False]['put_p99_us']:.2f}x."]
+    md += ["", "Goals (issue 30): get within 1.5x of its floor; a batch acquire of 64 blocks within 2x a round trip;",
+           "put p99 with eviction running within 2x of p99 without."]
 net = [x for x in load if x["bench"] == "net_transfer"]
 net_peer = {(x["test"], x["size"]): x for x in load if x["bench"] == "net_perftest"}
 net_tcp = next((x for x in load if x["bench"] == "net_tcp"), None)

@@ -1,0 +1,192 @@
+// KV-cache store batches against their floors, measured in the same run
+// (docs/KV.md). For blocks of 16 KiB and 256 KiB in batches of 1, 64 and 256:
+//  - get: KvStore::Get (leases), every byte read, the leases released; its
+//    floor is one broker round trip (Ping) plus reading the same number of
+//    bytes from memory mapped once;
+//  - acquire: the same Get without reading, against one round trip;
+//  - put: Reserve, fill the staging blocks, Seal (the broker copies them in),
+//    into a store kept full (each batch evicts the oldest); its floor is one
+//    round trip plus writing the bytes once;
+//  - put p99 in a store kept full (eviction on every batch) against one with room.
+// Prints one JSON line per case; asserts nothing.
+//   bench_kv --socket PATH [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "membroker/client.h"
+#include "membroker/kv_store.h"
+
+using namespace membroker;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void Check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "bench_kv: %s: %s\n", what, st.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Reads every 8-byte word (the reader's work, which the floor does too).
+uint64_t ReadAll(const std::byte* p, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    sum += w;
+  }
+  return sum;
+}
+
+std::vector<std::string> KeysFrom(size_t first, size_t n) {
+  std::vector<std::string> out;
+  for (size_t i = first; i < first + n; ++i) out.push_back("key-" + std::to_string(i));
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+double P99(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, v.size() * 99 / 100)];
+}
+
+volatile uint64_t g_sink;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket;
+  bool quick = false;
+  size_t only_block = 0, only_batch = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket" && i + 1 < argc) socket = argv[++i];
+    if (a == "--quick") quick = true;
+    if (a == "--only" && i + 2 < argc) {  // one case: --only BLOCK_BYTES BATCH
+      only_block = std::stoul(argv[++i]);
+      only_batch = std::stoul(argv[++i]);
+    }
+  }
+  if (socket.empty()) {
+    std::fprintf(stderr, "usage: bench_kv --socket PATH [--quick]\n");
+    return 2;
+  }
+  auto c = Client::Connect({socket, "bench-kv"});
+  Check(c.status(), "connect");
+  int run = 0;
+  for (size_t block : {size_t{16} << 10, size_t{256} << 10}) {
+    for (size_t batch : {size_t{1}, size_t{64}, size_t{256}}) {
+      if (only_block != 0 && (block != only_block || batch != only_batch)) continue;
+      const size_t bytes = block * batch;
+      const int rounds = std::max(5, static_cast<int>((quick ? (64u << 20) : (1u << 30)) / bytes / 4));
+      const std::string name = "bench/" + std::to_string(++run);
+      // Eight batches of room, filled once before timing: the timed puts
+      // reuse slots (warm pages) by evicting the oldest blocks, as a store in
+      // service does. The keys read below are leased while the puts run.
+      auto store = KvStore::Create(*c, name, {.block_size = block, .capacity = batch * 8 * block});
+      Check(store.status(), "Create");
+      std::vector<std::byte> source(bytes, std::byte{7});
+      std::vector<std::span<const std::byte>> values(batch, std::span<const std::byte>(source.data(), block));
+      for (size_t b = 0; b < 8; ++b) Check(store->Put(KeysFrom(2'000'000 + b * batch, batch), values).status(), "fill");
+      // The floor's memory: the same number of bytes, mapped once.
+      auto floor_mem = c->MallocHost(bytes);
+      Check(floor_mem.status(), "MallocHost");
+      auto* floor = static_cast<std::byte*>(*floor_mem);
+      std::memset(floor, 3, bytes);
+      auto keys = KeysFrom(0, batch);
+      Check(store->Put(keys, values).status(), "Put");
+      auto warm = store->Get(keys);  // maps the slabs, faults the pages in, and keeps these blocks
+      Check(warm.status(), "Get");
+      for (size_t i = 0; i < batch; ++i) g_sink = ReadAll(warm->data(i).data(), warm->data(i).size());
+
+      std::vector<double> put_s, put_floor_s;
+      for (int r = 0; r < rounds; ++r) {
+        auto fresh = KeysFrom(1'000'000 + static_cast<size_t>(r) * batch, batch);
+        auto t0 = Clock::now();
+        auto put = store->Reserve(fresh);
+        Check(put.status(), "Reserve");
+        for (size_t i = 0; i < batch; ++i) std::memcpy(put->data(i).data(), source.data() + i * block, block);
+        Check(store->Seal(*put), "Seal");
+        put_s.push_back(Seconds(Clock::now() - t0));
+        auto t1 = Clock::now();
+        Check(c->Ping(), "Ping");
+        std::memcpy(floor, source.data(), bytes);
+        put_floor_s.push_back(Seconds(Clock::now() - t1));
+      }
+      std::vector<double> get_s, get_floor_s, acquire_s, rt_s;
+      for (int r = 0; r < rounds; ++r) {
+        auto t0 = Clock::now();
+        auto got = store->Get(keys);
+        Check(got.status(), "Get");
+        uint64_t sum = 0;
+        for (size_t i = 0; i < batch; ++i) sum += ReadAll(got->data(i).data(), got->data(i).size());
+        got->Release();
+        get_s.push_back(Seconds(Clock::now() - t0));
+        g_sink = sum;
+        auto t1 = Clock::now();
+        Check(c->Ping(), "Ping");
+        g_sink = ReadAll(floor, bytes);
+        get_floor_s.push_back(Seconds(Clock::now() - t1));
+        // Acquire and its round trip, each right after another request, so
+        // both find the broker awake (on a VM, a request that wakes an idle
+        // vCPU - here, after the reads above - can cost milliseconds).
+        Check(c->Ping(), "Ping");
+        auto t2 = Clock::now();
+        auto leased = store->Get(keys);
+        acquire_s.push_back(Seconds(Clock::now() - t2));
+        leased->Release();
+        auto t3 = Clock::now();
+        Check(c->Ping(), "Ping");
+        rt_s.push_back(Seconds(Clock::now() - t3));
+      }
+      warm->Release();
+      const double gb = static_cast<double>(bytes) / 1e9;
+      std::printf(
+          "{\"bench\": \"kv\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"get_us\": %.1f, "
+          "\"get_floor_us\": %.1f, \"get_gbps\": %.2f, \"acquire_us\": %.1f, \"round_trip_us\": %.1f, "
+          "\"put_us\": %.1f, \"put_floor_us\": %.1f, \"put_gbps\": %.2f}\n",
+          block, batch, rounds, Median(get_s) * 1e6, Median(get_floor_s) * 1e6, gb / Median(get_s),
+          Median(acquire_s) * 1e6, Median(rt_s) * 1e6, Median(put_s) * 1e6, Median(put_floor_s) * 1e6,
+          gb / Median(put_s));
+      std::fflush(stdout);
+      Check(c->FreeHost(floor), "FreeHost");
+      Check(KvStore::Drop(*c, name), "Drop");
+    }
+  }
+  // Eviction's cost on put latency: batches of 64 x 16 KiB into a store of
+  // 1024 blocks kept full (every batch past the watermark evicts), against
+  // the same puts into a store with room for all of them.
+  for (bool full : {false, true}) {
+    if (only_block != 0) break;
+    const size_t block = 16 << 10, batch = 64, rounds = quick ? 200 : 1000;
+    const size_t blocks = full ? 1024 : rounds * batch + 64;
+    const std::string name = full ? "bench/full" : "bench/room";
+    auto store = KvStore::Create(*c, name, {.block_size = block, .capacity = blocks * block});
+    Check(store.status(), "Create");
+    std::vector<std::byte> source(block, std::byte{5});
+    std::vector<std::span<const std::byte>> values(batch, std::span<const std::byte>(source));
+    std::vector<double> s;
+    for (size_t r = 0; r < rounds; ++r) {
+      auto keys = KeysFrom(r * batch, batch);
+      auto t0 = Clock::now();
+      auto codes = store->Put(keys, values);
+      s.push_back(Seconds(Clock::now() - t0));
+      Check(codes.status(), "Put");
+    }
+    std::printf("{\"bench\": \"kv_eviction\", \"full\": %s, \"rounds\": %zu, \"put_p50_us\": %.1f, \"put_p99_us\": %.1f}\n",
+                full ? "true" : "false", rounds, Median(s) * 1e6, P99(s) * 1e6);
+    std::fflush(stdout);
+    Check(KvStore::Drop(*c, name), "Drop");
+  }
+  return 0;
+}
