@@ -52,10 +52,8 @@ void S3Fifo::Inserted(uint64_t slot, uint64_t key_hash) {
   e.freq = 0;
   e.key_hash = key_hash;
   // A key evicted a short while ago was wanted again: main at once. Its ghost
-  // stays in the FIFO (and ages out) but no longer counts.
-  auto g = ghost_count_.find(key_hash);
-  if (g != ghost_count_.end()) {
-    ghost_count_.erase(g);
+  // stays in the FIFO and ages out there (ghost_count_ counts the FIFO's entries).
+  if (ghost_count_.count(key_hash) != 0) {
     Push(main_, slot, Where::kMain);
   } else {
     Push(small_, slot, Where::kSmall);

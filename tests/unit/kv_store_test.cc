@@ -201,6 +201,31 @@ TEST(Eviction, VictimsAreOnlyWhatMayBeEvicted) {
   }
 }
 
+// Keys evicted and sealed again while their ghosts are remembered, over and
+// over, past the ghost FIFO's length: the ghosts age out one by one (a ghost
+// forgotten at re-insertion once left the FIFO's count behind; the broker
+// crashed trimming it, found by examples/kv_cache).
+TEST(Eviction, GhostsAgeOutThroughReinsertions) {
+  auto p = EvictionPolicy::Make(EvictionKind::kS3Fifo, 10);
+  std::vector<uint64_t> key_of(10);
+  for (uint64_t i = 0; i < 10; ++i) {
+    key_of[i] = i;
+    p->Inserted(i, i);
+  }
+  uint64_t next_key = 10;
+  for (int round = 0; round < 2000; ++round) {
+    auto v = p->Victim([](uint64_t) { return true; });
+    ASSERT_TRUE(v.has_value());
+    // Half the time the evicted key comes straight back (its ghost is there),
+    // else a key from a few evictions ago, else a new one.
+    const uint64_t key = round % 2 == 0 ? key_of[*v] : round % 3 == 0 ? next_key - 3 : next_key++;
+    key_of[*v] = key;
+    p->Inserted(*v, key);
+    p->Accessed((*v + 1) % 10);
+  }
+  EXPECT_EQ(p->size(), 10u);
+}
+
 TEST(KvWire, BatchesAndKeysAreCapped) {
   using ipc::Decode;
   using ipc::Encode;
