@@ -138,3 +138,17 @@ def test_torch_tensors_as_values(mb):
     with store.batch_get([b"t"]) as got:
         back = torch.from_numpy(got[0].copy()).view(torch.float16)
         assert torch.equal(back, t)
+
+
+def test_the_kv_cache_demo(mb):
+    """examples/kv_cache/serve.py: engines share a store, two are SIGKILLed mid-run;
+    every byte read is checked against its key and nothing is left held."""
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    demo = os.path.join(here, "..", "..", "examples", "kv_cache", "serve.py")
+    out = subprocess.run([sys.executable, demo, "--socket", mb.socket, "--admin-socket", mb.admin_socket,
+                          "--engines", "3", "--prompts", "120", "--kill", "2", "--cost-ms", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "kv_cache: ok" in out.stdout and "2 engines SIGKILLed and restarted" in out.stdout, out.stdout
+    assert mb.stats()["kv_stores"] == 0
