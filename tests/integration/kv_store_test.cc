@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -308,6 +310,41 @@ TEST(KvStore, NoClientCanWriteASealedBlock) {
   auto got = *store.Get(Keys(0, 1));
   EXPECT_TRUE(Holds(got.data(0), Key(0)));
   ::munmap(ro, size);
+}
+
+// One Client, four threads with a KvStore each (and one KvStore shared by two
+// more, taking turns through its own lock): overlapping keys put and read at
+// once; every block read holds its key's bytes. Run under TSan too.
+TEST(KvStore, ThreadsShareAStore) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "threads"});
+  KvStore first = Made(c, "kv", 64);
+  std::atomic<int> wrong{0}, failed{0};
+  auto work = [&](KvStore store, int t) {
+    for (int round = 0; round < 30; ++round) {
+      auto keys = Keys((round * 7 + t) % 40, 8);
+      auto codes = PutAll(store, keys);
+      for (ErrorCode code : codes)
+        if (code != ErrorCode::kOk && code != ErrorCode::kAlreadyExists && code != ErrorCode::kBusy) ++failed;
+      auto got = store.Get(keys);
+      if (!got.ok()) {
+        ++failed;
+        continue;
+      }
+      for (size_t i = 0; i < got->size(); ++i)
+        if (got->found(i) && !Holds(got->data(i), keys[i])) ++wrong;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(work, *KvStore::Open(c, "kv"), t);
+  threads.emplace_back(work, first, 4);
+  threads.emplace_back(work, first, 5);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
+  EXPECT_EQ(broker.WaitForStat("kv_writing", 0), 0u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
 }
 
 TEST(KvStore, BadRequestsGetClearErrors) {
