@@ -1,6 +1,8 @@
 // KV-cache store requests over KvStores (docs/KV.md): open or create a store,
 // a slab's fd, and the batches - reserve, seal, abort, get, release - each
 // answered per key, in order. Drop removes a store nobody uses.
+#include <functional>
+
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/escape.h"
@@ -11,9 +13,19 @@ namespace {
 Status NoStore(uint64_t id) {
   return Status(ErrorCode::kInvalidHandle, "no store has id " + std::to_string(id) + " at this broker");
 }
-// The first failure of a batch answered by one status (abort, release).
-Status FirstFailure(const char* what, ErrorCode code, size_t index, size_t failed) {
-  return Status(code, std::string(what) + " " + std::to_string(index) + " of the batch failed with " +
+// Applies op to every ref of a batch answered by one status (abort, release):
+// OK, or the first failure and how many failed (the others were done).
+Status EachRef(const char* what, const std::vector<ipc::KvRef>& refs,
+               const std::function<ErrorCode(const ipc::KvRef&)>& op) {
+  size_t failed = 0, first = 0;
+  ErrorCode code = ErrorCode::kOk;
+  for (size_t i = 0; i < refs.size(); ++i)
+    if (ErrorCode c = op(refs[i]); c != ErrorCode::kOk && failed++ == 0) {
+      first = i;
+      code = c;
+    }
+  if (failed == 0) return Status::Ok();
+  return Status(code, std::string(what) + " " + std::to_string(first) + " of the batch failed with " +
                           std::string(ErrorCodeName(code)) + " (" + std::to_string(failed) +
                           " failed in all; the others were done)");
 }
@@ -98,15 +110,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvAbortRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
-  size_t failed = 0, first = 0;
-  ErrorCode code = ErrorCode::kOk;
-  for (size_t i = 0; i < m.refs.size(); ++i)
-    if (ErrorCode c = store->Abort(s.id, m.refs[i]); c != ErrorCode::kOk && failed++ == 0) {
-      first = i;
-      code = c;
-    }
-  if (failed != 0) return FirstFailure("abort", code, first, failed);
-  return Status::Ok();
+  return EachRef("abort", m.refs, [&](const ipc::KvRef& r) { return store->Abort(s.id, r); });
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
@@ -126,15 +130,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
-  size_t failed = 0, first = 0;
-  ErrorCode code = ErrorCode::kOk;
-  for (size_t i = 0; i < m.refs.size(); ++i)
-    if (ErrorCode c = store->Release(s.id, m.refs[i]); c != ErrorCode::kOk && failed++ == 0) {
-      first = i;
-      code = c;
-    }
-  if (failed != 0) return FirstFailure("release", code, first, failed);
-  return Status::Ok();
+  return EachRef("release", m.refs, [&](const ipc::KvRef& r) { return store->Release(s.id, r); });
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvDropRequest& m) {
