@@ -205,12 +205,14 @@ ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool leas
     return {ErrorCode::kNotFound, 0, 0, 0};
   }
   const uint64_t slot = it->second;
+  if (lease) {
+    uint32_t& mine = leases_[session][slot];
+    if (mine >= kKvMaxLeasesPerBlock) return BlockOf(ErrorCode::kResourceExhausted, slot);
+    ++mine;
+    ++slots_[slot].leases;
+  }
   ++stats_.hits;
   policy_->Accessed(slot);
-  if (lease) {
-    ++slots_[slot].leases;
-    ++leases_[session][slot];
-  }
   return BlockOf(ErrorCode::kOk, slot);
 }
 

@@ -42,6 +42,10 @@ inline constexpr uint64_t kKvMaxBlockBytes = 256ull << 20;
 inline constexpr uint64_t kKvMinBlockBytes = 64;
 inline constexpr uint32_t kKvMaxSlabs = 4096;
 inline constexpr size_t kKvMaxStores = 64;
+// Leases one client may hold on one block at once (a count, so a client that
+// never releases cannot overflow it; the lease table's size is bounded by the
+// blocks).
+inline constexpr uint32_t kKvMaxLeasesPerBlock = 1u << 16;
 
 struct KvStoreSpec {
   std::string name;

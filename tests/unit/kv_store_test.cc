@@ -81,6 +81,19 @@ TEST(BlockStore, PutInTwoPhasesAndGetUnderALease) {
   EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
 }
 
+TEST(BlockStore, LeasesOnABlockAreCountedUpToACap) {
+  auto s = Store(4);
+  Source src(1);
+  ASSERT_EQ(PutOne(*s, 1, "k", src, 0).code, ErrorCode::kOk);
+  for (uint32_t i = 0; i < kKvMaxLeasesPerBlock; ++i) ASSERT_EQ(s->Get(2, "k", true).code, ErrorCode::kOk);
+  EXPECT_EQ(s->Get(2, "k", true).code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(s->Get(3, "k", true).code, ErrorCode::kOk);  // another client's count is its own
+  EXPECT_EQ(s->leases_held(), kKvMaxLeasesPerBlock + 1u);
+  s->OnSessionEnd(2);
+  EXPECT_EQ(s->leases_held(), 1u);
+  EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
+}
+
 TEST(BlockStore, ASessionsEndTakesItsLeasesAndReservations) {
   auto s = Store(8);
   Source src(4);
