@@ -82,8 +82,10 @@ class BlockStore {
   uint64_t bytes() const;  // the slabs' memory, as charged
   uint64_t page_size() const;
   uint32_t slab_count() const { return static_cast<uint32_t>(slabs_.size()); }
-  // A read-only fd of slab i (PARAM_INVALID past the last).
+  // A read-only fd of slab i (PARAM_INVALID past the last), and its memory's
+  // size: its blocks rounded up to its page size (what a reader maps).
   Result<int> SlabFd(uint32_t slab) const;
+  uint64_t SlabBytes(uint32_t slab) const { return slab < slabs_.size() ? slabs_[slab].mem.size : 0; }
 
   ipc::KvBlock Reserve(uint64_t session, const std::string& key);
   // Copies [seal.offset, seal.offset + seal.length) of src_fd into the block

@@ -71,9 +71,8 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSlabRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
   MB_ASSIGN_OR_RETURN(int fd, store->SlabFd(m.slab));
-  const uint64_t size = store->Describe().slab_blocks * store->spec().block_size;
   const int fds[] = {fd};
-  Send(s, rid, ipc::KvSlabReply{size}, fds);
+  Send(s, rid, ipc::KvSlabReply{store->SlabBytes(m.slab)}, fds);
   return Deferred{};
 }
 

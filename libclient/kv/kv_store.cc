@@ -24,7 +24,8 @@ struct KvStoreState {
   ipc::KvStoreReply geometry;
   std::mutex mu;
   std::vector<const std::byte*> slabs;  // nullptr until mapped
-  uint64_t slab_bytes = 0;
+  std::vector<uint64_t> slab_sizes;     // each mapping's length
+  uint64_t slab_bytes = 0;              // the blocks of a full slab
   // Staging: this process's memory (broker allocations) that writers fill;
   // block i lives in chunk i / chunk_blocks.
   struct Chunk {
@@ -37,8 +38,8 @@ struct KvStoreState {
   std::vector<int> free_staging;
 
   ~KvStoreState() {
-    for (const std::byte* p : slabs)
-      if (p != nullptr) ::munmap(const_cast<std::byte*>(p), slab_bytes);
+    for (size_t i = 0; i < slabs.size(); ++i)
+      if (slabs[i] != nullptr) ::munmap(const_cast<std::byte*>(slabs[i]), slab_sizes[i]);
   }
   Connection& conn() { return client.core_->conn(); }
   size_t block_size() const { return geometry.block_size; }
@@ -51,14 +52,19 @@ struct KvStoreState {
     std::lock_guard<std::mutex> lock(mu);
     if (slabs[slab] == nullptr) {
       MB_ASSIGN_OR_RETURN(Reply r, conn().Call(ipc::KvSlabRequest{geometry.store, slab}));
+      // The slab's memory is its blocks rounded up to its page size (a huge-page
+      // slab maps only whole huge pages); it must hold every block of the slab.
+      const uint64_t blocks_here =
+          std::min<uint64_t>(geometry.slab_blocks, geometry.blocks - uint64_t{slab} * geometry.slab_blocks);
       auto* m = std::get_if<ipc::KvSlabReply>(&r.body);
-      if (m == nullptr || m->size != slab_bytes)
+      if (m == nullptr || m->size < blocks_here * geometry.block_size || m->size > slab_bytes + (1ull << 30))
         return Status(ErrorCode::kProtocolError, "KvSlabRequest got a wrong reply");
-      void* p = ::mmap(nullptr, slab_bytes, PROT_READ, MAP_SHARED, r.fds.at(0).get(), 0);
+      void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_SHARED, r.fds.at(0).get(), 0);
       if (p == MAP_FAILED)
         return Status(ErrorCode::kResourceExhausted,
                       "mmap of a store's slab failed: " + std::string(std::strerror(errno)));
       slabs[slab] = static_cast<const std::byte*>(p);
+      slab_sizes[slab] = m->size;
     }
     return slabs[slab] + (slot % geometry.slab_blocks) * geometry.block_size;
   }
@@ -136,6 +142,7 @@ Result<KvStore> Opened(Client& client, detail::Reply r) {
   st->client = client;
   st->geometry = *m;
   st->slabs.assign(m->slabs, nullptr);
+  st->slab_sizes.assign(m->slabs, 0);
   st->slab_bytes = m->slab_blocks * m->block_size;
   st->chunk_blocks = std::clamp<size_t>(detail::kStagingChunkBytes / m->block_size, 1, ipc::kMaxKvBatch);
   return KvStore::FromState(std::move(st));

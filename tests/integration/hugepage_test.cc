@@ -12,6 +12,7 @@
 #include "map_whole.h"
 #include "membroker/channel.h"
 #include "membroker/client.h"
+#include "membroker/kv_store.h"
 #include "proc_status.h"
 
 namespace membroker::testing {
@@ -105,6 +106,39 @@ TEST(HugePages, HugeOnlyIsGrantedAndImportersMapHugePages) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(c.MapMem(r->at(4096), 4 << 20, 0, *h).code(), ErrorCode::kParamInvalid);
   EXPECT_TRUE(c.MapMem(r->at(k2M), 4 << 20, 0, *h).ok());
+}
+
+// A KV store in 2 MiB pages whose slab (100 blocks of 16 KiB, 1.6 MiB) is not
+// a whole number of huge pages: a reader maps the slab's real memory, one
+// huge page, and reads blocks sealed from normal-page staging memory.
+TEST(HugePages, AKvStoreInHugePagesIsReadAcrossProcesses) {
+  RESERVE_OR_SKIP(pool, k2M, 2);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto store = KvStore::Create(
+      c, "huge/kv", {.block_size = 16 << 10, .capacity = 100 * (16 << 10), .page_policy = PagePolicy::kHugeOnly});
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::string> keys{"first", "last"};
+  std::vector<std::byte> a(16 << 10, std::byte{0x11}), z(100, std::byte{0x22});
+  std::vector<std::span<const std::byte>> values{a, z};
+  auto put = store->Put(keys, values);
+  ASSERT_TRUE(put.ok());
+  EXPECT_EQ((*put)[0], ErrorCode::kOk);
+  EXPECT_EQ(b.Stat("free_hugepages_2m"), 1u);
+  std::string s = b.socket();
+  pid_t pid = ForkChild([&] {
+    auto other = Client::Connect({s, "huge-reader"});
+    if (!other.ok()) return 1;
+    auto opened = KvStore::Open(*other, "huge/kv");
+    if (!opened.ok()) return 2;
+    auto got = opened->Get(keys);
+    if (!got.ok() || got->leading() != 2) return 3;
+    if (got->data(0).size() != a.size() || got->data(0)[0] != std::byte{0x11}) return 4;
+    if (got->data(1).size() != 100 || got->data(1)[99] != std::byte{0x22}) return 5;
+    MappingInfo info = SmapsOf(const_cast<std::byte*>(got->data(0).data()));
+    return info.kernel_page_size == k2M ? 0 : 6;
+  });
+  EXPECT_EQ(WaitChild(pid), 0);
 }
 
 TEST(HugePages, FreedHugePagesAreFreeAgainWhenTheFreeIsServed) {
