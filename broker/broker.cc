@@ -227,9 +227,12 @@ bool Broker::Idle() const {
          engines_.empty() && waiters_.empty() && names_.empty() && kv_.empty();
 }
 
-size_t Broker::UnpublishAll() {
-  const size_t n = names_.size();
+size_t Broker::RemoveOwnerless() {
+  size_t n = names_.size();
   while (!names_.empty()) Unpublish(std::string(names_.all().begin()->first), 0);
+  std::vector<std::string> stores;
+  for (const auto& [name, store] : kv_.all()) stores.push_back(name);
+  for (const std::string& name : stores) n += DropStore(kv_, holdings_.limits(), name).ok();
   return n;
 }
 

@@ -52,10 +52,9 @@ class Broker {
   Status KickClient(uint64_t id);
   // Stops exporting an allocation and drops every holder's reference.
   Status FreeAllocation(uint64_t id);
-  // Removes every named object, persistent ones included (embedding, fuzzer).
-  size_t UnpublishAll();
-  // Drops every KV store no client uses (embedding, fuzzer).
-  size_t DropAllStores();
+  // Removes what outlives its client by design - every named object, persistent ones
+  // included, and every KV store no client uses - and says how many (embedding, fuzzer).
+  size_t RemoveOwnerless();
 
  private:
   explicit Broker(Options options);
@@ -99,7 +98,6 @@ class Broker {
   void Unpublish(const std::string& name, int32_t pid);
   void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid);
   void SendEvents(Session& s, uint64_t rid);
-  Status DropStore(const std::string& name);  // kv/kv_requests.cc
   // Answers and closes every waiter of kind for key: answer() sends the reply, or returns the error to send.
   void AnswerWaiters(Waiter::Kind kind, const std::string& key, const std::function<Status(Session&, uint64_t)>& answer);
   void OnWaiterTimeout(const Waiter& w);

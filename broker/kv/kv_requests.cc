@@ -138,23 +138,15 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvDropRequest& m) {
   if (found != nullptr && found->spec().uid != s.cred.uid && s.cred.uid != 0)
     return Status(ErrorCode::kPermissionDenied,
                   "store \"" + ipc::EscapeText(m.name) + "\" belongs to uid " + std::to_string(found->spec().uid));
-  return DropStore(m.name);
+  return DropStore(kv_, holdings_.limits(), m.name);
 }
 
-Status Broker::DropStore(const std::string& name) {
-  MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, kv_.Remove(name));
-  holdings_.limits().ReleaseUid(store->spec().uid, Usage::For(store->bytes(), false, -1));
+Status DropStore(KvStores& kv, Accounting& limits, const std::string& name) {
+  MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, kv.Remove(name));
+  limits.ReleaseUid(store->spec().uid, Usage::For(store->bytes(), false, -1));
   MB_INFO("kv_store_dropped", "store=\"%s\" id=%llu", LogText(name).c_str(),
           static_cast<unsigned long long>(store->id()));
   return Status::Ok();
-}
-
-size_t Broker::DropAllStores() {
-  std::vector<std::string> names;
-  for (const auto& [name, store] : kv_.all()) names.push_back(name);
-  size_t dropped = 0;
-  for (const std::string& name : names) dropped += DropStore(name).ok();
-  return dropped;
 }
 
 }  // namespace membroker::broker

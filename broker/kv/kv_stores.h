@@ -35,4 +35,9 @@ class KvStores {
   KvStoreStats dropped_;  // the counters of stores that were dropped
 };
 
+class Accounting;
+// Removes a store and gives its slabs' charge back to its creator's uid
+// (kv/kv_requests.cc: the drop request's and the broker's own drop).
+Status DropStore(KvStores& kv, Accounting& limits, const std::string& name);
+
 }  // namespace membroker::broker

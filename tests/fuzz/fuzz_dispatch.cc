@@ -116,8 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   sock->reset();
   for (int i = 0; i < 3 && b->live_sessions() > 0; ++i) b->RunOnce();
-  b->UnpublishAll();  // persistent names outlive their publisher by design
-  b->DropAllStores();  // and KV stores their creator
+  b->RemoveOwnerless();  // persistent names and KV stores outlive their creator by design
   if (Status st = b->CheckTables(); !st.ok()) {
     std::fprintf(stderr, "fuzz: after disconnect: %s\n", st.message().c_str());
     std::abort();
