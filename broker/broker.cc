@@ -72,6 +72,7 @@ Broker::Broker(Options options)
       workers_(&loop_, MemfdBackend(), pools_, options_.background_delay_ms),
       holdings_(MemfdBackend(), pools_, workers_, fd_store_, AddressWindow(options_.va_window_base, options_.va_window_size),
                 options_.inline_alloc_bytes),
+      kv_(fd_store_),
       waiters_(&loop_, [this](const Waiter& w) { OnWaiterTimeout(w); }) {
   g_log_level = options_.log_level;
   if (options_.state_file.empty()) options_.state_file = options_.socket_path + ".state";  // embedders

@@ -276,7 +276,10 @@ struct Encoder {
         .Union();
   }
   fb::Offset<void> operator()(const TakeOverEnd& m) {
-    return w::CreateTakeOverEnd(b, m.allocations, m.exports, m.names).Union();
+    return w::CreateTakeOverEnd(b, m.allocations, m.exports, m.names, m.kv_stores).Union();
+  }
+  fb::Offset<void> operator()(const TakeOverKvStore& m) {
+    return w::CreateTakeOverKvStore(b, m.store, b.CreateVector(m.handles)).Union();
   }
   fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
   fb::Offset<void> operator()(const WakeRequest&) { return w::CreateWakeRequest(b).Union(); }
@@ -763,7 +766,16 @@ Result<Message> Read(const w::TakeOverName* m) {
   return Message(std::move(r));
 }
 Result<Message> Read(const w::TakeOverEnd* m) {
-  return Message(TakeOverEnd{m->allocations(), m->exports(), m->names()});
+  return Message(TakeOverEnd{m->allocations(), m->exports(), m->names(), m->kv_stores()});
+}
+Result<Message> Read(const w::TakeOverKvStore* m) {
+  TakeOverKvStore r;
+  r.store = m->store();
+  if (auto parts = m->parts()) {
+    if (parts->size() > kMaxReattachHandles) return Malformed("too many store parts in one frame");
+    r.handles.assign(parts->begin(), parts->end());
+  }
+  return Message(std::move(r));
 }
 Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
 Result<Message> Read(const w::WakeRequest*) { return Message(WakeRequest{}); }

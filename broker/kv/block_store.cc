@@ -14,6 +14,20 @@ namespace membroker::broker {
 
 namespace {
 Status Invalid(const std::string& why) { return Status(ErrorCode::kParamInvalid, why); }
+
+// Reads n bytes at offset of fd into to: OK, OUT_OF_RANGE past its end, or
+// INTERNAL. The kernel copies straight from the memfd: nothing of it is
+// mapped here, so hostile memory cannot fault the broker.
+ErrorCode PreadAll(int fd, std::byte* to, uint64_t n, uint64_t offset) {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, to + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got == 0 ? ErrorCode::kOutOfRange : ErrorCode::kInternal;
+    done += static_cast<uint64_t>(got);
+  }
+  return ErrorCode::kOk;
+}
 }  // namespace
 
 KvStoreStats& KvStoreStats::operator+=(const KvStoreStats& o) {
@@ -35,7 +49,7 @@ BlockStore::~BlockStore() {
     if (s.base != nullptr) ::munmap(s.base, s.mem.size);
 }
 
-Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec spec) {
+Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec spec, uint64_t generation) {
   MB_RETURN_IF_ERROR(ipc::CheckName(spec.name, ipc::kMaxKvStoreNameBytes, "a store name"));
   if (spec.block_size < kKvMinBlockBytes || spec.block_size > kKvMaxBlockBytes || spec.block_size % 64 != 0)
     return Invalid("block size " + std::to_string(spec.block_size) + " is not a multiple of 64 bytes from " +
@@ -51,6 +65,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec 
   std::unique_ptr<BlockStore> store(new BlockStore(id, std::move(spec)));
   BlockStore& s = *store;
   s.slab_blocks_ = slab_blocks;
+  s.generation_ = generation;
   for (uint64_t i = 0; i < slabs; ++i) {
     const uint64_t blocks = std::min(slab_blocks, s.spec_.blocks - i * slab_blocks);
     Slab slab;
@@ -62,6 +77,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec 
     s.slabs_.push_back(std::move(slab));
     MB_ASSIGN_OR_RETURN(s.slabs_.back().read_only, ReopenReadOnly(s.slabs_.back().mem.fd.get()));
   }
+  MB_ASSIGN_OR_RETURN(s.records_, KvIndex::Create(id, generation, s.spec_));
   s.slots_.resize(s.spec_.blocks);
   s.free_.reserve(s.spec_.blocks);
   for (uint64_t i = s.spec_.blocks; i-- > 0;) s.free_.push_back(i);  // slot 0 first
@@ -69,6 +85,48 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec 
   s.low_ = std::min(s.spec_.blocks - s.spec_.blocks / 10, s.spec_.blocks - 1);
   s.policy_ = EvictionPolicy::Make(s.spec_.eviction, s.spec_.blocks);
   return store;
+}
+
+Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index, std::vector<ipc::UniqueFd> slabs,
+                                                 uint64_t generation) {
+  Restored out;
+  MB_ASSIGN_OR_RETURN(out.store, Create(index.store, index.spec, generation));
+  BlockStore& s = *out.store;
+  out.dropped = index.damaged.size();
+  // Every slot keeps a generation above any reference handed out for it; a
+  // damaged record's slot, whose generation is unknown, goes above them all.
+  for (uint64_t slot : index.damaged) s.slots_[slot].generation = index.max_generation + 1;
+  for (const KvIndex::Record& r : index.records) {
+    Slot& slot = s.slots_[r.slot];
+    slot.generation = r.generation;
+    const uint64_t slab = r.slot / s.slab_blocks_;
+    // Slabs are copied in slot order: one whose blocks are all copied goes now.
+    for (uint64_t done = 0; done < slab && done < slabs.size(); ++done) slabs[done].reset();
+    if (!r.sealed) {
+      s.Record(r.slot);
+      continue;
+    }
+    const bool copied = slab < slabs.size() && slabs[slab].valid() && s.index_.count(r.key) == 0 &&
+                        PreadAll(slabs[slab].get(), s.Address(r.slot), r.length,
+                                 (r.slot % s.slab_blocks_) * s.spec_.block_size) == ErrorCode::kOk;
+    if (!copied) {
+      ++out.dropped;
+      s.Record(r.slot);
+      continue;
+    }
+    slot.state = State::kSealed;
+    slot.length = r.length;
+    slot.key = r.key;
+    s.index_.emplace(r.key, r.slot);
+    s.policy_->Inserted(r.slot, std::hash<std::string>{}(r.key));
+    ++s.used_;
+    s.Record(r.slot);
+    ++out.blocks;
+  }
+  s.free_.clear();
+  for (uint64_t i = s.spec_.blocks; i-- > 0;)
+    if (s.slots_[i].state == State::kFree) s.free_.push_back(i);
+  return out;
 }
 
 ipc::KvStoreReply BlockStore::Describe() const {
@@ -99,6 +157,11 @@ ipc::KvBlock BlockStore::BlockOf(ErrorCode code, uint64_t slot) const {
   return {code, slot, s.generation, s.length};
 }
 
+void BlockStore::Record(uint64_t slot) {
+  const Slot& s = slots_[slot];
+  records_.Write({slot, s.generation, s.length, s.state == State::kSealed, s.key});
+}
+
 void BlockStore::Free(uint64_t slot) {
   Slot& s = slots_[slot];
   index_.erase(s.key);
@@ -108,6 +171,7 @@ void BlockStore::Free(uint64_t slot) {
   s.writer = 0;
   free_.push_back(slot);
   --used_;
+  Record(slot);
 }
 
 void BlockStore::EvictToLowWatermark() {
@@ -144,6 +208,7 @@ ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
   s.key = key;
   index_.emplace(key, slot);
   writing_[session].insert(slot);
+  Record(slot);  // the generation is taken, even if the broker dies before the seal
   return BlockOf(ErrorCode::kOk, slot);
 }
 
@@ -158,17 +223,9 @@ ipc::KvBlock BlockStore::Seal(uint64_t session, const ipc::KvSeal& seal, int src
     return {ErrorCode::kInvalidHandle, seal.slot, seal.generation, 0};
   if (seal.length == 0 || seal.length > spec_.block_size)
     return {ErrorCode::kParamInvalid, seal.slot, seal.generation, 0};
-  // The copy: the kernel reads the writer's memory straight into the slab
-  // (no mapping of the writer's memory here, so a hostile one cannot fault
-  // the broker). A short read leaves the block reserved.
-  std::byte* to = Address(seal.slot);
-  uint64_t done = 0;
-  while (done < seal.length) {
-    ssize_t n = ::pread(src_fd, to + done, seal.length - done, static_cast<off_t>(seal.offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return {n == 0 ? ErrorCode::kOutOfRange : ErrorCode::kInternal, seal.slot, seal.generation, 0};
-    done += static_cast<uint64_t>(n);
-  }
+  // The copy from the writer's memory. A short read leaves the block reserved.
+  if (ErrorCode c = PreadAll(src_fd, Address(seal.slot), seal.length, seal.offset); c != ErrorCode::kOk)
+    return {c, seal.slot, seal.generation, 0};
   s.state = State::kSealed;
   s.length = seal.length;
   s.writer = 0;
@@ -177,6 +234,7 @@ ipc::KvBlock BlockStore::Seal(uint64_t session, const ipc::KvSeal& seal, int src
   w->second.erase(seal.slot);
   if (w->second.empty()) writing_.erase(w);
   policy_->Inserted(seal.slot, std::hash<std::string>{}(s.key));
+  Record(seal.slot);  // after the bytes: a broker killed before this leaves the slot free
   ++stats_.sealed;
   stats_.bytes_copied += seal.length;
   return BlockOf(ErrorCode::kOk, seal.slot);

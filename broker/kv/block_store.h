@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "kv/eviction.h"
+#include "kv/kv_index.h"
+#include "kv/store_spec.h"
 #include "memory/memfd.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
@@ -47,15 +49,6 @@ inline constexpr size_t kKvMaxStores = 64;
 // blocks).
 inline constexpr uint32_t kKvMaxLeasesPerBlock = 1u << 16;
 
-struct KvStoreSpec {
-  std::string name;
-  uint64_t block_size = 0;  // a multiple of 64 bytes
-  uint64_t blocks = 0;
-  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
-  EvictionKind eviction = EvictionKind::kS3Fifo;
-  uid_t uid = 0;  // its creator's: the slabs are charged to it
-};
-
 struct KvStoreStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
@@ -71,12 +64,31 @@ struct KvStoreStats {
 class BlockStore {
  public:
   // Checks the spec (PARAM_INVALID, saying why) and makes the slabs.
-  static Result<std::unique_ptr<BlockStore>> Create(uint64_t id, KvStoreSpec spec);
+  static Result<std::unique_ptr<BlockStore>> Create(uint64_t id, KvStoreSpec spec, uint64_t generation = 0);
+  // A store made again from an earlier broker's (a take-over, a restart
+  // from systemd's fd store): its index and its slabs' fds, by slab number
+  // (an invalid fd for a slab that did not come). The slabs are new memory
+  // with the sealed blocks copied in, slot for slot, with their generations:
+  // the old slabs were sealed against writes for good, so no broker can
+  // write them again. A slab's fd is closed once its blocks are copied.
+  // Blocks whose record is damaged, whose slab is missing or short, or whose
+  // key came twice are dropped and counted.
+  struct Restored {
+    std::unique_ptr<BlockStore> store;
+    uint64_t blocks = 0;   // sealed blocks back
+    uint64_t dropped = 0;  // sealed blocks lost, and damaged records
+  };
+  // The new store's generation is `generation` (above every earlier set's).
+  static Result<Restored> Restore(const KvIndex::Contents& index, std::vector<ipc::UniqueFd> slabs,
+                                  uint64_t generation);
   ~BlockStore();
   BlockStore(const BlockStore&) = delete;
   BlockStore& operator=(const BlockStore&) = delete;
 
   uint64_t id() const { return id_; }
+  // How many restarts the store went through (its fds' names in systemd's
+  // fd store carry it, so an old set and a new one never share a name).
+  uint64_t generation() const { return generation_; }
   const KvStoreSpec& spec() const { return spec_; }
   ipc::KvStoreReply Describe() const;
   uint64_t bytes() const;  // the slabs' memory, as charged
@@ -86,6 +98,8 @@ class BlockStore {
   // size: its blocks rounded up to its page size (what a reader maps).
   Result<int> SlabFd(uint32_t slab) const;
   uint64_t SlabBytes(uint32_t slab) const { return slab < slabs_.size() ? slabs_[slab].mem.size : 0; }
+  // The index's fd (kv_index.h): for the next broker only, never a client.
+  int index_fd() const { return records_.fd(); }
 
   ipc::KvBlock Reserve(uint64_t session, const std::string& key);
   // Copies [seal.offset, seal.offset + seal.length) of src_fd into the block
@@ -131,12 +145,16 @@ class BlockStore {
   void EvictToLowWatermark();
   void Free(uint64_t slot);
   std::byte* Address(uint64_t slot) const;
+  // The slot's record in the index, as the slot is now.
+  void Record(uint64_t slot);
 
   uint64_t id_;
+  uint64_t generation_ = 0;
   KvStoreSpec spec_;
   uint64_t slab_blocks_ = 0;
   uint64_t high_ = 0, low_ = 0;  // watermarks, in blocks
   std::vector<Slab> slabs_;
+  KvIndex records_;  // the slots as a next broker reads them
   std::vector<Slot> slots_;
   std::vector<uint64_t> free_;  // slots, taken from the back
   uint64_t used_ = 0;           // slots writing or sealed

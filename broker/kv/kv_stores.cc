@@ -1,6 +1,10 @@
 // KvStores (kv_stores.h).
 #include "kv/kv_stores.h"
 
+#include <sys/random.h>
+
+#include <chrono>
+
 #include "membroker/ipc/escape.h"
 
 namespace membroker::broker {
@@ -15,18 +19,40 @@ const BlockStore* KvStores::FindByName(const std::string& name) const {
   return it == stores_.end() ? nullptr : it->second.get();
 }
 
-Result<BlockStore*> KvStores::Add(KvStoreSpec spec) {
-  if (stores_.count(spec.name) != 0)
-    return Status(ErrorCode::kAlreadyExists, "a store named \"" + ipc::EscapeText(spec.name) + "\" exists");
+namespace {
+// 53 bits, so that the id is exact in a double (Python, JSON).
+constexpr uint64_t kIdMask = (uint64_t{1} << 53) - 1;
+}  // namespace
+
+Status KvStores::Admit(const std::string& name) const {
+  if (stores_.count(name) != 0)
+    return Status(ErrorCode::kAlreadyExists, "a store named \"" + ipc::EscapeText(name) + "\" exists");
   if (stores_.size() >= kKvMaxStores)
     return Status(ErrorCode::kResourceExhausted,
                   "the broker has " + std::to_string(kKvMaxStores) + " stores already; drop one first");
-  const std::string name = spec.name;
-  MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Create(next_id_, std::move(spec)));
-  ++next_id_;
+  return Status::Ok();
+}
+
+Result<BlockStore*> KvStores::Add(KvStoreSpec spec) {
+  MB_RETURN_IF_ERROR(Admit(spec.name));
+  uint64_t id = 0;
+  while (id == 0 || by_id_.count(id) != 0) {
+    if (::getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id)))  // no entropy yet: the clock
+      id = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+    id &= kIdMask;
+  }
+  MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Create(id, std::move(spec)));
+  return Adopt(std::move(store));
+}
+
+Result<BlockStore*> KvStores::Adopt(std::unique_ptr<BlockStore> store) {
+  MB_RETURN_IF_ERROR(Admit(store->spec().name));
+  if (store->id() == 0 || by_id_.count(store->id()) != 0)
+    return Status(ErrorCode::kAlreadyExists, "a store with id " + std::to_string(store->id()) + " exists");
   BlockStore* p = store.get();
   by_id_[p->id()] = p;
-  stores_[name] = std::move(store);
+  stores_[p->spec().name] = std::move(store);
+  journal_.StoreAdded(*p);
   return p;
 }
 
@@ -42,6 +68,7 @@ Result<std::unique_ptr<BlockStore>> KvStores::Remove(const std::string& name) {
   stores_.erase(it);
   dropped_ += store->stats();
   by_id_.erase(store->id());
+  journal_.StoreRemoved(*store);
   return store;
 }
 

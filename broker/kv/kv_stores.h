@@ -13,12 +13,26 @@
 
 namespace membroker::broker {
 
+// Told when a store comes and goes (the fd store keeps its fds).
+class KvJournal {
+ public:
+  virtual ~KvJournal() = default;
+  virtual void StoreAdded(const BlockStore& store) = 0;
+  virtual void StoreRemoved(const BlockStore& store) = 0;
+};
+
 class KvStores {
  public:
+  explicit KvStores(KvJournal& journal) : journal_(journal) {}
+
   BlockStore* Find(uint64_t id);
   const BlockStore* FindByName(const std::string& name) const;
   // RESOURCE_EXHAUSTED past kKvMaxStores; ALREADY_EXISTS for a taken name.
+  // A store's id is random, so that a client's id from an earlier broker
+  // that did not keep the store names no store here rather than another one.
   Result<BlockStore*> Add(KvStoreSpec spec);
+  // A store an earlier broker made (BlockStore::Restore), with its id.
+  Result<BlockStore*> Adopt(std::unique_ptr<BlockStore> store);
   // The store goes (BUSY while a client leases from it or writes to it).
   Result<std::unique_ptr<BlockStore>> Remove(const std::string& name);
   void OnSessionEnd(uint64_t session);
@@ -29,9 +43,12 @@ class KvStores {
   Status Check() const;
 
  private:
+  Status Admit(const std::string& name) const;
+
+  KvJournal& journal_;
+
   std::map<std::string, std::unique_ptr<BlockStore>> stores_;  // by name
   std::map<uint64_t, BlockStore*> by_id_;
-  uint64_t next_id_ = 1;
   KvStoreStats dropped_;  // the counters of stores that were dropped
 };
 

@@ -46,6 +46,19 @@ std::optional<ipc::TakeOverAllocation> ParseStoredMemoryName(const std::string& 
   return a;
 }
 
+std::string StoredKvName(const StoredKvPart& p) {
+  return "kv-" + std::to_string(p.store) + "-" + std::to_string(p.generation) + "-" + std::to_string(p.part);
+}
+
+std::optional<StoredKvPart> ParseStoredKvName(const std::string& name) {
+  StoredKvPart p;
+  int end = 0;
+  if (std::sscanf(name.c_str(), "kv-%" SCNu64 "-%" SCNu64 "-%u%n", &p.store, &p.generation, &p.part, &end) != 3 ||
+      static_cast<size_t>(end) != name.size() || StoredKvName(p) != name)
+    return std::nullopt;
+  return p;
+}
+
 std::string StoredStateName(uint64_t generation) { return "state-" + std::to_string(generation); }
 
 std::optional<uint64_t> ParseStoredStateName(const std::string& name) {

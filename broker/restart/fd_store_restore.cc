@@ -4,8 +4,9 @@
 // as a take-over's receiver does: held by nobody until clients reattach, for
 // --reattach-grace-ms.
 #include "broker.h"
-#include "restart/fd_store.h"
 #include "log.h"
+#include "restart/fd_store.h"
+#include "restart/kv_stores_restart.h"
 #include "restart/systemd.h"
 
 namespace membroker::broker {
@@ -14,6 +15,8 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
   size_t allocations = 0, exports = 0, names = 0, skipped = 0;
   ipc::UniqueFd state;
   uint64_t state_generation = 0;
+  KvStoreParts stores;
+  std::vector<std::string> kv_names;
   auto skip = [&](const std::string& name, const std::string& why) {
     ++skipped;
     MB_WARN("fd_store_skipped", "fdname=\"%s\" reason=\"%s\"", LogText(name).c_str(), LogText(why).c_str());
@@ -27,6 +30,10 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
         continue;
       }
       ++allocations;
+    } else if (auto p = ParseStoredKvName(name)) {
+      // Removed once the store is made again in new memory, stored under new names.
+      kv_names.push_back(name);
+      if (Status st = stores.Add(p->store, p->generation, p->part, std::move(fd)); !st.ok()) skip(name, st.message());
     } else if (auto g = ParseStoredStateName(name)) {
       if (*g < state_generation) {
         systemd::RemoveStoredFds(name);
@@ -60,8 +67,10 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
   }
   fd_store_.Continue(state_generation);
   fd_store_.CountRestored(allocations);
-  MB_INFO("restored_from_fd_store", "allocations=%zu exports=%zu names=%zu skipped=%zu grace_ms=%u", allocations,
-          exports, names, skipped, options_.reattach_grace_ms);
+  const size_t kv_stores = stores.RestoreInto(kv_, holdings_.limits());
+  for (const std::string& name : kv_names) systemd::RemoveStoredFds(name);
+  MB_INFO("restored_from_fd_store", "allocations=%zu exports=%zu names=%zu kv_stores=%zu skipped=%zu grace_ms=%u",
+          allocations, exports, names, kv_stores, skipped, options_.reattach_grace_ms);
   return StartReattachGrace();
 }
 

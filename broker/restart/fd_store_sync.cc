@@ -39,6 +39,26 @@ void FdStoreSync::Left(const Allocation& a) {
   if (!a.tokens.empty()) StateChanged();  // its exports went with it
 }
 
+void FdStoreSync::StoreAdded(const BlockStore& store) {
+  if (!enabled_) return;
+  bool stored = systemd::StoreFd(StoredKvName({store.id(), store.generation(), 0}), store.index_fd());
+  for (uint32_t i = 0; stored && i < store.slab_count(); ++i)
+    stored = systemd::StoreFd(StoredKvName({store.id(), store.generation(), i + 1}), *store.SlabFd(i));
+  if (stored) {
+    counters_.stored += 1 + store.slab_count();
+    return;
+  }
+  ++counters_.failures;
+  MB_WARN("fd_store_failed", "store=%llu (a crash would lose this KV-cache store)",
+          static_cast<unsigned long long>(store.id()));
+}
+
+void FdStoreSync::StoreRemoved(const BlockStore& store) {
+  if (!enabled_) return;
+  for (uint32_t part = 0; part <= store.slab_count(); ++part)
+    systemd::RemoveStoredFds(StoredKvName({store.id(), store.generation(), part}));
+}
+
 void FdStoreSync::StateChanged() {
   if (!enabled_ || pending_ || closed_) return;
   pending_ = true;

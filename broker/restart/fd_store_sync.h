@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "kv/kv_stores.h"
 #include "memory/holdings.h"
 #include "membroker/ipc/protocol.h"
 
@@ -23,7 +24,7 @@ struct FdStoreCounters {
   uint64_t restored = 0;  // allocations taken back from it at start
 };
 
-class FdStoreSync : public MemoryJournal {
+class FdStoreSync : public MemoryJournal, public KvJournal {
  public:
   FdStoreSync(uv_loop_t* loop, std::function<std::vector<ipc::Message>()> records)
       : loop_(loop), records_(std::move(records)) {}
@@ -41,6 +42,9 @@ class FdStoreSync : public MemoryJournal {
   void Entered(Allocation& a) override;
   void Left(const Allocation& a) override;
   void ExportsChanged() override { StateChanged(); }
+  // A KV-cache store's index and slabs (StoredKvName).
+  void StoreAdded(const BlockStore& store) override;
+  void StoreRemoved(const BlockStore& store) override;
   // Exports or names changed: a new state memfd is stored at the next turn of
   // the loop (changes made in one turn are stored together).
   void StateChanged();

@@ -15,6 +15,7 @@
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/framing.h"
+#include "restart/kv_stores_restart.h"
 #include "uv_status.h"
 
 namespace membroker::broker {
@@ -105,8 +106,14 @@ Status Broker::SendState() {
     if (batch.handles.size() == ipc::kMaxReattachHandles) MB_RETURN_IF_ERROR(send_batch());
   }
   MB_RETURN_IF_ERROR(send_batch());
+  MB_ASSIGN_OR_RETURN(const uint64_t stores, SendKvStores(kv_, [this](ipc::Message m, std::span<const int> fds) {
+                        return takeover_.Send(std::move(m), fds);
+                      }));
   for (ipc::Message& m : StateRecords()) {
-    if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) end->allocations = sent;
+    if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) {
+      end->allocations = sent;
+      end->kv_stores = stores;
+    }
     MB_RETURN_IF_ERROR(takeover_.Send(std::move(m)));
   }
   return Status::Ok();
@@ -150,6 +157,7 @@ Status Broker::ReceiveTakeOver() {
   MB_ASSIGN_OR_RETURN(TakeOverReceiver from, TakeOverReceiver::Connect(options_.socket_path + ".takeover"));
   uint64_t allocations = 0, exports = 0, names = 0;
   ipc::UniqueFd listening;
+  KvStoreParts stores;
   for (;;) {
     std::vector<ipc::UniqueFd> fds;
     MB_ASSIGN_OR_RETURN(ipc::Envelope env, from.Next(&fds));
@@ -161,6 +169,9 @@ Status Broker::ReceiveTakeOver() {
         if (!adopted.ok()) return Status(adopted.code(), "--take-over: " + adopted.status().message());
         ++allocations;
       }
+    } else if (auto* m = std::get_if<ipc::TakeOverKvStore>(&env.body)) {
+      for (size_t i = 0; i < m->handles.size(); ++i)
+        MB_RETURN_IF_ERROR(stores.Add(m->store, 0, m->handles[i], std::move(fds[i])));
     } else if (auto* m = std::get_if<ipc::TakeOverExport>(&env.body)) {
       MB_RETURN_IF_ERROR(holdings_.RestoreExport(m->token, m->allocation, 0, m->exporter_uid, m->flags, m->pids));
       ++exports;
@@ -168,7 +179,8 @@ Status Broker::ReceiveTakeOver() {
       if (Status st = RestoreName(*m); !st.ok()) return Status(st.code(), "--take-over: " + st.message());
       ++names;
     } else if (auto* m = std::get_if<ipc::TakeOverEnd>(&env.body)) {
-      if (m->allocations != allocations || m->exports != exports || m->names != names || !listening.valid())
+      if (m->allocations != allocations || m->exports != exports || m->names != names ||
+          m->kv_stores != stores.size() || !listening.valid())
         return Status(ErrorCode::kProtocolError, "--take-over: the state arrived incomplete");
       break;
     } else {
@@ -176,9 +188,12 @@ Status Broker::ReceiveTakeOver() {
     }
   }
   MB_RETURN_IF_ERROR(from.Finish());
-  MB_INFO("took_over", "allocations=%llu exports=%llu names=%llu grace_ms=%u",
+  // The stores are copied once the old broker is gone, so each old slab's
+  // memory goes as its blocks are copied (unless a client maps it).
+  const size_t kv_stores = stores.RestoreInto(kv_, holdings_.limits());
+  MB_INFO("took_over", "allocations=%llu exports=%llu names=%llu kv_stores=%zu grace_ms=%u",
           static_cast<unsigned long long>(allocations), static_cast<unsigned long long>(exports),
-          static_cast<unsigned long long>(names), options_.reattach_grace_ms);
+          static_cast<unsigned long long>(names), kv_stores, options_.reattach_grace_ms);
   MB_RETURN_IF_ERROR(admission_.Adopt(std::move(listening)));
   return StartReattachGrace();
 }

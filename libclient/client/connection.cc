@@ -151,6 +151,7 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
     if (auto it = replies_.find(rid); it != replies_.end()) {
       Reply r = std::move(it->second);
       replies_.erase(it);
+      r.broker = generation;  // (Replace drops the replies of the socket it replaces)
       MB_RETURN_IF_ERROR(ipc::StatusOf(r.body));
       if (r.fds.size() != ipc::ExpectedFds(r.body))
         return Status(ErrorCode::kProtocolError,
@@ -205,6 +206,11 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
 Status Connection::BreakOnHangup(Status otherwise) {
   std::unique_lock<std::mutex> lk(mu_);
   return AfterFailedSend(lk, std::move(otherwise));
+}
+
+uint64_t Connection::generation() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return generation_;
 }
 
 bool Connection::attached() const {

@@ -27,6 +27,7 @@ namespace membroker::detail {
 struct Reply {
   ipc::Message body;
   std::vector<ipc::UniqueFd> fds;
+  uint64_t broker = 0;  // the generation of the socket it came on: which broker answered
 };
 
 class Connection {
@@ -67,6 +68,9 @@ class Connection {
   bool attached() const;
   // Serves sock from now on; calls still waiting on the old one fail.
   void Replace(ipc::UniqueFd sock);
+  // Sockets replaced so far, plus one: the broker that answers calls now
+  // (a Reply's `broker` says which one answered it).
+  uint64_t generation() const;
   ipc::UniqueFd TakeSocket() { return std::move(sock_); }
 
  private:

@@ -2,12 +2,21 @@
 // a store's objects: the store's geometry, its slabs mapped read-only (each
 // once, on first use) and the staging blocks writers fill before Seal has the
 // broker copy them in.
+//
+// Across a broker restart (a take-over, systemd's fd store) the store comes
+// back in new slabs under the same id. Each reply is tied to the broker that
+// sent it (its Connection generation, the "epoch" here): the first one from a
+// new broker retires the
+// slabs mapped so far - unmapped once the leases taken from the old broker
+// are released - and leases and reservations of an old broker are never
+// sent to a new one, which does not know them.
 #include "membroker/kv_store.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "client/client_core.h"
@@ -26,6 +35,10 @@ struct KvStoreState {
   std::vector<const std::byte*> slabs;  // nullptr until mapped
   std::vector<uint64_t> slab_sizes;     // each mapping's length
   uint64_t slab_bytes = 0;              // the blocks of a full slab
+  uint64_t epoch = 0;                   // the broker whose slabs these are
+  // Slabs of earlier brokers, kept mapped while KvLeases granted there live.
+  std::map<uint64_t, std::vector<std::pair<const std::byte*, uint64_t>>> retired;
+  std::map<uint64_t, uint64_t> live_leases;  // KvLeases alive, by epoch
   // Staging: this process's memory (broker allocations) that writers fill;
   // block i lives in chunk i / chunk_blocks.
   struct Chunk {
@@ -40,16 +53,48 @@ struct KvStoreState {
   ~KvStoreState() {
     for (size_t i = 0; i < slabs.size(); ++i)
       if (slabs[i] != nullptr) ::munmap(const_cast<std::byte*>(slabs[i]), slab_sizes[i]);
+    for (const auto& [e, maps] : retired)
+      for (const auto& [p, n] : maps) ::munmap(const_cast<std::byte*>(p), n);
   }
   Connection& conn() { return client.core_->conn(); }
+  uint64_t Epoch() { return conn().generation(); }  // the broker that answers now
   size_t block_size() const { return geometry.block_size; }
 
-  Result<const std::byte*> Block(uint64_t slot, uint64_t length) {
+  // A KvLeases of broker `e` begins and ends.
+  void HoldEpoch(uint64_t e) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++live_leases[e];
+  }
+  void DropEpoch(uint64_t e) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = live_leases.find(e);
+    if (it == live_leases.end() || --it->second != 0) return;
+    live_leases.erase(it);
+    UnmapRetiredLocked(e);
+  }
+  void UnmapRetiredLocked(uint64_t e) {
+    auto r = retired.find(e);
+    if (r == retired.end()) return;
+    for (const auto& [p, n] : r->second) ::munmap(const_cast<std::byte*>(p), n);
+    retired.erase(r);
+  }
+
+  // Block `slot` as broker `e` described it.
+  Result<const std::byte*> Block(uint64_t slot, uint64_t length, uint64_t e) {
     if (slot >= geometry.blocks || length == 0 || length > geometry.block_size)
       return Status(ErrorCode::kProtocolError, "the broker named block " + std::to_string(slot) + " of length " +
                                                    std::to_string(length) + ", outside the store");
     const uint32_t slab = static_cast<uint32_t>(slot / geometry.slab_blocks);
     std::lock_guard<std::mutex> lock(mu);
+    if (e < epoch) return Restarted();
+    if (e > epoch) {
+      // A new broker: its slabs are new memory.
+      auto& old = retired[epoch];
+      for (size_t i = 0; i < slabs.size(); ++i)
+        if (slabs[i] != nullptr) old.emplace_back(std::exchange(slabs[i], nullptr), slab_sizes[i]);
+      if (live_leases.count(epoch) == 0) UnmapRetiredLocked(epoch);
+      epoch = e;
+    }
     if (slabs[slab] == nullptr) {
       MB_ASSIGN_OR_RETURN(Reply r, conn().Call(ipc::KvSlabRequest{geometry.store, slab}));
       // The slab's memory is its blocks rounded up to its page size (a huge-page
@@ -67,6 +112,10 @@ struct KvStoreState {
       slab_sizes[slab] = m->size;
     }
     return slabs[slab] + (slot % geometry.slab_blocks) * geometry.block_size;
+  }
+
+  static Status Restarted() {
+    return Status(ErrorCode::kNotConnected, "the broker restarted during the call; call again");
   }
 
   Result<int> TakeStaging() {
@@ -144,6 +193,7 @@ Result<KvStore> Opened(Client& client, detail::Reply r) {
   st->slabs.assign(m->slabs, nullptr);
   st->slab_sizes.assign(m->slabs, 0);
   st->slab_bytes = m->slab_blocks * m->block_size;
+  st->epoch = st->Epoch();
   st->chunk_blocks = std::clamp<size_t>(detail::kStagingChunkBytes / m->block_size, 1, ipc::kMaxKvBatch);
   return KvStore::FromState(std::move(st));
 }
@@ -213,17 +263,29 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
   if (!state_) return Status(ErrorCode::kInvalidHandle, "an empty KvStore");
   MB_RETURN_IF_ERROR(CheckKeys(keys));
   KvLeases out;
-  out.state_ = state_;
   out.blocks_.reserve(keys.size());
   bool leading = true;
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
     MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvGetRequest{
                                              id(), std::vector<std::string>(batch.begin(), batch.end()), true}));
+    const uint64_t broker = r.broker;
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvGetRequest"));
-    // Every lease is recorded before anything can fail, so `out` releases them all.
+    std::vector<ipc::KvRef> granted;
     for (const auto& b : m.blocks)
-      if (b.code == ErrorCode::kOk) out.refs_.emplace_back(b.slot, b.generation);
+      if (b.code == ErrorCode::kOk) granted.push_back({b.slot, b.generation});
+    if (!out.state_) {
+      out.state_ = state_;
+      out.epoch_ = broker;
+      state_->HoldEpoch(broker);
+    } else if (broker != out.epoch_) {
+      // The broker restarted between two batches: this batch's leases end at
+      // the broker that granted them, and the call is to be made again.
+      if (state_->Epoch() == broker) SendRefs<ipc::KvReleaseRequest>(*state_, std::move(granted));
+      return detail::KvStoreState::Restarted();
+    }
+    // Every lease is recorded before anything can fail, so `out` releases them all.
+    for (const auto& g : granted) out.refs_.emplace_back(g.slot, g.generation);
     for (const auto& b : m.blocks) {
       leading = leading && b.code == ErrorCode::kOk;
       if (leading) ++out.leading_;
@@ -231,7 +293,7 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
         out.blocks_.emplace_back();
         continue;
       }
-      MB_ASSIGN_OR_RETURN(const std::byte* p, state_->Block(b.slot, b.length));
+      MB_ASSIGN_OR_RETURN(const std::byte* p, state_->Block(b.slot, b.length, out.epoch_));
       out.blocks_.emplace_back(p, b.length);
     }
   }
@@ -248,7 +310,19 @@ Result<KvPut> KvStore::Reserve(std::span<const std::string> keys) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
     MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvReserveRequest{
                                              id(), std::vector<std::string>(batch.begin(), batch.end())}));
+    const uint64_t broker = r.broker;
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvReserveRequest"));
+    if (at == 0) {
+      put.epoch_ = broker;
+    } else if (broker != put.epoch_) {
+      // The broker restarted between two batches: this batch's reservations
+      // end at the broker that made them, and the call is to be made again.
+      std::vector<ipc::KvRef> made;
+      for (const auto& b : m.blocks)
+        if (b.code == ErrorCode::kOk) made.push_back({b.slot, b.generation});
+      if (state_->Epoch() == broker) SendRefs<ipc::KvAbortRequest>(*state_, std::move(made));
+      return detail::KvStoreState::Restarted();
+    }
     for (const auto& b : m.blocks) {
       KvPut::Block block;
       block.status = b.code;
@@ -281,6 +355,17 @@ Status KvStore::Seal(KvPut& put) {
                                                   "; blocks are 1 to " + std::to_string(block_size()) + " bytes");
     open.push_back(i);
   }
+  if (put.epoch_ != state_->Epoch()) {
+    // Reserved at a broker that has gone: the reservations went with it.
+    for (size_t i : open) {
+      KvPut::Block& b = put.blocks_[i];
+      b.status = ErrorCode::kStale;
+      b.open = false;
+      state_->GiveStaging(std::exchange(b.staging, -1));
+    }
+    return Status(ErrorCode::kStale, std::to_string(open.size()) +
+                                         " blocks were reserved at a broker that has since restarted; put them again");
+  }
   size_t failed = 0;
   ErrorCode first = ErrorCode::kOk;
   std::vector<ipc::KvRef> to_abort;
@@ -292,15 +377,17 @@ Status KvStore::Seal(KvPut& put) {
       req.blocks.push_back(state_->SealOf(b.staging, b.slot, b.generation, b.length));
     }
     MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(std::move(req)));
+    const bool restarted = r.broker != put.epoch_;  // the new broker's answer: the reservations are gone
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), n, "KvSealRequest"));
     for (size_t k = 0; k < n; ++k) {
       KvPut::Block& b = put.blocks_[open[at + k]];
       b.status = m.blocks[k].code;
       b.open = false;
       state_->GiveStaging(std::exchange(b.staging, -1));
+      if (restarted && b.status != ErrorCode::kOk) b.status = ErrorCode::kStale;
       if (b.status == ErrorCode::kOk) continue;
       if (failed++ == 0) first = b.status;
-      if (b.status != ErrorCode::kStale) to_abort.push_back({b.slot, b.generation});
+      if (b.status != ErrorCode::kStale && !restarted) to_abort.push_back({b.slot, b.generation});
     }
   }
   SendRefs<ipc::KvAbortRequest>(*state_, std::move(to_abort));
@@ -343,7 +430,8 @@ Result<std::vector<ErrorCode>> KvStore::Put(std::span<const std::string> keys,
 
 KvPut::~KvPut() { AbortOpen(); }
 
-KvPut::KvPut(KvPut&& other) noexcept : state_(std::move(other.state_)), blocks_(std::move(other.blocks_)) {
+KvPut::KvPut(KvPut&& other) noexcept
+    : state_(std::move(other.state_)), epoch_(other.epoch_), blocks_(std::move(other.blocks_)) {
   other.blocks_.clear();
 }
 
@@ -351,6 +439,7 @@ KvPut& KvPut::operator=(KvPut&& other) noexcept {
   if (this != &other) {
     AbortOpen();
     state_ = std::move(other.state_);
+    epoch_ = other.epoch_;
     blocks_ = std::move(other.blocks_);
     other.blocks_.clear();
   }
@@ -372,7 +461,7 @@ void KvPut::AbortOpen() {
     if (b.staging >= 0) state_->GiveStaging(std::exchange(b.staging, -1));
     b.open = false;
   }
-  SendRefs<ipc::KvAbortRequest>(*state_, std::move(refs));
+  if (epoch_ == state_->Epoch()) SendRefs<ipc::KvAbortRequest>(*state_, std::move(refs));
 }
 
 // ---- KvLeases ----
@@ -381,6 +470,7 @@ KvLeases::~KvLeases() { Release(); }
 
 KvLeases::KvLeases(KvLeases&& other) noexcept
     : state_(std::move(other.state_)),
+      epoch_(other.epoch_),
       blocks_(std::move(other.blocks_)),
       refs_(std::move(other.refs_)),
       leading_(other.leading_) {
@@ -391,6 +481,7 @@ KvLeases& KvLeases::operator=(KvLeases&& other) noexcept {
   if (this != &other) {
     Release();
     state_ = std::move(other.state_);
+    epoch_ = other.epoch_;
     blocks_ = std::move(other.blocks_);
     refs_ = std::move(other.refs_);
     leading_ = other.leading_;
@@ -400,12 +491,14 @@ KvLeases& KvLeases::operator=(KvLeases&& other) noexcept {
 }
 
 void KvLeases::Release() {
-  if (state_ && !refs_.empty()) {
+  if (state_ && !refs_.empty() && epoch_ == state_->Epoch()) {
     std::vector<ipc::KvRef> refs;
     refs.reserve(refs_.size());
     for (const auto& [slot, generation] : refs_) refs.push_back({slot, generation});
     SendRefs<ipc::KvReleaseRequest>(*state_, std::move(refs));
   }
+  if (state_) state_->DropEpoch(epoch_);  // (after: the spans are not read again)
+  state_.reset();
   refs_.clear();
   blocks_.clear();
   leading_ = 0;

@@ -6,8 +6,9 @@
      back what it kept in the unit's file descriptor store; a client connecting
      meanwhile waits in the socket systemd holds;
   3. the new broker has everything: a holder's memory (it reattaches), a
-     persistent name whose publisher had exited and an export of it (only the fd
-     store can bring those back: no live process held them).
+     persistent name whose publisher had exited and an export of it, and a
+     KV-cache store with every block sealed in it (only the fd store can bring
+     those back: no live process held them).
 
 PID 1 here is not systemd, so systemd runs as a user manager (`systemd --user`,
 the same service manager code) in a private mount namespace, with a tmpfs on
@@ -168,6 +169,28 @@ HOLDER = """
     assert sys.stdin.readline().strip() == "exit"
 """
 
+KV_WRITER = """
+    import sys, hashlib, membroker
+    c = membroker.connect(sys.argv[1], "kv-writer")
+    store = membroker.KvStore.create(c, "model/kv", block_size=4096, capacity=64 * 4096)
+    keys = [b"block-%d" % i for i in range(48)]
+    values = [hashlib.sha256(k).digest() * 128 for k in keys]
+    assert store.batch_set(keys, values) == [True] * 48
+    print("put")
+"""  # and exits: only the broker holds the store
+
+KV_READER = """
+    import sys, hashlib, membroker
+    c = membroker.connect(sys.argv[1], "kv-reader")
+    store = membroker.KvStore.open(c, "model/kv")
+    keys = [b"block-%d" % i for i in range(48)]
+    with store.batch_get(keys) as got:
+        assert got.leading == 48, got.leading
+        good = sum(bytes(b) == hashlib.sha256(k).digest() * 128 for k, b in zip(keys, got))
+    assert store.batch_set([b"after"], [b"x" * 4096]) == [True]  # the new broker writes it
+    print(good)
+"""
+
 CONSUMER = """
     import sys, numpy as np, membroker
     c = membroker.connect(sys.argv[1], "consumer")
@@ -217,11 +240,13 @@ def inside(build_dir: str) -> None:
         token = finish(python_client(PUBLISHER, sock))
         assert manager.show("membrokerd.service", "ActiveState") == "active"
         print("socket activation: the first connect started membrokerd.service")
+        assert finish(python_client(KV_WRITER, sock)) == "put"
         holder = python_client(HOLDER, sock)
         clients.append(holder)
         assert holder.stdout.readline().strip() == "ready"
         before = stats(ctl, admin)
-        assert before["fd_store_stored"] >= 2 and before["fd_store_states"] >= 1, before
+        # 2 allocations, and the store's index and slab
+        assert before["fd_store_stored"] >= 4 and before["fd_store_states"] >= 1, before
         assert before["fd_store_failures"] == 0, before
 
         # 2. SIGKILL; systemd restarts the broker with what its fd store kept.
@@ -243,11 +268,14 @@ def inside(build_dir: str) -> None:
         assert line == "ok 1", line + holder.stderr.read()
         sums = finish(python_client(CONSUMER, sock, token)).split()
         assert sums == [str(sum(range(4096))), str(7 << 18), str(16384)], sums
+        assert finish(python_client(KV_READER, sock)) == "48"
         after = stats(ctl, admin)
         assert after["fd_store_restored"] >= 2, after
+        assert after["kv_stores"] == 1 and after["kv_blocks"] == 49, after
         assert after["clients_reattached"] >= 1, after
         print("fd store: restored %d allocations; the persistent name, its export and the holder's memory "
               "came back" % after["fd_store_restored"])
+        print("fd store: the KV-cache store came back with its 48 blocks, every byte checked")
         holder.stdin.write("exit\n")
         holder.stdin.flush()
         finish(holder)

@@ -30,6 +30,18 @@ TEST(FdStore, MemoryNamesCarryTheAllocationAndOnlyTheirOwnSpellingParses) {
   EXPECT_FALSE(ParseStoredStateName("state-").has_value());
 }
 
+TEST(FdStore, KvStoreNamesCarryTheStoreItsGenerationAndThePart) {
+  const std::string name = StoredKvName({9007199254740991ull, 3, 4096});
+  EXPECT_EQ(name, "kv-9007199254740991-3-4096");
+  auto back = ParseStoredKvName(name);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->store, 9007199254740991ull);
+  EXPECT_EQ(back->generation, 3u);
+  EXPECT_EQ(back->part, 4096u);
+  for (const char* bad : {"kv-1-2", "kv-1-2-3-4", "kv-01-2-3", "kv-1-2-3x", "kv--1-2-3", "kv-1-2-+3", "mem-1-2-3"})
+    EXPECT_FALSE(ParseStoredKvName(bad).has_value()) << bad;
+}
+
 TEST(FdStore, StateRoundTripsSealedAndDamageIsRefused) {
   std::vector<ipc::Message> records = {
       ipc::TakeOverExport{std::string(32, 'a'), 5, 1000, 0, {}},

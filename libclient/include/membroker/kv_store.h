@@ -63,7 +63,9 @@ class MEMBROKER_API KvPut {
   size_t size() const { return blocks_.size(); }
   // OK: reserved for this put, to fill and seal; ALREADY_EXISTS: the key is
   // cached; BUSY: another process is writing it; RESOURCE_EXHAUSTED: every
-  // block is leased or being written. After Seal: OK, or why it was not sealed.
+  // block is leased or being written. After Seal: OK, or why it was not
+  // sealed (STALE: the broker restarted since the reservation, which ended
+  // with it; put them again).
   ErrorCode status(size_t i) const { return blocks_.at(i).status; }
   // Where to write block i: block_size bytes of this process's memory; empty
   // unless status(i) is OK and it is not sealed yet.
@@ -82,6 +84,7 @@ class MEMBROKER_API KvPut {
   };
   void AbortOpen();
   std::shared_ptr<detail::KvStoreState> state_;
+  uint64_t epoch_ = 0;  // the broker that reserved the blocks (its connection's generation)
   std::vector<Block> blocks_;
 };
 
@@ -99,6 +102,9 @@ class MEMBROKER_API KvLeases {
   size_t leading() const { return leading_; }  // found from the first key on
   bool found(size_t i) const { return !blocks_.at(i).empty(); }
   // The sealed bytes of block i (read-only memory); empty if not found.
+  // They stay readable, unchanged, across a broker restart: the broker that
+  // follows copies the store into new slabs, and this process keeps the old
+  // ones mapped until the leases taken there are released.
   std::span<const std::byte> data(size_t i) const { return blocks_.at(i); }
   // Ends the leases (no wait); the spans are no longer to be read.
   void Release();
@@ -106,6 +112,7 @@ class MEMBROKER_API KvLeases {
  private:
   friend class KvStore;
   std::shared_ptr<detail::KvStoreState> state_;
+  uint64_t epoch_ = 0;  // the broker that granted the leases (its connection's generation)
   std::vector<std::span<const std::byte>> blocks_;
   std::vector<std::pair<uint64_t, uint64_t>> refs_;  // (slot, generation) of each lease
   size_t leading_ = 0;

@@ -77,7 +77,8 @@
   X(KvGetRequest, Request, 0)           \
   X(KvReleaseRequest, Request, 0)       \
   X(KvBlocksReply, Reply, 0)            \
-  X(KvDropRequest, Request, 0)
+  X(KvDropRequest, Request, 0)         \
+  X(TakeOverKvStore, Reply, kOneFdPerEntry)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

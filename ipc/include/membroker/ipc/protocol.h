@@ -362,8 +362,13 @@ struct TakeOverName {
   bool operator==(const TakeOverName&) const = default;
 };
 struct TakeOverEnd {
-  uint64_t allocations = 0, exports = 0, names = 0;
+  uint64_t allocations = 0, exports = 0, names = 0, kv_stores = 0;
   bool operator==(const TakeOverEnd&) const = default;
+};
+struct TakeOverKvStore {  // + one fd per entry
+  uint64_t store = 0;
+  std::vector<uint32_t> handles;  // the schema's `parts`: 0 the index, N + 1 slab N
+  bool operator==(const TakeOverKvStore&) const = default;
 };
 struct TakeOverAck {
   bool operator==(const TakeOverAck&) const = default;
