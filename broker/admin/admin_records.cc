@@ -77,6 +77,8 @@ constexpr StatMetric kStatMetrics[] = {
     {"kv_misses", true, "KV keys not found by gets and lookups."},
     {"kv_evictions", true, "KV blocks evicted to make room."},
     {"kv_stale", true, "KV references refused as STALE (their block was evicted and its slot reused)."},
+    {"kv_restored", true, "KV blocks an earlier broker sealed, made again at this broker's start."},
+    {"kv_lost", true, "KV blocks an earlier broker sealed that this one could not make again (a damaged record, a slab that did not come)."},
     {"allocations_created", true, "Allocations created."},
     {"allocations_freed", true, "Allocations freed."},
     {"exports_live", false, "Export tokens live."},
@@ -173,6 +175,8 @@ Record Broker::StatsRecord() const {
       .Num("kv_misses", kv.misses)
       .Num("kv_evictions", kv.evictions)
       .Num("kv_stale", kv.stale)
+      .Num("kv_restored", kv.restored)
+      .Num("kv_lost", kv.lost)
       .Num("allocations_created", t.allocations_created)
       .Num("allocations_freed", t.allocations_freed)
       .Num("exports_live", table.export_count())

@@ -39,6 +39,8 @@ KvStoreStats& KvStoreStats::operator+=(const KvStoreStats& o) {
   exhausted += o.exhausted;
   stale += o.stale;
   bytes_copied += o.bytes_copied;
+  restored += o.restored;
+  lost += o.lost;
   return *this;
 }
 
@@ -126,6 +128,8 @@ Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index,
   s.free_.clear();
   for (uint64_t i = s.spec_.blocks; i-- > 0;)
     if (s.slots_[i].state == State::kFree) s.free_.push_back(i);
+  s.stats_.restored = out.blocks;
+  s.stats_.lost = out.dropped;
   return out;
 }
 

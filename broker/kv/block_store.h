@@ -58,6 +58,8 @@ struct KvStoreStats {
   uint64_t exhausted = 0;     // reservations refused: every block leased or being written
   uint64_t stale = 0;         // STALE answers
   uint64_t bytes_copied = 0;  // by Seal
+  uint64_t restored = 0;      // sealed blocks an earlier broker had, made again here
+  uint64_t lost = 0;          // sealed blocks of an earlier broker not made again (damaged, missing)
   KvStoreStats& operator+=(const KvStoreStats& o);
 };
 

@@ -9,9 +9,12 @@ the store and checks every byte against its key, "computes" the missing blocks
 prints the hit rate and the compute time saved, against the same stream served
 with a private cache per engine; with --kill, engines are SIGKILLed at random
 mid-run and restarted, and the store must end with nothing held and every byte
-read right.
+read right. With --kill-broker, the broker itself is SIGKILLed halfway through
+the shared run: run it under `membrokerd --supervise` (or systemd's unit), which
+restarts it with the store from its fd store; the engines reattach, the store
+must come back with every block, and the run goes on.
 
-    python3 examples/kv_cache/serve.py --socket /tmp/b.sock [--engines 4] [--prompts 400] [--kill 3]
+    python3 examples/kv_cache/serve.py --socket /tmp/b.sock [--engines 4] [--prompts 400] [--kill 3] [--kill-broker]
 """
 import argparse
 import hashlib
@@ -55,10 +58,21 @@ def compute(key: bytes, cost_s: float) -> bytes:
     return hashlib.shake_256(key).digest(BLOCK)
 
 
+def connect(membroker, path: str, name: str):
+    """A client, waiting (bounded) for a broker that is restarting."""
+    for attempt in range(300):
+        try:
+            return membroker.connect(path, name)
+        except membroker.NotConnected:
+            if attempt == 299:
+                raise
+            time.sleep(0.1)
+
+
 def engine(args) -> int:
     import membroker
     import numpy as np
-    c = membroker.connect(args.socket, f"engine-{args.rank}")
+    c = connect(membroker, args.socket, f"engine-{args.rank}")
     store = None if args.private else membroker.KvStore.open(c, args.store)
     private: dict[bytes, bytes] = {}
     stream = prompts(args.prompts)
@@ -67,27 +81,33 @@ def engine(args) -> int:
         if i % args.engines != args.rank:
             continue
         keys = keys_of(stream[i])
-        if store is None:
-            n = 0
-            while n < len(keys) and keys[n] in private:
-                n += 1
-        else:
-            n = store.prefix_hits(keys)
-            with store.batch_get(keys[:n]) as got:
-                n = got.leading  # (a block may have been evicted since prefix_hits)
-                for k, block in zip(keys[:n], got):
-                    want = np.frombuffer(hashlib.shake_256(k).digest(BLOCK), dtype=np.uint8)
-                    if not np.array_equal(block, want):
-                        print(f"engine {args.rank}: WRONG BYTES for a block of prompt {i}", flush=True)
-                        return 3
-                    checked += BLOCK
+        while True:  # a prompt is served again if the broker went away meanwhile
+            seen = c.reattaches
+            try:
+                if store is None:
+                    n = 0
+                    while n < len(keys) and keys[n] in private:
+                        n += 1
+                else:
+                    n = store.prefix_hits(keys)
+                    with store.batch_get(keys[:n]) as got:
+                        n = got.leading  # (a block may have been evicted since prefix_hits)
+                        for k, block in zip(keys[:n], got):
+                            want = np.frombuffer(hashlib.shake_256(k).digest(BLOCK), dtype=np.uint8)
+                            if not np.array_equal(block, want):
+                                print(f"engine {args.rank}: WRONG BYTES for a block of prompt {i}", flush=True)
+                                return 3
+                            checked += BLOCK
+                fresh = [compute(k, args.cost_ms / 1000) for k in keys[n:]]
+                if store is None:
+                    private.update(zip(keys[n:], fresh))
+                else:
+                    store.batch_set(keys[n:], fresh)
+                break
+            except membroker.NotConnected:
+                c.wait_for_reattach(seen + 1, timeout_ms=30000)
         hits += n
-        fresh = [compute(k, args.cost_ms / 1000) for k in keys[n:]]
         computed += len(fresh)
-        if store is None:
-            private.update(zip(keys[n:], fresh))
-        else:
-            store.batch_set(keys[n:], fresh)
         print(json.dumps({"done": i, "hits": n, "computed": len(fresh), "checked": checked}), flush=True)
     print(json.dumps({"end": args.rank}), flush=True)
     return 0
@@ -101,7 +121,32 @@ def admin(path: str, command: str) -> str:
         return b"".join(iter(lambda: s.recv(65536), b"")).decode()
 
 
-def run(args, private: bool, kills: int) -> dict:
+def stats_of(path: str) -> dict:
+    """The broker's stats, waiting (bounded) for one that is restarting."""
+    for attempt in range(300):
+        try:
+            return json.loads(admin(path, "stats --json"))
+        except OSError:
+            if attempt == 299:
+                raise
+            time.sleep(0.1)
+
+
+def kill_broker(admin_path: str) -> dict:
+    """SIGKILLs the broker; waits for its successor (its keeper or systemd
+    restarts it) and returns what it restored."""
+    before = stats_of(admin_path)
+    os.kill(before["pid"], signal.SIGKILL)
+    for _ in range(300):
+        after = stats_of(admin_path)
+        if after["pid"] != before["pid"]:
+            return {"old_pid": before["pid"], "pid": after["pid"], "blocks_before": before["kv_blocks"],
+                    "restored": after["kv_restored"], "lost": after["kv_lost"]}
+        time.sleep(0.1)
+    raise SystemExit("kv_cache: no broker came back after the SIGKILL (run it under --supervise or systemd)")
+
+
+def run(args, private: bool, kills: int, kill_broker_at: int = 0) -> dict:
     """Serves the stream with args.engines processes; returns the totals."""
     rng = random.Random(11)
     me = os.path.abspath(__file__)
@@ -136,6 +181,8 @@ def run(args, private: bool, kills: int) -> dict:
             totals["computed"] += m["computed"]
             checked_by[r] = m["checked"]
             served += 1
+            if kill_broker_at and served == kill_broker_at:
+                totals["broker"] = kill_broker(args.admin_socket or args.socket + ".admin")
             if kill_after and served >= kill_after[0]:
                 kill_after.pop(0)
                 p.send_signal(signal.SIGKILL)  # mid-prompt, holding whatever it held
@@ -158,6 +205,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--cost-ms", type=float, default=1.0, help="compute cost per block")
     ap.add_argument("--kill", type=int, default=0, help="SIGKILL this many engines at random mid-run")
+    ap.add_argument("--kill-broker", action="store_true",
+                    help="SIGKILL the broker halfway (it must run under --supervise or systemd)")
     ap.add_argument("--store", default="demo/kv")
     ap.add_argument("--capacity-blocks", type=int, default=2048, help="the store's size (eviction runs past it)")
     ap.add_argument("--engine", type=int, help=argparse.SUPPRESS)
@@ -174,8 +223,8 @@ def main() -> int:
     membroker.KvStore.create(c, args.store, block_size=BLOCK, capacity=args.capacity_blocks * BLOCK)
     blocks = args.prompts * 16
     private = run(args, private=True, kills=0)
-    shared = run(args, private=False, kills=args.kill)
-    stats = json.loads(admin(admin_path, "stats --json"))
+    shared = run(args, private=False, kills=args.kill, kill_broker_at=args.prompts // 2 if args.kill_broker else 0)
+    stats = stats_of(admin_path)
     saved = (shared["hits"] - private["hits"]) * args.cost_ms / 1000
     print(f"kv_cache: {args.engines} engines, {args.prompts} prompts of 16 blocks of {BLOCK >> 10} KiB, "
           f"{args.cost_ms:g} ms of compute per block")
@@ -185,6 +234,10 @@ def main() -> int:
           f"{shared['seconds']:.1f} s; {saved:.1f} s of compute saved; "
           f"{shared['checked'] >> 20} MiB read and checked against their keys"
           + (f"; {shared['killed']} engines SIGKILLed and restarted" if shared["killed"] else ""))
+    if "broker" in shared:
+        b = shared["broker"]
+        print(f"kv_cache: the broker (pid {b['old_pid']}) SIGKILLed halfway with {b['blocks_before']} blocks "
+              f"sealed; pid {b['pid']} restored {b['restored']} of them ({b['lost']} lost), the engines reattached")
     print(f"kv_cache: store: {stats['kv_blocks']} blocks, {stats['kv_evictions']} evictions, "
           f"leases held {stats['kv_leases']}, blocks being written {stats['kv_writing']}")
     for _ in range(1000):  # the last SIGKILLed engine's leases end as its connection closes
@@ -193,7 +246,12 @@ def main() -> int:
         time.sleep(0.01)
         stats = json.loads(admin(admin_path, "stats --json"))
     check = admin(admin_path, "check").strip()
+    if "broker" in shared:
+        c.wait_for_reattach(1, timeout_ms=30000)
     membroker.KvStore.drop(c, args.store)
+    if shared.get("broker", {}).get("lost"):
+        print(f"kv_cache: LOST {shared['broker']['lost']} sealed blocks in the broker's restart")
+        return 1
     if stats["kv_leases"] or stats["kv_writing"] or check != "tables: consistent":
         print(f"kv_cache: LEFT BEHIND: leases {stats['kv_leases']}, writing {stats['kv_writing']}, {check}")
         return 1
