@@ -171,6 +171,127 @@ static int child(const char* sock, int in, int out) {
   return failures == 0 ? 0 : 1;
 }
 
+/* KV-cache stores: a block's bytes follow from its key's number. */
+static void kv_key(mb_kv_key* k, char* buf, int i) {
+  k->size = (size_t)snprintf(buf, 32, "c-key-%d", i);
+  k->data = buf;
+}
+static unsigned char kv_byte(int key, size_t i) { return (unsigned char)(key * 13 + i); }
+
+/* A reader process: opens the store by name and checks every byte it leases. */
+static int kv_reader(const char* sock) {
+  mb_client* c = NULL;
+  MUST(mb_connect(sock, "c-kv-reader", 0, &c) == MB_OK);
+  mb_kv_store* s = NULL;
+  MUST(mb_kv_store_open(c, "c-api/kv", &s) == MB_OK);
+  char bufs[10][32];
+  mb_kv_key keys[10];
+  for (int i = 0; i < 10; ++i) kv_key(&keys[i], bufs[i], i);
+  size_t hits = 0;
+  CHECK(mb_kv_prefix_hits(s, keys, 10, &hits) == MB_OK && hits == 8);
+  mb_kv_leases* got = NULL;
+  MUST(mb_kv_get(s, keys, 10, &got) == MB_OK);
+  CHECK(mb_kv_leases_count(got) == 10 && mb_kv_leases_leading(got) == 8);
+  for (int i = 0; i < 8; ++i) {
+    size_t len = 0;
+    const unsigned char* b = mb_kv_leases_block(got, (size_t)i, &len);
+    CHECK(b != NULL && len == (i == 7 ? 100 : 4096));
+    for (size_t j = 0; b != NULL && j < len; ++j)
+      if (b[j] != kv_byte(i, j)) {
+        CHECK(!"a leased block holds its key's bytes");
+        break;
+      }
+  }
+  size_t len = 1;
+  CHECK(mb_kv_leases_block(got, 8, &len) == NULL && len == 0);
+  CHECK(mb_kv_leases_block(got, 99, NULL) == NULL);
+  mb_kv_leases_release(got);
+  mb_kv_store_close(s);
+  mb_client_close(c);
+  return failures;
+}
+
+static void kv_checks(const char* sock, mb_client* c) {
+  mb_kv_store_options o;
+  mb_kv_store_options_init(&o);
+  mb_kv_store* s = NULL;
+  CHECK(mb_kv_store_create(c, "c-api/kv", &o, &s) == MB_PARAM_INVALID && s == NULL); /* no block size */
+  o.block_size = 4096;
+  o.capacity = 64 * 4096;
+  o.eviction = 9;
+  CHECK(mb_kv_store_create(c, "c-api/kv", &o, &s) == MB_PARAM_INVALID);
+  o.eviction = MB_KV_LRU;
+  MUST(mb_kv_store_create(c, "c-api/kv", &o, &s) == MB_OK);
+  CHECK(mb_kv_store_block_size(s) == 4096 && mb_kv_store_blocks(s) == 64);
+  mb_kv_store* none = NULL;
+  CHECK(mb_kv_store_open(c, "c-api/no-such-store", &none) == MB_NOT_FOUND && none == NULL);
+
+  /* Six blocks in one call, two in two phases (one shorter). */
+  char bufs[10][32];
+  mb_kv_key keys[10];
+  unsigned char values[6][4096];
+  const void* vp[6];
+  size_t lens[6];
+  int statuses[6];
+  for (int i = 0; i < 10; ++i) kv_key(&keys[i], bufs[i], i);
+  for (int i = 0; i < 6; ++i) {
+    for (size_t j = 0; j < 4096; ++j) values[i][j] = kv_byte(i, j);
+    vp[i] = values[i];
+    lens[i] = 4096;
+  }
+  MUST(mb_kv_put_batch(s, keys, vp, lens, 6, statuses) == MB_OK);
+  for (int i = 0; i < 6; ++i) CHECK(statuses[i] == MB_OK);
+  MUST(mb_kv_put_batch(s, keys, vp, lens, 1, statuses) == MB_OK);
+  CHECK(statuses[0] == MB_ALREADY_EXISTS);
+  mb_kv_put* put = NULL;
+  MUST(mb_kv_reserve(s, keys + 5, 3, &put) == MB_OK);
+  CHECK(mb_kv_put_count(put) == 3 && mb_kv_put_status(put, 0) == MB_ALREADY_EXISTS);
+  CHECK(mb_kv_put_block(put, 0) == NULL && mb_kv_put_block(put, 3) == NULL);
+  for (int k = 1; k < 3; ++k) {
+    unsigned char* b = mb_kv_put_block(put, (size_t)k);
+    MUST(b != NULL && mb_kv_put_status(put, (size_t)k) == MB_OK);
+    for (size_t j = 0; j < 4096; ++j) b[j] = kv_byte(5 + k, j);
+  }
+  CHECK(mb_kv_put_set_length(put, 2, 0) == MB_PARAM_INVALID);
+  CHECK(mb_kv_put_set_length(put, 2, 4097) == MB_PARAM_INVALID);
+  MUST(mb_kv_put_set_length(put, 2, 100) == MB_OK);
+  uint8_t found[10];
+  CHECK(mb_kv_exists(s, keys, 10, found) == MB_OK && found[6] == 0); /* invisible until sealed */
+  MUST(mb_kv_seal(put) == MB_OK);
+  CHECK(mb_kv_put_status(put, 1) == MB_OK && mb_kv_put_block(put, 1) == NULL);
+  mb_kv_put_free(put);
+  CHECK(mb_kv_exists(s, keys, 10, found) == MB_OK && found[7] == 1 && found[8] == 0);
+
+  /* Bad keys get a clear error. */
+  char long_key[65];
+  memset(long_key, 'k', sizeof(long_key));
+  mb_kv_key bad[2] = {{long_key, sizeof(long_key)}, {NULL, 3}};
+  mb_kv_leases* got = NULL;
+  CHECK(mb_kv_get(s, bad, 1, &got) == MB_PARAM_INVALID && got == NULL);
+  CHECK(mb_kv_get(s, bad + 1, 1, &got) == MB_PARAM_INVALID);
+  CHECK(mb_kv_get(s, NULL, 2, &got) == MB_PARAM_INVALID);
+
+  /* Another process reads it; a lease held here keeps the store from being dropped. */
+  pid_t kid = fork();
+  if (kid == 0) {
+    g_broker = 0;
+    _exit(kv_reader(sock) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  MUST(waitpid(kid, &status, 0) == kid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  MUST(mb_kv_get(s, keys, 1, &got) == MB_OK);
+  CHECK(mb_kv_store_drop(c, "c-api/kv") == MB_BUSY);
+  mb_kv_leases_release(got);
+  mb_kv_leases_release(NULL);
+  mb_kv_put_free(NULL);
+  mb_kv_store_close(s);
+  /* (the release is sent without waiting: the drop waits for it, bounded) */
+  int rc = MB_BUSY;
+  for (double until = now_s() + 10; rc == MB_BUSY && now_s() < until;) rc = mb_kv_store_drop(c, "c-api/kv");
+  CHECK(rc == MB_OK);
+}
+
 /* A channel subscriber process: every byte of kChunks chunks, in order. */
 enum { kChunks = 50, kChunkBytes = 8192 };
 
@@ -501,6 +622,7 @@ int main(int argc, char** argv) {
 
   channel_checks(sock, c);
   ring_checks(sock, c);
+  kv_checks(sock, c);
 
   CHECK(mb_engine_disconnect(e, remote, 1000) == MB_OK || 1); /* it may have gone already */
   MUST(mb_engine_deregister(e, reg) == MB_OK);

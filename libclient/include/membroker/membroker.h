@@ -295,6 +295,72 @@ MB_C_API int mb_tensor_ring_release(mb_tensor_ring* ring, const mb_ring_slot* sl
 /* 0 while nothing was published: a restarted producer resumes after it. */
 MB_C_API uint64_t mb_tensor_ring_last_published_frame(const mb_tensor_ring* ring);
 
+/* --- KV-cache stores (docs/KV.md) -------------------------------------------
+ * A node-wide cache of fixed-size blocks found by opaque keys (1 to 64 bytes),
+ * shared by every process of the host. Blocks are put in two phases (reserve,
+ * write in place, seal) and read under leases; both end with their process,
+ * however it ends. Batches of any length (the library splits them). */
+typedef struct mb_kv_store mb_kv_store;
+typedef struct mb_kv_leases mb_kv_leases;
+typedef struct mb_kv_put mb_kv_put;
+typedef struct mb_kv_key {
+  const void* data;
+  size_t size;
+} mb_kv_key;
+enum mb_kv_eviction { MB_KV_S3FIFO = 0, MB_KV_LRU = 1 };
+typedef struct mb_kv_store_options {
+  size_t block_size; /* a multiple of 64 bytes, at most 256 MiB */
+  size_t capacity;   /* bytes: rounded down to whole blocks, all reserved at creation */
+  int page_policy;   /* enum mb_page_policy */
+  int eviction;      /* enum mb_kv_eviction */
+} mb_kv_store_options;
+MB_C_API void mb_kv_store_options_init(mb_kv_store_options* options);
+/* Creates the store, or opens it if it exists with the same block size
+ * (MB_ALREADY_EXISTS with another). */
+MB_C_API int mb_kv_store_create(mb_client* client, const char* name, const mb_kv_store_options* options,
+                                mb_kv_store** out);
+MB_C_API int mb_kv_store_open(mb_client* client, const char* name, mb_kv_store** out);
+/* Frees this handle of the store (the store stays in the broker). Leases and
+ * puts taken through it stay valid until they are released or freed. */
+MB_C_API void mb_kv_store_close(mb_kv_store* store);
+/* Removes a store nobody leases from or writes to (MB_BUSY otherwise). */
+MB_C_API int mb_kv_store_drop(mb_client* client, const char* name);
+MB_C_API size_t mb_kv_store_block_size(const mb_kv_store* store);
+MB_C_API size_t mb_kv_store_blocks(const mb_kv_store* store);
+/* found[i] = 1 where keys[i] is sealed in the store, 0 otherwise. */
+MB_C_API int mb_kv_exists(mb_kv_store* store, const mb_kv_key* keys, size_t n, uint8_t* found);
+/* How many keys, from the first, the store has. */
+MB_C_API int mb_kv_prefix_hits(mb_kv_store* store, const mb_kv_key* keys, size_t n, size_t* hits);
+/* Leases on the blocks of keys found; mb_kv_leases_release ends them. */
+MB_C_API int mb_kv_get(mb_kv_store* store, const mb_kv_key* keys, size_t n, mb_kv_leases** out);
+MB_C_API size_t mb_kv_leases_count(const mb_kv_leases* leases);
+MB_C_API size_t mb_kv_leases_leading(const mb_kv_leases* leases); /* found from the first key on */
+/* Block i's sealed bytes (read-only memory) and their length; NULL where the
+ * key was not found or i is past the batch. */
+MB_C_API const void* mb_kv_leases_block(const mb_kv_leases* leases, size_t i, size_t* length);
+/* Ends the leases and frees leases (NULL is fine); its blocks are no longer to be read. */
+MB_C_API void mb_kv_leases_release(mb_kv_leases* leases);
+/* Reserves a block per key; mb_kv_put_status says which to write. */
+MB_C_API int mb_kv_reserve(mb_kv_store* store, const mb_kv_key* keys, size_t n, mb_kv_put** out);
+MB_C_API size_t mb_kv_put_count(const mb_kv_put* put);
+/* MB_OK: reserved, to fill and seal; MB_ALREADY_EXISTS, MB_BUSY (another
+ * process writes it), MB_RESOURCE_EXHAUSTED. After mb_kv_seal: MB_OK, or why it
+ * was not sealed (MB_STALE: the broker restarted since the reservation). */
+MB_C_API int mb_kv_put_status(const mb_kv_put* put, size_t i);
+/* Where to write block i (block_size bytes), or NULL unless it is reserved and not sealed. */
+MB_C_API void* mb_kv_put_block(const mb_kv_put* put, size_t i);
+/* The block's length (default: block_size), 1 to block_size. */
+MB_C_API int mb_kv_put_set_length(mb_kv_put* put, size_t i, size_t length);
+/* Seals every reserved block: visible to every process, immutable. MB_OK, or
+ * the first block's failure (each block's in mb_kv_put_status). */
+MB_C_API int mb_kv_seal(mb_kv_put* put);
+/* Aborts what was neither sealed nor aborted, and frees put (NULL is fine). */
+MB_C_API void mb_kv_put_free(mb_kv_put* put);
+/* Reserve, copy values[i] (lengths[i] bytes) in, seal: statuses[i] per key
+ * (MB_OK, MB_ALREADY_EXISTS, ...). */
+MB_C_API int mb_kv_put_batch(mb_kv_store* store, const mb_kv_key* keys, const void* const* values,
+                             const size_t* lengths, size_t n, int* statuses);
+
 #ifdef __cplusplus
 }
 #endif
