@@ -42,7 +42,7 @@ const char kUsage[] =
     "  --handshake-timeout-ms MS close connections that send no hello within MS (default 5000)\n"
     "  --max-outbound-bytes SIZE replies waiting for one client that does not read (default 4M)\n"
     "  --max-outbound-total SIZE replies waiting for all such clients together (default 256M)\n"
-    "  --quota-client SPEC      per-client quota, e.g. bytes=1G,pinned=64M,allocations=1000,imports=100\n"
+    "  --quota-client SPEC      per-client quota, e.g. bytes=1G,pinned=64M,allocations=1000,imports=100,kv=1G\n"
     "  --quota-uid UID:SPEC     per-uid quota for UID, or 'default:SPEC' for every other uid\n"
     "  --pool SIZE:POLICY:COUNT keep COUNT allocations of SIZE ready (POLICY: normal, huge-first,\n"
     "                           huge, huge1g); repeatable\n"

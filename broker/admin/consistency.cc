@@ -11,12 +11,12 @@ namespace membroker::broker {
 namespace {
 bool operator!=(const Usage& a, const Usage& b) {
   return a.bytes != b.bytes || a.pinned_bytes != b.pinned_bytes || a.allocations != b.allocations ||
-         a.imports != b.imports || a.device_bytes != b.device_bytes;
+         a.imports != b.imports || a.device_bytes != b.device_bytes || a.kv_bytes != b.kv_bytes;
 }
 std::string Text(const Usage& u) {
   return "bytes=" + std::to_string(u.bytes) + " pinned=" + std::to_string(u.pinned_bytes) +
          " allocations=" + std::to_string(u.allocations) + " imports=" + std::to_string(u.imports) +
-         " device=" + std::to_string(u.device_bytes);
+         " device=" + std::to_string(u.device_bytes) + " kv=" + std::to_string(u.kv_bytes);
 }
 Status Broken(const std::string& what) {
   return Status(ErrorCode::kInternal, "tables disagree: " + what);
@@ -101,6 +101,8 @@ Status Broker::CheckTables() const {
       own.pinned_bytes += size;
       beyond_table.pinned_bytes += size;
     }
+    own.kv_bytes += kv_.HeldBytes(sid);
+    beyond_table.kv_bytes += kv_.HeldBytes(sid);
     if (own != s->usage)
       return Broken("client " + std::to_string(sid) + " is charged " + Text(s->usage) +
                     " but holds " + Text(own));

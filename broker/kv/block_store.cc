@@ -315,6 +315,13 @@ uint64_t BlockStore::leases_held() const {
   return n;
 }
 
+uint64_t BlockStore::HeldBlocks(uint64_t session) const {
+  uint64_t n = 0;
+  if (auto l = leases_.find(session); l != leases_.end()) n += l->second.size();
+  if (auto w = writing_.find(session); w != writing_.end()) n += w->second.size();
+  return n;
+}
+
 std::map<uint64_t, std::pair<uint64_t, uint64_t>> BlockStore::BySession() const {
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> out;
   for (const auto& [session, slots] : leases_)

@@ -119,6 +119,8 @@ class BlockStore {
   uint64_t writing_blocks() const { return writing_blocks_; }
   uint64_t leases_held() const;
   const KvStoreStats& stats() const { return stats_; }
+  // Blocks the session holds: leased (each once, however many leases) or reserved.
+  uint64_t HeldBlocks(uint64_t session) const;
   // Sessions holding leases or reservations here: (leases, reservations).
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> BySession() const;
   // The index against the slots, the free list, the leases and the policy.

@@ -10,6 +10,9 @@
 namespace membroker::broker {
 
 namespace {
+// kv_bytes (accounting.h, rule 5) of n blocks of store.
+Usage Held(uint64_t n, const BlockStore& store) { return Usage{.kv_bytes = n * store.spec().block_size}; }
+
 Status NoStore(uint64_t id) {
   return Status(ErrorCode::kInvalidHandle, "no store has id " + std::to_string(id) + " at this broker");
 }
@@ -81,7 +84,17 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReserveRequest& m) {
   if (store == nullptr) return NoStore(m.store);
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.keys.size());
-  for (const std::string& key : m.keys) reply.blocks.push_back(store->Reserve(s.id, key));
+  for (const std::string& key : m.keys) {
+    const uint64_t held = store->HeldBlocks(s.id);
+    ipc::KvBlock b = store->Reserve(s.id, key);
+    if (store->HeldBlocks(s.id) > held) {
+      if (Status q = holdings_.Charge(s, Held(1, *store)); !q.ok()) {
+        (void)store->Abort(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
+        b = {q.code(), 0, 0, 0};
+      }
+    }
+    reply.blocks.push_back(b);
+  }
   return reply;
 }
 
@@ -90,6 +103,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
   if (store == nullptr) return NoStore(m.store);
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.blocks.size());
+  const uint64_t held = store->HeldBlocks(s.id);
   for (const ipc::KvSeal& seal : m.blocks) {
     // The source: host memory this client holds, the range inside it.
     const Allocation* a = holdings_.Find(seal.allocation);
@@ -103,13 +117,17 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
     }
     reply.blocks.push_back(store->Seal(s.id, seal, a->memory.fd.get()));
   }
+  holdings_.Uncharge(&s, s.cred.uid, Held(held - store->HeldBlocks(s.id), *store));  // sealed: no longer held
   return reply;
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvAbortRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
-  return EachRef("abort", m.refs, [&](const ipc::KvRef& r) { return store->Abort(s.id, r); });
+  const uint64_t held = store->HeldBlocks(s.id);
+  Status st = EachRef("abort", m.refs, [&](const ipc::KvRef& r) { return store->Abort(s.id, r); });
+  holdings_.Uncharge(&s, s.cred.uid, Held(held - store->HeldBlocks(s.id), *store));
+  return st;
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
@@ -119,7 +137,15 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
   reply.blocks.reserve(m.keys.size());
   bool leading = true;
   for (const std::string& key : m.keys) {
-    reply.blocks.push_back(store->Get(s.id, key, m.lease));
+    const uint64_t held = store->HeldBlocks(s.id);
+    ipc::KvBlock b = store->Get(s.id, key, m.lease);
+    if (store->HeldBlocks(s.id) > held) {
+      if (Status q = holdings_.Charge(s, Held(1, *store)); !q.ok()) {
+        (void)store->Release(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
+        b = {q.code(), 0, 0, 0};
+      }
+    }
+    reply.blocks.push_back(b);
     leading = leading && reply.blocks.back().code == ErrorCode::kOk;
     if (leading) ++reply.leading;
   }
@@ -129,7 +155,10 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
-  return EachRef("release", m.refs, [&](const ipc::KvRef& r) { return store->Release(s.id, r); });
+  const uint64_t held = store->HeldBlocks(s.id);
+  Status st = EachRef("release", m.refs, [&](const ipc::KvRef& r) { return store->Release(s.id, r); });
+  holdings_.Uncharge(&s, s.cred.uid, Held(held - store->HeldBlocks(s.id), *store));
+  return st;
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvDropRequest& m) {

@@ -78,6 +78,12 @@ KvStoreStats KvStores::Totals() const {
   return sum;
 }
 
+uint64_t KvStores::HeldBytes(uint64_t session) const {
+  uint64_t n = 0;
+  for (const auto& [name, store] : stores_) n += store->HeldBlocks(session) * store->spec().block_size;
+  return n;
+}
+
 void KvStores::OnSessionEnd(uint64_t session) {
   for (auto& [name, store] : stores_) store->OnSessionEnd(session);
 }

@@ -36,6 +36,8 @@ class KvStores {
   // The store goes (BUSY while a client leases from it or writes to it).
   Result<std::unique_ptr<BlockStore>> Remove(const std::string& name);
   void OnSessionEnd(uint64_t session);
+  // The bytes of the blocks a session holds in every store (its kv_bytes).
+  uint64_t HeldBytes(uint64_t session) const;
   const std::map<std::string, std::unique_ptr<BlockStore>>& all() const { return stores_; }
   // Every store's counters since the broker started, dropped stores' too.
   KvStoreStats Totals() const;

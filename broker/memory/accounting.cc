@@ -33,6 +33,8 @@ Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, co
     return Over(code, who, "imports", l.imports, used.imports, d.imports);
   if (d.device_bytes && Exceeds(used.device_bytes, d.device_bytes, l.device_bytes))
     return Over(code, who, "device bytes", l.device_bytes, used.device_bytes, d.device_bytes);
+  if (d.kv_bytes && Exceeds(used.kv_bytes, d.kv_bytes, l.kv_bytes))
+    return Over(code, who, "KV bytes (kv=, blocks leased or reserved)", l.kv_bytes, used.kv_bytes, d.kv_bytes);
   return Status::Ok();
 }
 
@@ -45,6 +47,7 @@ Usage Usage::For(uint64_t size, bool pinned, int on_device) {
 
 Usage& Usage::operator+=(const Usage& o) {
   device_bytes += o.device_bytes;
+  kv_bytes += o.kv_bytes;
   bytes += o.bytes;
   pinned_bytes += o.pinned_bytes;
   allocations += o.allocations;
@@ -54,6 +57,7 @@ Usage& Usage::operator+=(const Usage& o) {
 
 Usage& Usage::operator-=(const Usage& o) {
   device_bytes = SatSub(device_bytes, o.device_bytes);
+  kv_bytes = SatSub(kv_bytes, o.kv_bytes);
   bytes = SatSub(bytes, o.bytes);
   pinned_bytes = SatSub(pinned_bytes, o.pinned_bytes);
   allocations = SatSub(allocations, o.allocations);
@@ -77,9 +81,11 @@ Status QuotaLimits::Parse(const std::string& spec) {
     else if (key == "imports") imports = v;
     else if (key == "device")
       device_bytes = v;
+    else if (key == "kv")
+      kv_bytes = v;
     else
       return Status(ErrorCode::kParamInvalid,
-                    "unknown quota key '" + key + "' (bytes, pinned, allocations, imports, device)");
+                    "unknown quota key '" + key + "' (bytes, pinned, allocations, imports, device, kv)");
   }
   return Status::Ok();
 }
@@ -87,7 +93,7 @@ Status QuotaLimits::Parse(const std::string& spec) {
 std::string QuotaLimits::ToString() const {
   auto f = [](uint64_t v) { return v == kUnlimited ? std::string("unlimited") : std::to_string(v); };
   return "bytes=" + f(bytes) + ",pinned=" + f(pinned_bytes) + ",allocations=" + f(allocations) +
-         ",imports=" + f(imports) + ",device=" + f(device_bytes);
+         ",imports=" + f(imports) + ",device=" + f(device_bytes) + ",kv=" + f(kv_bytes);
 }
 
 const QuotaLimits& Accounting::LimitsFor(uid_t uid) const {
@@ -132,7 +138,8 @@ void Accounting::ReleaseUid(uid_t uid, const Usage& delta) {
   if (it != by_uid_.end()) {
     it->second -= delta;
     const Usage& u = it->second;
-    if (!u.bytes && !u.pinned_bytes && !u.allocations && !u.imports && !u.device_bytes) by_uid_.erase(it);
+    if (!u.bytes && !u.pinned_bytes && !u.allocations && !u.imports && !u.device_bytes && !u.kv_bytes)
+      by_uid_.erase(it);
   }
   total_ -= delta;
   if (auto d = device_total_.find(delta.device); delta.device_bytes && d != device_total_.end()) {

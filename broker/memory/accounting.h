@@ -10,6 +10,10 @@
 //  4. Device memory is device_bytes, not bytes: the host budgets do not see
 //     it; each device has its own budget (max_device_bytes), and the quotas'
 //     "device" key limits a client's or uid's device bytes on all devices.
+//  5. KV-cache blocks a client holds - leased or reserved, each block once,
+//     at its store's block size - are kv_bytes of the client and its uid
+//     (the quotas' "kv" key). The store's memory is its creator's bytes;
+//     kv_bytes is what a client keeps from being evicted or written.
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +33,7 @@ struct Usage {
   uint64_t allocations = 0;
   uint64_t imports = 0;
   uint64_t device_bytes = 0;
+  uint64_t kv_bytes = 0;
   int device = -1;  // whose budget device_bytes is charged to (one allocation's charge)
 
   // What an allocation of `bytes` costs: host bytes (pinned ones too), or
@@ -45,8 +50,9 @@ struct QuotaLimits {
   uint64_t allocations = kUnlimited;
   uint64_t imports = kUnlimited;
   uint64_t device_bytes = kUnlimited;
+  uint64_t kv_bytes = kUnlimited;
 
-  // Parses "bytes=1G,pinned=64M,allocations=100,imports=50,device=8G" onto *this.
+  // Parses "bytes=1G,pinned=64M,allocations=100,imports=50,device=8G,kv=1G" onto *this.
   Status Parse(const std::string& spec);
   std::string ToString() const;
 };

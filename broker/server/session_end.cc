@@ -49,6 +49,7 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
         PostEvent(ipc::NameEventKind::kHolderDied, name, e.allocation, s.cred.pid);
   for (const std::string& name : names_.OnSessionEnd(s.id)) Unpublish(name, s.cred.pid);
   waiters_.OnSessionEnd(s.id);                                      // 3
+  holdings_.Uncharge(&s, s.cred.uid, Usage{.kv_bytes = kv_.HeldBytes(s.id)});
   kv_.OnSessionEnd(s.id);
   const size_t released = holdings_.ReleaseAll(s, Holding::kLedger);  // 4
   counters_.released_on_disconnect += released;

@@ -286,6 +286,11 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
     }
     // Every lease is recorded before anything can fail, so `out` releases them all.
     for (const auto& g : granted) out.refs_.emplace_back(g.slot, g.generation);
+    for (const auto& b : m.blocks)
+      if (b.code == ErrorCode::kQuotaExceeded)
+        return Status(ErrorCode::kQuotaExceeded,
+                      "leasing these blocks would pass this client's or its uid's KV quota (kv= in --quota-client "
+                      "or --quota-uid): release some first");
     for (const auto& b : m.blocks) {
       leading = leading && b.code == ErrorCode::kOk;
       if (leading) ++out.leading_;

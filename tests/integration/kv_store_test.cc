@@ -356,6 +356,66 @@ int SlabMappings(const std::string& store) {
   return n;
 }
 
+// The KV quota (kv= in --quota-client and --quota-uid) counts the blocks a
+// client holds - leased or reserved, each block once - at the block size:
+// past it a reservation answers QUOTA_EXCEEDED for the key and a Get fails
+// with nothing leased; sealing, releasing and a SIGKILL give the charge back.
+TEST(KvStore, QuotasCountTheBlocksAClientHolds) {
+  BrokerProcess broker({"--quota-client", "kv=40K", "--quota-uid", "default:kv=60K"});
+  auto a = *Client::Connect({broker.socket(), "a"});
+  auto b = *Client::Connect({broker.socket(), "b"});
+  KvStore sa = Made(a, "kv", 64);
+  auto sb = *KvStore::Open(b, "kv");
+  // 20 blocks in one put: the first 10 (40 KiB) reserved, the rest over the quota.
+  auto put = PutAll(sa, Keys(0, 20));
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(put[i], i < 10 ? ErrorCode::kOk : ErrorCode::kQuotaExceeded) << i;
+  for (ErrorCode code : PutAll(sa, Keys(10, 10))) EXPECT_EQ(code, ErrorCode::kOk);  // sealed: held no longer
+  auto held = sa.Get(Keys(0, 10));
+  ASSERT_TRUE(held.ok());
+  auto again = sa.Get(Keys(0, 10));  // the same blocks again cost nothing more
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto over = sa.Get(Keys(10, 1));
+  EXPECT_EQ(over.status().code(), ErrorCode::kQuotaExceeded) << over.status().ToString();
+  EXPECT_EQ(broker.Stat("kv_leases"), 20u);  // nothing of the refused Get stays leased
+  // The uid's quota: b may hold 20 KiB more (a holds 40 of the uid's 60).
+  auto b5 = sb.Get(Keys(10, 5));
+  ASSERT_TRUE(b5.ok()) << b5.status().ToString();
+  EXPECT_EQ(sb.Get(Keys(15, 1)).status().code(), ErrorCode::kQuotaExceeded);
+  // A holder killed gives its uid's share back.
+  pid_t child = ForkChild([&] {
+    auto c = Client::Connect({broker.socket(), "doomed"});
+    if (!c.ok()) return 10;
+    auto s = KvStore::Open(*c, "kv");
+    auto got = s->Get(Keys(15, 5));  // the uid has 0 bytes left for it
+    return got.status().code() == ErrorCode::kQuotaExceeded ? 0 : 11;
+  });
+  EXPECT_EQ(WaitChild(child), 0);
+  b5->Release();
+  held->Release();
+  again->Release();
+  Channel ch;
+  child = ForkChild([&] {
+    ch.AsChild();
+    auto c = Client::Connect({broker.socket(), "holder"});
+    if (!c.ok()) return 10;
+    auto s = KvStore::Open(*c, "kv");
+    auto got = s->Get(Keys(0, 10));
+    if (!got.ok()) return 11;
+    ch.Send("holding");
+    ch.Receive();
+    return 0;
+  });
+  ch.AsParent();
+  ASSERT_EQ(ch.Receive(), "holding");
+  EXPECT_EQ(sb.Get(Keys(10, 6)).status().code(), ErrorCode::kQuotaExceeded);  // 40 + 24 > 60
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitChild(child), 128 + SIGKILL);
+  EXPECT_EQ(broker.WaitForStat("clients_connected", 2), 2u);
+  auto b6 = sb.Get(Keys(10, 6));
+  EXPECT_TRUE(b6.ok()) << b6.status().ToString();
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
 // A take-over keeps every store (docs/KV.md, "Across a restart"): the same
 // id and keys, every sealed block's bytes, in new slabs the new broker can
 // write; leases taken before it stay readable; a reservation made before it

@@ -44,6 +44,9 @@ TEST(QuotaSpec, ParsesAndRejects) {
   EXPECT_EQ(q.pinned_bytes, 64u << 20);
   EXPECT_EQ(q.allocations, 100u);
   EXPECT_EQ(q.imports, QuotaLimits::kUnlimited);
+  EXPECT_EQ(q.kv_bytes, QuotaLimits::kUnlimited);
+  ASSERT_TRUE(q.Parse("kv=2G").ok());
+  EXPECT_EQ(q.kv_bytes, 2ull << 30);
   EXPECT_EQ(q.Parse("bytes").code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(q.Parse("colour=red").code(), ErrorCode::kParamInvalid);
   EXPECT_EQ(q.Parse("bytes=lots").code(), ErrorCode::kParamInvalid);

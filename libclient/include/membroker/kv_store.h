@@ -63,7 +63,8 @@ class MEMBROKER_API KvPut {
   size_t size() const { return blocks_.size(); }
   // OK: reserved for this put, to fill and seal; ALREADY_EXISTS: the key is
   // cached; BUSY: another process is writing it; RESOURCE_EXHAUSTED: every
-  // block is leased or being written. After Seal: OK, or why it was not
+  // block is leased or being written; QUOTA_EXCEEDED: past the client's or
+  // its uid's KV quota (blocks leased or reserved). After Seal: OK, or why it was not
   // sealed (STALE: the broker restarted since the reservation, which ended
   // with it; put them again).
   ErrorCode status(size_t i) const { return blocks_.at(i).status; }
@@ -144,6 +145,8 @@ class MEMBROKER_API KvStore {
   Result<size_t> PrefixHits(std::span<const std::string> keys);
   // Leases the blocks found: their bytes stay readable and unchanged until
   // the KvLeases goes. A block's slab is mapped on first use (once per slab).
+  // QUOTA_EXCEEDED when the blocks held (leased or reserved) would pass the
+  // client's or its uid's KV quota; nothing stays leased then.
   Result<KvLeases> Get(std::span<const std::string> keys);
   // Reserves a block for each key (KvPut::status says which were reserved).
   Result<KvPut> Reserve(std::span<const std::string> keys);
