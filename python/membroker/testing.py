@@ -64,6 +64,16 @@ class Broker:
         self.process = _start(self._cmd, self._ready_timeout)
         self.pid = self.process.pid
 
+    def take_over(self) -> None:
+        """Starts a new broker with --take-over (a planned upgrade: docs/RESTART.md);
+        waits until it is ready and the old one has exited, which must be 0."""
+        old = self.process
+        self.process = _start([*self._cmd, "--take-over"], self._ready_timeout)
+        self.pid = self.process.pid
+        code = old.wait(timeout=self._ready_timeout)
+        if code != 0:
+            raise RuntimeError(f"the old membrokerd exited with status {code} after the take-over")
+
     def wait_for_stat(self, key: str, value: int, timeout: float = 10.0) -> int:
         """Polls stats until stats[key] == value (bounded); returns the last value."""
         deadline = time.monotonic() + timeout

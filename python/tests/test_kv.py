@@ -100,6 +100,35 @@ def test_writing_in_place_and_the_put_context_manager(mb):
         membroker.KvStore.open(c, "none")
 
 
+def test_a_store_survives_a_take_over(mb):
+    c = membroker.connect(mb.socket, "engine")
+    store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=64 * BLOCK)
+    keys = keys_of("prompt", 24)
+    assert store.batch_set(keys, [bytes_of(k) for k in keys]) == [True] * 24
+    held = store.batch_get(keys[:4])
+    put = store.reserve([b"half-written"])
+    put.block(0)[:] = 7
+    mb.take_over()
+    c.wait_for_reattach(1, timeout_ms=10000)
+    # Leases from before stay readable; every block is back for this client and another.
+    assert all(np.array_equal(b, bytes_of(k)) for k, b in zip(keys, held))
+    with store.batch_get(keys) as got:
+        assert got.leading == 24
+        assert all(np.array_equal(b, bytes_of(k)) for k, b in zip(keys, got))
+    out = finish(child("""
+        import sys, membroker
+        c = membroker.connect(sys.argv[1], "reader")
+        print(membroker.KvStore.open(c, "kv").prefix_hits(eval(sys.argv[2])))
+    """, mb.socket, repr(keys)))
+    assert out.strip() == "24"
+    # The reservation ended with the old broker: its seal says so.
+    with pytest.raises(membroker.Stale):
+        put.seal()
+    held.release()
+    assert store.batch_set([b"half-written"], [bytes_of(b"x")]) == [True]
+    assert mb.wait_for_stat("kv_leases", 0) == 0
+
+
 def test_a_killed_reader_or_writer_leaves_nothing_held(mb):
     c = membroker.connect(mb.socket, "survivor")
     store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=16 * BLOCK)
