@@ -173,7 +173,11 @@ void BlockStore::Free(uint64_t slot) {
   s.state = State::kFree;
   s.length = 0;
   s.writer = 0;
-  free_.push_back(slot);
+  if (copying_.count(slot) != 0) {
+    freed_while_copying_.insert(slot);  // a worker still writes it: reused after EndCopy
+  } else {
+    free_.push_back(slot);
+  }
   --used_;
   Record(slot);
 }
@@ -217,19 +221,41 @@ ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
 }
 
 ipc::KvBlock BlockStore::Seal(uint64_t session, const ipc::KvSeal& seal, int src_fd) {
+  std::byte* to = nullptr;
+  const ipc::KvBlock begun = BeginCopy(session, seal, &to);
+  if (begun.code != ErrorCode::kOk) return begun;
+  return EndCopy(session, seal, CopyInto(to, src_fd, seal.offset, seal.length));
+}
+
+ipc::KvBlock BlockStore::BeginCopy(uint64_t session, const ipc::KvSeal& seal, std::byte** to) {
   const ipc::KvRef ref{seal.slot, seal.generation};
   if (!Refers(ref)) {
     ++stats_.stale;
     return {ErrorCode::kStale, seal.slot, seal.generation, 0};
   }
   Slot& s = slots_[seal.slot];
-  if (s.state != State::kWriting || s.writer != session)
+  if (s.state != State::kWriting || s.writer != session || copying_.count(seal.slot) != 0)
     return {ErrorCode::kInvalidHandle, seal.slot, seal.generation, 0};
   if (seal.length == 0 || seal.length > spec_.block_size)
     return {ErrorCode::kParamInvalid, seal.slot, seal.generation, 0};
-  // The copy from the writer's memory. A short read leaves the block reserved.
-  if (ErrorCode c = PreadAll(src_fd, Address(seal.slot), seal.length, seal.offset); c != ErrorCode::kOk)
-    return {c, seal.slot, seal.generation, 0};
+  copying_.insert(seal.slot);
+  *to = Address(seal.slot);
+  return BlockOf(ErrorCode::kOk, seal.slot);
+}
+
+ErrorCode BlockStore::CopyInto(std::byte* to, int src_fd, uint64_t offset, uint64_t length) {
+  return PreadAll(src_fd, to, length, offset);
+}
+
+ipc::KvBlock BlockStore::EndCopy(uint64_t session, const ipc::KvSeal& seal, ErrorCode copied) {
+  copying_.erase(seal.slot);
+  if (freed_while_copying_.erase(seal.slot) != 0) free_.push_back(seal.slot);
+  Slot& s = slots_[seal.slot];
+  // Aborted, or its writer ended, while the copy ran: nothing to seal.
+  if (s.generation != seal.generation || s.state != State::kWriting || s.writer != session)
+    return {ErrorCode::kInvalidHandle, seal.slot, seal.generation, 0};
+  // A short read leaves the block reserved.
+  if (copied != ErrorCode::kOk) return {copied, seal.slot, seal.generation, 0};
   s.state = State::kSealed;
   s.length = seal.length;
   s.writer = 0;
@@ -365,7 +391,7 @@ Status BlockStore::Check() const {
   }
   if (used != used_ || writing != writing_blocks_) return broken("the block counts are off");
   if (index_.size() != used) return broken("the index has keys of no slot");
-  if (free_.size() + used != slots_.size()) return broken("the free list is off");
+  if (free_.size() + freed_while_copying_.size() + used != slots_.size()) return broken("the free list is off");
   if (policy_->size() != sealed)
     return broken("the eviction policy tracks " + std::to_string(policy_->size()) + " blocks, not the " +
                   std::to_string(sealed) + " sealed");

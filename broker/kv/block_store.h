@@ -107,13 +107,22 @@ class BlockStore {
   // Copies [seal.offset, seal.offset + seal.length) of src_fd into the block
   // the session reserved, and the key becomes visible.
   ipc::KvBlock Seal(uint64_t session, const ipc::KvSeal& seal, int src_fd);
+  // The same in three steps, so that the copy runs on a worker thread:
+  // BeginCopy checks the seal as Seal does and, if it may go ahead, answers
+  // where to copy to (the slot is not given to another key until EndCopy,
+  // even if the writer aborts or ends meanwhile); CopyInto does the copy (any
+  // thread); EndCopy seals the block if the copy succeeded and the writer
+  // still holds the reservation.
+  ipc::KvBlock BeginCopy(uint64_t session, const ipc::KvSeal& seal, std::byte** to);
+  static ErrorCode CopyInto(std::byte* to, int src_fd, uint64_t offset, uint64_t length);
+  ipc::KvBlock EndCopy(uint64_t session, const ipc::KvSeal& seal, ErrorCode copied);
   ErrorCode Abort(uint64_t session, const ipc::KvRef& ref);
   // NOT_FOUND for a key not sealed (absent or being written).
   ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease);
   ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
   void OnSessionEnd(uint64_t session);
 
-  bool InUse() const { return !leases_.empty() || !writing_.empty(); }
+  bool InUse() const { return !leases_.empty() || !writing_.empty() || !copying_.empty(); }
   uint64_t used_blocks() const { return used_; }
   uint64_t sealed_blocks() const { return used_ - writing_blocks_; }
   uint64_t writing_blocks() const { return writing_blocks_; }
@@ -161,6 +170,8 @@ class BlockStore {
   KvIndex records_;  // the slots as a next broker reads them
   std::vector<Slot> slots_;
   std::vector<uint64_t> free_;  // slots, taken from the back
+  std::set<uint64_t> copying_;  // slots a worker copies into (BeginCopy to EndCopy)
+  std::set<uint64_t> freed_while_copying_;  // free, but not in free_ until their copy ends
   uint64_t used_ = 0;           // slots writing or sealed
   uint64_t writing_blocks_ = 0;
   std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)

@@ -1,7 +1,10 @@
 // KV-cache store requests over KvStores (docs/KV.md): open or create a store,
 // a slab's fd, and the batches - reserve, seal, abort, get, release - each
 // answered per key, in order. Drop removes a store nobody uses.
+#include <fcntl.h>
+
 #include <functional>
+#include <memory>
 
 #include "broker.h"
 #include "log.h"
@@ -10,6 +13,10 @@
 namespace membroker::broker {
 
 namespace {
+// A seal batch of this many bytes or more is copied on a worker thread: a
+// copy of 1 MiB takes the loop about a quarter of a millisecond.
+constexpr uint64_t kKvSealOnWorkerBytes = 1 << 20;
+
 // kv_bytes (accounting.h, rule 5) of n blocks of store.
 Usage Held(uint64_t n, const BlockStore& store) { return Usage{.kv_bytes = n * store.spec().block_size}; }
 
@@ -98,13 +105,22 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReserveRequest& m) {
   return reply;
 }
 
-Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSealRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
+  // Each seal checked; the copies it needs, from the writers' memory into the slots.
+  struct Copy {
+    size_t index = 0;  // in the batch
+    std::byte* to = nullptr;
+    ipc::UniqueFd src;
+    ErrorCode result = ErrorCode::kOk;
+  };
+  auto copies = std::make_shared<std::vector<Copy>>();
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.blocks.size());
-  const uint64_t held = store->HeldBlocks(s.id);
-  for (const ipc::KvSeal& seal : m.blocks) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    const ipc::KvSeal& seal = m.blocks[i];
     // The source: host memory this client holds, the range inside it.
     const Allocation* a = holdings_.Find(seal.allocation);
     if (a == nullptr || !s.ledger.Holds(seal.allocation) || a->memory.device >= 0) {
@@ -115,10 +131,45 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvSealRequest& m) {
       reply.blocks.push_back({ErrorCode::kOutOfRange, seal.slot, seal.generation, 0});
       continue;
     }
-    reply.blocks.push_back(store->Seal(s.id, seal, a->memory.fd.get()));
+    Copy c;
+    reply.blocks.push_back(store->BeginCopy(s.id, seal, &c.to));
+    if (reply.blocks.back().code != ErrorCode::kOk) continue;
+    c.index = i;
+    // (its own fd: the client may free the allocation while a worker copies)
+    c.src.reset(::fcntl(a->memory.fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!c.src.valid()) c.result = ErrorCode::kResourceExhausted;
+    bytes += seal.length;
+    copies->push_back(std::move(c));
   }
-  holdings_.Uncharge(&s, s.cred.uid, Held(held - store->HeldBlocks(s.id), *store));  // sealed: no longer held
-  return reply;
+  auto copy_all = [copies, seals = m.blocks] {
+    for (Copy& c : *copies)
+      if (c.result == ErrorCode::kOk)
+        c.result = BlockStore::CopyInto(c.to, c.src.get(), seals[c.index].offset, seals[c.index].length);
+  };
+  // Seals what was copied, gives back the charge of what is no longer held
+  // and answers; the client may have ended meanwhile (nothing to answer).
+  auto finish = [this, copies, rid, sid = s.id, store_id = m.store, seals = m.blocks,
+                 reply = std::move(reply)]() mutable {
+    BlockStore* st = kv_.Find(store_id);  // (not dropped: a copy in flight keeps it in use)
+    const uint64_t held = st->HeldBlocks(sid);
+    for (const Copy& c : *copies) reply.blocks[c.index] = st->EndCopy(sid, seals[c.index], c.result);
+    Session* session = sessions_.Find(sid);
+    if (session == nullptr) return;
+    holdings_.Uncharge(session, session->cred.uid, Held(held - st->HeldBlocks(sid), *st));  // sealed: no longer held
+    Send(*session, rid, std::move(reply));
+  };
+  // Large batches are copied on a worker, so the loop serves everyone else meanwhile.
+  if (bytes < kKvSealOnWorkerBytes || s.inflight >= options_.max_inflight_per_client) {
+    copy_all();
+    finish();
+    return Deferred{};
+  }
+  ++s.inflight;
+  workers_.Run(std::move(copy_all), [this, sid = s.id, finish = std::move(finish)]() mutable {
+    if (Session* session = sessions_.Find(sid)) --session->inflight;
+    finish();
+  });
+  return Deferred{};
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvAbortRequest& m) {

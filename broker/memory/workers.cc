@@ -39,6 +39,35 @@ struct Workers::ReturnWork {
   ReturnBatch batch;
 };
 
+struct Workers::RunWork {
+  uv_work_t req{};
+  std::function<void()> work;
+  std::function<void()> done;
+};
+
+void Workers::Run(std::function<void()> work, std::function<void()> done) {
+  auto* w = new RunWork();
+  w->req.data = w;
+  w->work = std::move(work);
+  w->done = std::move(done);
+  int rc = uv_queue_work(
+      loop_, &w->req,
+      [](uv_work_t* r) {
+        LowerWorkerPriority();
+        static_cast<RunWork*>(r->data)->work();
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<RunWork> w(static_cast<RunWork*>(r->data));
+        w->done();
+      });
+  if (rc != 0) {  // not queued: here, rather than never
+    std::unique_ptr<RunWork> owned(w);
+    MB_WARN("worker_refused", "work=run error=\"%s\"", uv_strerror(rc));
+    owned->work();
+    owned->done();
+  }
+}
+
 Status Workers::Init() {
   MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(loop_, &timer_)));
   timer_.data = this;

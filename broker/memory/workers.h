@@ -47,6 +47,9 @@ class Workers {
   using Created = std::function<void(Result<PhysicalMemory>)>;
   // Creates spec's memory on a worker; done() runs on the loop.
   void Create(MemorySpec spec, Created done);
+  // Runs work on a worker, then done on the loop (both on the loop if libuv
+  // refuses to queue it).
+  void Run(std::function<void()> work, std::function<void()> done);
   // Closes the batch's memory on a worker now, counted in bytes_returning meanwhile.
   void Return(ReturnBatch batch);
   // Returns this memory with the next background run.
@@ -64,6 +67,7 @@ class Workers {
  private:
   struct MallocWork;
   struct ReturnWork;
+  struct RunWork;
 
   uv_loop_t* loop_;
   PhysicalBackend& backend_;

@@ -348,6 +348,37 @@ TEST(KvStore, ThreadsShareAStore) {
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
 }
 
+// A batch of 1 MiB or more is copied on a worker thread; every byte still
+// lands in its block, and another process reads it.
+TEST(KvStore, ALargeSealIsCopiedOnAWorkerAndReadsBackRight) {
+  BrokerProcess broker;
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  constexpr size_t kBig = 64 << 10;
+  auto made = KvStore::Create(c, "big", {.block_size = kBig, .capacity = 128 * kBig});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto keys = Keys(0, 64);
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::span<const std::byte>> values;
+  for (const auto& k : keys) bytes.push_back(BytesOf(k, kBig));
+  for (const auto& b : bytes) values.emplace_back(b);
+  auto put = made->Put(keys, values);  // 4 MiB in one seal
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  for (ErrorCode code : *put) EXPECT_EQ(code, ErrorCode::kOk);
+  pid_t child = ForkChild([&] {
+    auto r = Client::Connect({broker.socket(), "reader"});
+    if (!r.ok()) return 10;
+    auto s = KvStore::Open(*r, "big");
+    auto got = s->Get(keys);
+    if (!got.ok() || got->leading() != 64) return 11;
+    for (size_t i = 0; i < 64; ++i)
+      if (!Holds(got->data(i), keys[i])) return 12;
+    return 0;
+  });
+  EXPECT_EQ(WaitChild(child), 0);
+  EXPECT_EQ(broker.Stat("kv_writing"), 0u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
 // This process's mappings of a store's slabs.
 int SlabMappings(const std::string& store) {
   std::ifstream maps("/proc/self/maps");

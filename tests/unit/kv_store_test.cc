@@ -151,6 +151,33 @@ TEST(BlockStore, TheSpecIsChecked) {
 // The policies on a trace with scans: a working set read again and again,
 // interrupted by long scans of blocks read once. S3-FIFO keeps the working
 // set through the scans; LRU lets every scan flush it.
+// A seal's copy on a worker thread (BeginCopy, CopyInto, EndCopy): a slot
+// whose writer aborts or ends while a worker copies into it is not given to
+// another key until the copy ends, and then it is not sealed.
+TEST(BlockStore, ASlotBeingCopiedIntoIsNotReusedUntilTheCopyEnds) {
+  auto s = Store(2);
+  Source src(2);
+  ipc::KvBlock r = s->Reserve(1, "k");
+  ASSERT_EQ(r.code, ErrorCode::kOk);
+  const ipc::KvSeal seal{r.slot, r.generation, 1, 0, kBlock};
+  std::byte* to = nullptr;
+  ASSERT_EQ(s->BeginCopy(1, seal, &to).code, ErrorCode::kOk);
+  EXPECT_EQ(s->BeginCopy(1, seal, &to).code, ErrorCode::kInvalidHandle);  // one copy at a time
+  EXPECT_TRUE(s->InUse());
+  s->OnSessionEnd(1);  // the writer ends mid-copy
+  EXPECT_TRUE(s->InUse());
+  ipc::KvBlock other = s->Reserve(2, "other");
+  ASSERT_EQ(other.code, ErrorCode::kOk);
+  EXPECT_NE(other.slot, r.slot);  // the slot being written by the copy is not handed out
+  EXPECT_EQ(s->Reserve(3, "third").code, ErrorCode::kResourceExhausted);
+  EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
+  ASSERT_EQ(BlockStore::CopyInto(to, src.fd, 0, kBlock), ErrorCode::kOk);
+  EXPECT_EQ(s->EndCopy(1, seal, ErrorCode::kOk).code, ErrorCode::kInvalidHandle);  // not sealed
+  EXPECT_EQ(s->Get(2, "k", false).code, ErrorCode::kNotFound);
+  EXPECT_EQ(s->Reserve(3, "third").code, ErrorCode::kOk);  // free again
+  EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
+}
+
 // A store made again from its index and slabs (what a take-over or the fd
 // store passes): the sealed blocks come back in new memory, slot for slot,
 // with their keys and generations; writes in progress do not; a damaged
