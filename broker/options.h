@@ -48,7 +48,7 @@ struct Options {
   uint64_t max_outbound_bytes = 4ull << 20;          // ...or when this many bytes wait for it
   uint64_t max_outbound_total_bytes = 256ull << 20;  // replies waiting for all slow readers
   size_t max_inflight_per_client = 64;  // concurrent slow requests per client
-  uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations use the worker pool
+  uint64_t inline_alloc_bytes = 1ull << 20;  // larger allocations and KV seal batches use the worker pool
   // Pool refills and returns of freed pages wait until takes and frees have
   // paused this long (and at most ten times as long); 0 starts them at once.
   uint32_t background_delay_ms = 1;

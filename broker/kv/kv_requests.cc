@@ -13,10 +13,6 @@
 namespace membroker::broker {
 
 namespace {
-// A seal batch of this many bytes or more is copied on a worker thread: a
-// copy of 1 MiB takes the loop about a quarter of a millisecond.
-constexpr uint64_t kKvSealOnWorkerBytes = 1 << 20;
-
 // kv_bytes (accounting.h, rule 5) of n blocks of store.
 Usage Held(uint64_t n, const BlockStore& store) { return Usage{.kv_bytes = n * store.spec().block_size}; }
 
@@ -158,8 +154,10 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSealRequest& m) {
     holdings_.Uncharge(session, session->cred.uid, Held(held - st->HeldBlocks(sid), *st));  // sealed: no longer held
     Send(*session, rid, std::move(reply));
   };
-  // Large batches are copied on a worker, so the loop serves everyone else meanwhile.
-  if (bytes < kKvSealOnWorkerBytes || s.inflight >= options_.max_inflight_per_client) {
+  // Batches past the size allocations are made inline up to (1 MiB; a copy of
+  // it takes the loop about a quarter of a millisecond) are copied on a
+  // worker, so the loop serves everyone else meanwhile.
+  if (bytes <= options_.inline_alloc_bytes || s.inflight >= options_.max_inflight_per_client) {
     copy_all();
     finish();
     return Deferred{};
