@@ -52,7 +52,9 @@ Status KvStoreParts::Add(uint64_t store, uint64_t generation, uint32_t part, ipc
 
 size_t KvStoreParts::RestoreInto(KvStores& kv, Accounting& limits) {
   size_t restored = 0;
-  for (auto& [id, parts] : stores_) {
+  for (auto& entry : stores_) {
+    const uint64_t id = entry.first;  // (named: a lambda below uses them)
+    Parts& parts = entry.second;
     const auto start = std::chrono::steady_clock::now();
     auto made = [&]() -> Result<BlockStore::Restored> {
       if (!parts.index.valid()) return Status(ErrorCode::kProtocolError, "its index did not come");
