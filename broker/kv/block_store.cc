@@ -97,7 +97,10 @@ Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index,
   out.dropped = index.damaged.size();
   // Every slot keeps a generation above any reference handed out for it; a
   // damaged record's slot, whose generation is unknown, goes above them all.
-  for (uint64_t slot : index.damaged) s.slots_[slot].generation = index.max_generation + 1;
+  for (uint64_t slot : index.damaged) {
+    s.slots_[slot].generation = index.max_generation + 1;
+    s.Record(slot);
+  }
   for (const KvIndex::Record& r : index.records) {
     Slot& slot = s.slots_[r.slot];
     slot.generation = r.generation;

@@ -259,6 +259,14 @@ TEST(BlockStore, ADamagedRecordOrAMissingSlabLosesOnlyItsBlocks) {
   EXPECT_EQ(r->store->Get(1, "k1029", false).code, ErrorCode::kNotFound);
   // The damaged slot's generation is above every other: no old reference to it is valid.
   EXPECT_EQ(r->store->Release(1, {slot5, 1}), ErrorCode::kStale);
+  // ...and the new index says so, for the restart after this one.
+  auto next = KvIndex::Read(r->store->index_fd());
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(next->damaged.empty());
+  bool recorded = false;
+  for (const auto& rec : next->records)
+    if (rec.slot == slot5) recorded = !rec.sealed && rec.generation == index->max_generation + 1;
+  EXPECT_TRUE(recorded);
   EXPECT_TRUE(r->store->Check().ok()) << r->store->Check().ToString();
   // An index whose header is damaged is refused whole.
   ASSERT_EQ(::pwrite(s.index_fd(), "Y", 1, 40), 1);
