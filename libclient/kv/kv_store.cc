@@ -6,10 +6,9 @@
 // Across a broker restart (a take-over, systemd's fd store) the store comes
 // back in new slabs under the same id. Each reply is tied to the broker that
 // sent it (its Connection generation, the "epoch" here): the first one from a
-// new broker retires the
-// slabs mapped so far - unmapped once the leases taken from the old broker
-// are released - and leases and reservations of an old broker are never
-// sent to a new one, which does not know them.
+// new broker retires the slabs mapped so far - unmapped once the leases taken
+// from the old broker are released - and leases and reservations of an old
+// broker are never sent to a new one, which does not know them.
 #include "membroker/kv_store.h"
 
 #include <sys/mman.h>
@@ -97,6 +96,7 @@ struct KvStoreState {
     }
     if (slabs[slab] == nullptr) {
       MB_ASSIGN_OR_RETURN(Reply r, conn().Call(ipc::KvSlabRequest{geometry.store, slab}));
+      if (r.broker != e) return Restarted();  // another broker's slab: not where e's lease is
       // The slab's memory is its blocks rounded up to its page size (a huge-page
       // slab maps only whole huge pages); it must hold every block of the slab.
       const uint64_t blocks_here =
