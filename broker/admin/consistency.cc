@@ -101,8 +101,9 @@ Status Broker::CheckTables() const {
       own.pinned_bytes += size;
       beyond_table.pinned_bytes += size;
     }
-    own.kv_bytes += kv_.HeldBytes(sid);
-    beyond_table.kv_bytes += kv_.HeldBytes(sid);
+    const uint64_t kv_held = kv_.HeldBytes(sid);
+    own.kv_bytes += kv_held;
+    beyond_table.kv_bytes += kv_held;
     if (own != s->usage)
       return Broken("client " + std::to_string(sid) + " is charged " + Text(s->usage) +
                     " but holds " + Text(own));
