@@ -87,6 +87,9 @@ class Broker {
   Answer Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds);
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
   void ReserveIds();  // after ids were handed out: the next block in the state file
+  struct KvPending;  // kv/kv_requests.cc: a reserve or get the disk tier may hold up
+  void ReserveFrom(const std::shared_ptr<KvPending>& p);
+  void GetFrom(const std::shared_ptr<KvPending>& p);
   struct PendingMalloc;  // memory_requests.cc
   void FinishMalloc(const PendingMalloc& p, Result<PhysicalMemory> mem, int pool);
   // One more reference to a for s in `where`, and the ImportReply carrying fd.

@@ -57,6 +57,10 @@ const char kUsage[] =
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  --metrics-listen ADDR    serve the metrics over HTTP at GET /metrics (Prometheus); PORT alone\n"
     "                           means 127.0.0.1:PORT\n"
+    "  --kv-disk DIR            the KV stores' disk tier: blocks evicted from memory are written\n"
+    "                           there and read back by a get (docs/KV.md); the broker's own\n"
+    "                           directory, made mode 0700 if absent\n"
+    "  --kv-disk-bytes SIZE     the disk tier's capacity; past it the oldest blocks go (default 4G)\n"
     "  --log-format FORMAT      text (default) or json: one JSON object per line on stderr\n"
     "  --verbose                the same as --log-level debug\n";
 
@@ -177,6 +181,12 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
     uint16_t port = 0;
     if (!MetricsHttp::ParseAddress(value, &ip, &port)) return Bad(key, value, "PORT or IPV4:PORT");
     o->metrics_listen = value;
+  } else if (key == "kv-disk") {
+    if (value.empty()) return Bad(key, value, "a directory");
+    o->kv_disk = value;
+  } else if (key == "kv-disk-bytes") {
+    if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 16G");
+    o->kv_disk_bytes = n;
   } else if (key == "log-format") {
     if (value != "text" && value != "json") return Bad(key, value, "text or json");
     o->log_json = value == "json";

@@ -65,6 +65,9 @@ struct Options {
   int log_level = 2;         // 0 error, 1 warn, 2 info, 3 debug
   bool log_json = false;     // --log-format json
   std::string metrics_listen;  // "PORT" or "IPV4:PORT": GET /metrics there (admin/metrics_http.h)
+  // The KV stores' disk tier (kv/disk_tier.h): evicted blocks go there; off when empty.
+  std::string kv_disk;
+  uint64_t kv_disk_bytes = 4ull << 30;
 };
 
 // Parses flags (and any --config FILE they name) into *out. On a usage error

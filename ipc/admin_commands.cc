@@ -48,10 +48,11 @@ constexpr AdminCommand kCommands[] = {
     {kListStores, "list stores", AdminArg::kNone, true, "KV-cache stores: blocks, hits, leases by client",
      "KV-cache stores (docs/KV.md), one row each: geometry and eviction policy, blocks sealed and "
      "being written, leases held, and since creation hits, misses, evictions, reservations refused "
-     "for want of room and STALE answers; clients lists who holds leases and reservations now, "
+     "for want of room and STALE answers, and with a disk tier blocks written to it, read back from "
+     "it, and in it now; clients lists who holds leases and reservations now, "
      "as client:leases/reservations.",
      "name id block_size blocks slabs page_size eviction uid bytes sealed writing leases hits misses evictions "
-     "exhausted stale clients"},
+     "exhausted stale spilled disk_hits disk_blocks clients"},
     {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
      "One client, with the ids of the allocations it holds."},
     {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",

@@ -79,6 +79,16 @@ constexpr StatMetric kStatMetrics[] = {
     {"kv_stale", true, "KV references refused as STALE (their block was evicted and its slot reused)."},
     {"kv_restored", true, "KV blocks an earlier broker sealed, made again at this broker's start."},
     {"kv_lost", true, "KV blocks an earlier broker sealed that this one could not make again (a damaged record, a slab that did not come)."},
+    {"kv_spilled", true, "KV blocks evicted from memory and written to the disk tier."},
+    {"kv_disk_hits", true, "KV blocks a get read back from the disk tier (also counted in kv_hits)."},
+    {"kv_disk_blocks", false, "KV blocks in the disk tier (--kv-disk)."},
+    {"kv_disk_bytes", false, "Bytes of KV blocks in the disk tier."},
+    {"kv_disk_writing", false, "KV blocks being written to the disk tier by workers."},
+    {"kv_disk_capacity", false, "The disk tier's capacity (--kv-disk-bytes), in bytes; 0 without a disk tier."},
+    {"kv_disk_found", false, "KV blocks the disk tier found at the broker's start."},
+    {"kv_disk_trimmed", true, "KV blocks removed from the disk tier to stay within its capacity."},
+    {"kv_disk_damaged", true, "KV block files dropped because a check failed (never served)."},
+    {"kv_disk_write_failed", true, "KV blocks the disk tier could not write (a full disk, an I/O error)."},
     {"allocations_created", true, "Allocations created."},
     {"allocations_freed", true, "Allocations freed."},
     {"exports_live", false, "Export tokens live."},
@@ -128,6 +138,7 @@ Record Broker::StatsRecord() const {
   for (const auto& [id, s] : sessions_.all())
     for (const auto& [addr, size] : s->host_regs) host_registered += size;
   const KvStoreStats kv = kv_.Totals();  // counters since start; the rest: now
+  const KvDiskStats disk = kv_.disk() ? kv_.disk()->stats() : KvDiskStats{};
   uint64_t kv_sealed = 0, kv_writing = 0, kv_leases = 0;
   for (const auto& [name, store] : kv_.all()) {
     kv_sealed += store->sealed_blocks();
@@ -177,6 +188,16 @@ Record Broker::StatsRecord() const {
       .Num("kv_stale", kv.stale)
       .Num("kv_restored", kv.restored)
       .Num("kv_lost", kv.lost)
+      .Num("kv_spilled", kv.spilled)
+      .Num("kv_disk_hits", kv.disk_hits)
+      .Num("kv_disk_blocks", disk.blocks)
+      .Num("kv_disk_bytes", disk.bytes)
+      .Num("kv_disk_writing", disk.writing)
+      .Num("kv_disk_capacity", kv_.disk() ? kv_.disk()->capacity() : 0)
+      .Num("kv_disk_found", disk.found)
+      .Num("kv_disk_trimmed", disk.trimmed)
+      .Num("kv_disk_damaged", disk.damaged)
+      .Num("kv_disk_write_failed", disk.write_failed)
       .Num("allocations_created", t.allocations_created)
       .Num("allocations_freed", t.allocations_freed)
       .Num("exports_live", table.export_count())
@@ -373,6 +394,9 @@ std::vector<Record> Broker::StoreRecords() const {
         .Num("evictions", k.evictions)
         .Num("exhausted", k.exhausted)
         .Num("stale", k.stale)
+        .Num("spilled", k.spilled)
+        .Num("disk_hits", k.disk_hits)
+        .Num("disk_blocks", kv_.disk() ? kv_.disk()->StoreUsage(name).first : 0)
         .Str("clients", clients.empty() ? "-" : clients);
     rows.push_back(std::move(r));
   }

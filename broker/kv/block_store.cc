@@ -41,6 +41,8 @@ KvStoreStats& KvStoreStats::operator+=(const KvStoreStats& o) {
   bytes_copied += o.bytes_copied;
   restored += o.restored;
   lost += o.lost;
+  spilled += o.spilled;
+  disk_hits += o.disk_hits;
   return *this;
 }
 
@@ -176,8 +178,8 @@ void BlockStore::Free(uint64_t slot) {
   s.state = State::kFree;
   s.length = 0;
   s.writer = 0;
-  if (copying_.count(slot) != 0) {
-    freed_while_copying_.insert(slot);  // a worker still writes it: reused after EndCopy
+  if (copying_.count(slot) != 0 || spilling_.count(slot) != 0) {
+    held_back_.insert(slot);  // a worker still uses it: reused after its copy or spill
   } else {
     free_.push_back(slot);
   }
@@ -185,16 +187,81 @@ void BlockStore::Free(uint64_t slot) {
   Record(slot);
 }
 
-void BlockStore::EvictToLowWatermark() {
+void BlockStore::Unhold(uint64_t slot) {
+  if (copying_.count(slot) == 0 && spilling_.count(slot) == 0 && held_back_.erase(slot) != 0) free_.push_back(slot);
+}
+
+bool BlockStore::EvictOne() {
   const auto evictable = [this](uint64_t slot) {
     return slots_[slot].state == State::kSealed && slots_[slot].leases == 0;
   };
-  while (used_ > low_) {
-    auto victim = policy_->Victim(evictable);
-    if (!victim) return;  // everything left is leased or being written
-    Free(*victim);
-    ++stats_.evictions;
+  auto victim = policy_->Victim(evictable);
+  if (!victim) return false;  // everything left is leased, being written or promoted
+  if (unwritten_ && unwritten_(slots_[*victim].key)) {
+    spilling_.insert(*victim);
+    evicted_.push_back({*victim, slots_[*victim].key, slots_[*victim].length,
+                        static_cast<uint32_t>(*victim / slab_blocks_), (*victim % slab_blocks_) * spec_.block_size});
   }
+  Free(*victim);
+  ++stats_.evictions;
+  return true;
+}
+
+void BlockStore::EvictToLowWatermark() {
+  while (used_ > low_)
+    if (!EvictOne()) return;
+}
+
+std::optional<uint64_t> BlockStore::TakeSlot() {
+  if (used_ >= high_) EvictToLowWatermark();
+  if (free_.empty()) {
+    ++stats_.exhausted;
+    return std::nullopt;
+  }
+  const uint64_t slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void BlockStore::Spilled(uint64_t slot, bool written) {
+  spilling_.erase(slot);
+  Unhold(slot);
+  if (written) ++stats_.spilled;
+}
+
+ipc::KvBlock BlockStore::BeginPromote(const std::string& key, std::byte** to) {
+  if (Knows(key)) return {ErrorCode::kBusy, 0, 0, 0};
+  const std::optional<uint64_t> taken = TakeSlot();
+  if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
+  const uint64_t slot = *taken;
+  ++used_;
+  ++promoting_blocks_;
+  Slot& s = slots_[slot];
+  s.state = State::kPromoting;
+  s.generation += 1;
+  s.length = 0;
+  s.key = key;
+  index_.emplace(key, slot);
+  copying_.insert(slot);
+  Record(slot);
+  *to = Address(slot);
+  return BlockOf(ErrorCode::kOk, slot);
+}
+
+void BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length) {
+  // (a promoting slot changes only here: no client names it, eviction skips it)
+  copying_.erase(begun.slot);
+  --promoting_blocks_;
+  Slot& s = slots_[begun.slot];
+  if (!length.ok()) {
+    Free(begun.slot);
+    return;
+  }
+  s.state = State::kSealed;
+  s.length = *length;
+  policy_->Inserted(begun.slot, std::hash<std::string>{}(s.key));
+  Record(begun.slot);
+  ++stats_.disk_hits;
 }
 
 ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
@@ -202,13 +269,9 @@ ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
     const Slot& s = slots_[it->second];
     return BlockOf(s.state == State::kSealed ? ErrorCode::kAlreadyExists : ErrorCode::kBusy, it->second);
   }
-  if (used_ >= high_) EvictToLowWatermark();
-  if (free_.empty()) {
-    ++stats_.exhausted;
-    return {ErrorCode::kResourceExhausted, 0, 0, 0};
-  }
-  const uint64_t slot = free_.back();
-  free_.pop_back();
+  const std::optional<uint64_t> taken = TakeSlot();
+  if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
+  const uint64_t slot = *taken;
   ++used_;
   ++writing_blocks_;
   Slot& s = slots_[slot];
@@ -252,7 +315,7 @@ ErrorCode BlockStore::CopyInto(std::byte* to, int src_fd, uint64_t offset, uint6
 
 ipc::KvBlock BlockStore::EndCopy(uint64_t session, const ipc::KvSeal& seal, ErrorCode copied) {
   copying_.erase(seal.slot);
-  if (freed_while_copying_.erase(seal.slot) != 0) free_.push_back(seal.slot);
+  Unhold(seal.slot);
   Slot& s = slots_[seal.slot];
   // Aborted, or its writer ended, while the copy ran: nothing to seal.
   if (s.generation != seal.generation || s.state != State::kWriting || s.writer != session)
@@ -363,7 +426,7 @@ Status BlockStore::Check() const {
   auto broken = [this](const std::string& why) {
     return Status(ErrorCode::kInternal, "store \"" + ipc::EscapeText(spec_.name) + "\": " + why);
   };
-  uint64_t used = 0, writing = 0, sealed = 0;
+  uint64_t used = 0, writing = 0, sealed = 0, promoting = 0;
   std::vector<uint32_t> leases(slots_.size(), 0);
   for (const auto& [session, slots] : leases_)
     for (const auto& [slot, c] : slots) {
@@ -381,7 +444,11 @@ Status BlockStore::Check() const {
     auto it = index_.find(s.key);
     if (it == index_.end() || it->second != i)
       return broken("slot " + std::to_string(i) + "'s key is not indexed to it");
-    if (s.state == State::kWriting) {
+    if (s.state == State::kPromoting) {
+      ++promoting;
+      if (s.leases != 0 || copying_.count(i) == 0)
+        return broken("slot " + std::to_string(i) + " is promoted by no worker");
+    } else if (s.state == State::kWriting) {
       ++writing;
       auto w = writing_.find(s.writer);
       if (s.leases != 0 || w == writing_.end() || w->second.count(i) == 0)
@@ -392,9 +459,12 @@ Status BlockStore::Check() const {
         return broken("slot " + std::to_string(i) + " has a bad length");
     }
   }
-  if (used != used_ || writing != writing_blocks_) return broken("the block counts are off");
+  if (used != used_ || writing != writing_blocks_ || promoting != promoting_blocks_)
+    return broken("the block counts are off");
+  for (uint64_t slot : spilling_)
+    if (held_back_.count(slot) == 0) return broken("slot " + std::to_string(slot) + " is spilled but not held back");
   if (index_.size() != used) return broken("the index has keys of no slot");
-  if (free_.size() + freed_while_copying_.size() + used != slots_.size()) return broken("the free list is off");
+  if (free_.size() + held_back_.size() + used != slots_.size()) return broken("the free list is off");
   if (policy_->size() != sealed)
     return broken("the eviction policy tracks " + std::to_string(policy_->size()) + " blocks, not the " +
                   std::to_string(sealed) + " sealed");

@@ -18,16 +18,24 @@
 //  4. Eviction starts when a Reserve finds the store at its high watermark
 //     (95% of the blocks) and takes unleased sealed blocks, in the policy's
 //     order (eviction.h), down to the low one (90%; at least one free).
+//  5. With a disk tier (disk_tier.h), an evicted block the tier does not
+//     have yet keeps its slot until a worker has written it out
+//     (TakeEvicted, Spilled): a Reserve that finds no free slot while blocks
+//     are being written out waits for them (spilling()); a get promotes a
+//     key from the disk into a slot (BeginPromote, EndPromote).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kv/eviction.h"
@@ -60,6 +68,8 @@ struct KvStoreStats {
   uint64_t bytes_copied = 0;  // by Seal
   uint64_t restored = 0;      // sealed blocks an earlier broker had, made again here
   uint64_t lost = 0;          // sealed blocks of an earlier broker not made again (damaged, missing)
+  uint64_t spilled = 0;       // evicted blocks handed to the disk tier
+  uint64_t disk_hits = 0;     // blocks promoted from the disk tier (also counted in hits)
   KvStoreStats& operator+=(const KvStoreStats& o);
 };
 
@@ -119,12 +129,35 @@ class BlockStore {
   ErrorCode Abort(uint64_t session, const ipc::KvRef& ref);
   // NOT_FOUND for a key not sealed (absent or being written).
   ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease);
+  // The key is in memory, sealed or being written or promoted.
+  bool Knows(const std::string& key) const { return index_.count(key) != 0; }
+
+  // The disk tier (rule 5): from now on, an evicted block whose key
+  // `unwritten` accepts is held back for it.
+  void HoldEvicted(std::function<bool(const std::string& key)> unwritten) { unwritten_ = std::move(unwritten); }
+  bool spilling() const { return !spilling_.empty(); }
+  uint64_t free_slots() const { return free_.size(); }
+  struct Evicted {
+    uint64_t slot = 0;
+    std::string key;
+    uint64_t length = 0;
+    uint32_t slab = 0;
+    uint64_t offset = 0;  // in the slab
+  };
+  // The blocks evicted since the last call, each held back until Spilled.
+  std::vector<Evicted> TakeEvicted() { return std::exchange(evicted_, {}); }
+  // The slot's block was written out (written) or not: the slot is free again.
+  void Spilled(uint64_t slot, bool written);
+  // Takes a slot for a key read from the disk (none: RESOURCE_EXHAUSTED);
+  // invisible until EndPromote seals it with the length read, or frees it.
+  ipc::KvBlock BeginPromote(const std::string& key, std::byte** to);
+  void EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length);
   ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
   void OnSessionEnd(uint64_t session);
 
   bool InUse() const { return !leases_.empty() || !writing_.empty() || !copying_.empty(); }
   uint64_t used_blocks() const { return used_; }
-  uint64_t sealed_blocks() const { return used_ - writing_blocks_; }
+  uint64_t sealed_blocks() const { return used_ - writing_blocks_ - promoting_blocks_; }
   uint64_t writing_blocks() const { return writing_blocks_; }
   uint64_t leases_held() const;
   const KvStoreStats& stats() const { return stats_; }
@@ -136,7 +169,7 @@ class BlockStore {
   Status Check() const;
 
  private:
-  enum class State : uint8_t { kFree, kWriting, kSealed };
+  enum class State : uint8_t { kFree, kWriting, kSealed, kPromoting };
   struct Slot {
     State state = State::kFree;
     uint64_t generation = 0;  // 0: never used (no reference names generation 0)
@@ -156,7 +189,11 @@ class BlockStore {
   }
   ipc::KvBlock BlockOf(ErrorCode code, uint64_t slot) const;
   void EvictToLowWatermark();
+  bool EvictOne();
+  // A free slot for a new block (evicting if the store is full), or none.
+  std::optional<uint64_t> TakeSlot();
   void Free(uint64_t slot);
+  void Unhold(uint64_t slot);
   std::byte* Address(uint64_t slot) const;
   // The slot's record in the index, as the slot is now.
   void Record(uint64_t slot);
@@ -170,10 +207,14 @@ class BlockStore {
   KvIndex records_;  // the slots as a next broker reads them
   std::vector<Slot> slots_;
   std::vector<uint64_t> free_;  // slots, taken from the back
-  std::set<uint64_t> copying_;  // slots a worker copies into (BeginCopy to EndCopy)
-  std::set<uint64_t> freed_while_copying_;  // free, but not in free_ until their copy ends
-  uint64_t used_ = 0;           // slots writing or sealed
+  std::set<uint64_t> copying_;  // slots a worker copies into (BeginCopy to EndCopy, promotions)
+  std::set<uint64_t> spilling_;  // evicted slots a worker writes out to the disk tier
+  std::set<uint64_t> held_back_;  // free, but not in free_ until their copy or spill ends
+  std::function<bool(const std::string&)> unwritten_;  // none: no disk tier
+  std::vector<Evicted> evicted_;
+  uint64_t used_ = 0;           // slots writing, promoting or sealed
   uint64_t writing_blocks_ = 0;
+  uint64_t promoting_blocks_ = 0;
   std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)
   std::unique_ptr<EvictionPolicy> policy_;
   std::map<uint64_t, std::map<uint64_t, uint32_t>> leases_;  // session -> slot -> leases

@@ -4,7 +4,10 @@
 #include <fcntl.h>
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "broker.h"
 #include "log.h"
@@ -34,6 +37,68 @@ Status EachRef(const char* what, const std::vector<ipc::KvRef>& refs,
   return Status(code, std::string(what) + " " + std::to_string(first) + " of the batch failed with " +
                           std::string(ErrorCodeName(code)) + " (" + std::to_string(failed) +
                           " failed in all; the others were done)");
+}
+
+// Hands the blocks the store evicted to workers that write them to the disk
+// tier; each slot is free again once its block is out (or not written: the
+// key is on the disk already, or it does not fit).
+void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
+  std::vector<BlockStore::Evicted> evicted = store.TakeEvicted();
+  if (evicted.empty()) return;
+  KvDiskTier& disk = *kv.disk();
+  std::map<uint32_t, std::shared_ptr<const ipc::UniqueFd>> slabs;  // one fd per slab for the batch
+  for (BlockStore::Evicted& e : evicted) {
+    std::optional<KvDiskTier::Write> w = disk.BeginWrite(store.spec().name, e.key, store.spec().block_size, e.length);
+    std::shared_ptr<const ipc::UniqueFd>& slab = slabs[e.slab];
+    if (w && !slab) {
+      Result<int> fd = store.SlabFd(e.slab);
+      slab = std::make_shared<const ipc::UniqueFd>(fd.ok() ? ::fcntl(*fd, F_DUPFD_CLOEXEC, 0) : -1);
+    }
+    if (!w || !slab->valid()) {
+      if (w) disk.EndWrite(*w, Status(ErrorCode::kResourceExhausted, "no fd for the slab"));
+      store.Spilled(e.slot, false);  // free at once: the caller sees it
+      continue;
+    }
+    w->slab = slab;
+    w->offset = e.offset;
+    auto job = std::make_shared<std::pair<KvDiskTier::Write, Status>>(std::move(*w), Status::Ok());
+    workers.Run([job] { job->second = KvDiskTier::Perform(job->first); },
+                [&kv, job, store_id = store.id(), slot = e.slot] {
+                  job->first.slab.reset();
+                  if (KvDiskTier* d = kv.disk()) d->EndWrite(job->first, job->second);
+                  // (a store dropped meanwhile took the slot with it)
+                  if (BlockStore* st = kv.Find(store_id)) {
+                    st->Spilled(slot, job->second.ok());
+                    kv.SlotsFreed(store_id);
+                  }
+                });
+  }
+}
+// The answer to a get: each key's block (leased if asked, and charged to the
+// client's kv quota), and how many lead the batch. Without a lease, a key
+// on the disk is there too (a get with a lease promotes it).
+ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session& s, BlockStore& store,
+                             const ipc::KvGetRequest& m) {
+  ipc::KvBlocksReply reply;
+  reply.blocks.reserve(m.keys.size());
+  bool leading = true;
+  for (const std::string& key : m.keys) {
+    ipc::KvBlock b{ErrorCode::kOk, 0, 0, 0};
+    if (m.lease || disk == nullptr || store.Knows(key) || !disk->Has(store.spec().name, key)) {
+      const uint64_t held = store.HeldBlocks(s.id);
+      b = store.Get(s.id, key, m.lease);
+      if (store.HeldBlocks(s.id) > held) {
+        if (Status q = holdings.Charge(s, Held(1, store)); !q.ok()) {
+          (void)store.Release(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
+          b = {q.code(), 0, 0, 0};
+        }
+      }
+    }
+    reply.blocks.push_back(b);
+    leading = leading && b.code == ErrorCode::kOk;
+    if (leading) ++reply.leading;
+  }
+  return reply;
 }
 }  // namespace
 
@@ -82,23 +147,57 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSlabRequest& m) {
   return Deferred{};
 }
 
-Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReserveRequest& m) {
-  BlockStore* store = kv_.Find(m.store);
-  if (store == nullptr) return NoStore(m.store);
-  ipc::KvBlocksReply reply;
-  reply.blocks.reserve(m.keys.size());
-  for (const std::string& key : m.keys) {
-    const uint64_t held = store->HeldBlocks(s.id);
-    ipc::KvBlock b = store->Reserve(s.id, key);
-    if (store->HeldBlocks(s.id) > held) {
-      if (Status q = holdings_.Charge(s, Held(1, *store)); !q.ok()) {
-        (void)store->Abort(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
+// A reserve or a get with a disk tier may wait for it: for blocks being
+// written out to free their slots, for promotions to be read in.
+struct Broker::KvPending {
+  uint64_t session = 0, rid = 0;
+  ipc::KvReserveRequest reserve;
+  ipc::KvGetRequest get;
+  ipc::KvBlocksReply reply;  // a reserve's, so far
+  size_t next = 0;           // the reserve's next key
+  int passes = 0;            // the get's promotion passes
+};
+
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvReserveRequest& m) {
+  if (kv_.Find(m.store) == nullptr) return NoStore(m.store);
+  auto p = std::make_shared<KvPending>();
+  p->session = s.id;
+  p->rid = rid;
+  p->reserve = m;
+  p->reply.blocks.reserve(m.keys.size());
+  ReserveFrom(p);
+  return Deferred{};
+}
+
+void Broker::ReserveFrom(const std::shared_ptr<KvPending>& p) {
+  Session* s = sessions_.Find(p->session);
+  if (s == nullptr) return;
+  BlockStore* store = kv_.Find(p->reserve.store);
+  if (store == nullptr) return SendError(*s, p->rid, NoStore(p->reserve.store));
+  const KvDiskTier* disk = kv_.disk();
+  for (; p->next < p->reserve.keys.size(); ++p->next) {
+    const std::string& key = p->reserve.keys[p->next];
+    if (disk != nullptr && !store->Knows(key) && disk->Has(store->spec().name, key)) {
+      p->reply.blocks.push_back({ErrorCode::kAlreadyExists, 0, 0, 0});  // on the disk: a get promotes it
+      continue;
+    }
+    const uint64_t held = store->HeldBlocks(s->id);
+    ipc::KvBlock b = store->Reserve(s->id, key);
+    if (b.code == ErrorCode::kResourceExhausted && store->spilling()) {
+      SpillEvicted(kv_, workers_, *store);  // (evicted blocks the disk has are free at once)
+      if (store->free_slots() == 0) return kv_.WhenSlotsFree(store->id(), [this, p] { ReserveFrom(p); });
+      b = store->Reserve(s->id, key);
+    }
+    if (store->HeldBlocks(s->id) > held) {
+      if (Status q = holdings_.Charge(*s, Held(1, *store)); !q.ok()) {
+        (void)store->Abort(s->id, {b.slot, b.generation});  // past the client's or its uid's quota
         b = {q.code(), 0, 0, 0};
       }
     }
-    reply.blocks.push_back(b);
+    p->reply.blocks.push_back(b);
   }
-  return reply;
+  if (disk != nullptr) SpillEvicted(kv_, workers_, *store);
+  Send(*s, p->rid, std::move(p->reply));
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSealRequest& m) {
@@ -179,26 +278,73 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvAbortRequest& m) {
   return st;
 }
 
-Answer Broker::Handle(Session& s, uint64_t, const ipc::KvGetRequest& m) {
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvGetRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
-  ipc::KvBlocksReply reply;
-  reply.blocks.reserve(m.keys.size());
-  bool leading = true;
-  for (const std::string& key : m.keys) {
-    const uint64_t held = store->HeldBlocks(s.id);
-    ipc::KvBlock b = store->Get(s.id, key, m.lease);
-    if (store->HeldBlocks(s.id) > held) {
-      if (Status q = holdings_.Charge(s, Held(1, *store)); !q.ok()) {
-        (void)store->Release(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
-        b = {q.code(), 0, 0, 0};
-      }
+  if (kv_.disk() == nullptr || !m.lease) return GetBlocks(holdings_, kv_.disk(), s, *store, m);
+  auto p = std::make_shared<KvPending>();
+  p->session = s.id;
+  p->rid = rid;
+  p->get = m;
+  GetFrom(p);
+  return Deferred{};
+}
+
+// Keys on the disk and not in memory are read into slots on a worker, then
+// the get is answered. A pass that finds no free slot while blocks are being
+// written out waits for them; a batch larger than the store's free room may
+// evict what an earlier pass promoted, so passes are bounded.
+void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
+  constexpr int kMaxPromotionPasses = 8;
+  Session* s = sessions_.Find(p->session);
+  if (s == nullptr) return;
+  BlockStore* store = kv_.Find(p->get.store);
+  if (store == nullptr) return SendError(*s, p->rid, NoStore(p->get.store));
+  KvDiskTier& disk = *kv_.disk();
+  struct Promotion {
+    KvDiskTier::Read read;
+    ipc::KvBlock block;
+    std::byte* to = nullptr;
+    Result<uint64_t> length = uint64_t{0};
+  };
+  auto promotions = std::make_shared<std::vector<Promotion>>();
+  bool full = false;
+  for (const std::string& key : p->get.keys) {
+    if (p->passes >= kMaxPromotionPasses) break;
+    if (store->Knows(key)) continue;
+    std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
+    if (!read) continue;
+    Promotion promotion{std::move(*read), {}, nullptr};
+    promotion.block = store->BeginPromote(key, &promotion.to);
+    if (promotion.block.code != ErrorCode::kOk) {
+      disk.CancelRead(promotion.read);  // no slot for it now
+      full = true;
+      break;
     }
-    reply.blocks.push_back(b);
-    leading = leading && reply.blocks.back().code == ErrorCode::kOk;
-    if (leading) ++reply.leading;
+    promotions->push_back(std::move(promotion));
   }
-  return reply;
+  ++p->passes;
+  SpillEvicted(kv_, workers_, *store);  // (promotions may have evicted)
+  if (!promotions->empty()) {
+    workers_.Run(
+        [promotions] {
+          for (Promotion& x : *promotions) x.length = KvDiskTier::Perform(x.read, x.to);
+        },
+        [this, promotions, p] {
+          BlockStore* st = kv_.Find(p->get.store);  // (not dropped: a promotion in flight keeps it in use)
+          for (const Promotion& x : *promotions) {
+            st->EndPromote(x.block, x.length);
+            kv_.disk()->EndRead(x.read, x.length);
+          }
+          GetFrom(p);  // the keys left, if any; then the answer
+        });
+    return;
+  }
+  if (full && p->passes < kMaxPromotionPasses) {
+    if (store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
+    if (store->spilling()) return kv_.WhenSlotsFree(store->id(), [this, p] { GetFrom(p); });
+  }
+  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {

@@ -33,6 +33,30 @@ Status KvStores::Admit(const std::string& name) const {
   return Status::Ok();
 }
 
+Status KvStores::OpenDisk(const std::string& dir, uint64_t capacity) {
+  MB_ASSIGN_OR_RETURN(disk_, KvDiskTier::Open(dir, capacity));
+  for (auto& [name, store] : stores_) HoldEvictedFor(*store);
+  return Status::Ok();
+}
+
+void KvStores::HoldEvictedFor(BlockStore& store) {
+  store.HoldEvicted([disk = disk_.get(), name = store.spec().name](const std::string& key) {
+    return !disk->Has(name, key);
+  });
+}
+
+void KvStores::WhenSlotsFree(uint64_t store, std::function<void()> retry) {
+  waiting_.emplace(store, std::move(retry));
+}
+
+void KvStores::SlotsFreed(uint64_t store) {
+  auto [first, last] = waiting_.equal_range(store);
+  std::vector<std::function<void()>> retries;
+  for (auto it = first; it != last; ++it) retries.push_back(std::move(it->second));
+  waiting_.erase(first, last);
+  for (auto& retry : retries) retry();  // (each may wait again)
+}
+
 Result<BlockStore*> KvStores::Add(KvStoreSpec spec) {
   MB_RETURN_IF_ERROR(Admit(spec.name));
   uint64_t id = 0;
@@ -50,6 +74,7 @@ Result<BlockStore*> KvStores::Adopt(std::unique_ptr<BlockStore> store) {
   if (store->id() == 0 || by_id_.count(store->id()) != 0)
     return Status(ErrorCode::kAlreadyExists, "a store with id " + std::to_string(store->id()) + " exists");
   BlockStore* p = store.get();
+  if (disk_) HoldEvictedFor(*p);
   by_id_[p->id()] = p;
   stores_[p->spec().name] = std::move(store);
   journal_.StoreAdded(*p);
@@ -69,6 +94,7 @@ Result<std::unique_ptr<BlockStore>> KvStores::Remove(const std::string& name) {
   dropped_ += store->stats();
   by_id_.erase(store->id());
   journal_.StoreRemoved(*store);
+  SlotsFreed(store->id());  // what waited for its slots hears that it is gone
   return store;
 }
 

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "kv/block_store.h"
+#include "kv/disk_tier.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
@@ -24,6 +26,15 @@ class KvJournal {
 class KvStores {
  public:
   explicit KvStores(KvJournal& journal) : journal_(journal) {}
+
+  // Gives every store, made before or after, the disk tier in dir (disk_tier.h).
+  Status OpenDisk(const std::string& dir, uint64_t capacity);
+  KvDiskTier* disk() { return disk_.get(); }
+  const KvDiskTier* disk() const { return disk_.get(); }
+  // A request that found the store full while blocks were being written out
+  // (BlockStore::spilling) runs `retry` when one has been (or the store went).
+  void WhenSlotsFree(uint64_t store, std::function<void()> retry);
+  void SlotsFreed(uint64_t store);
 
   BlockStore* Find(uint64_t id);
   const BlockStore* FindByName(const std::string& name) const;
@@ -46,12 +57,15 @@ class KvStores {
 
  private:
   Status Admit(const std::string& name) const;
+  void HoldEvictedFor(BlockStore& store);
 
   KvJournal& journal_;
 
   std::map<std::string, std::unique_ptr<BlockStore>> stores_;  // by name
   std::map<uint64_t, BlockStore*> by_id_;
   KvStoreStats dropped_;  // the counters of stores that were dropped
+  std::unique_ptr<KvDiskTier> disk_;
+  std::multimap<uint64_t, std::function<void()>> waiting_;  // store id -> retries
 };
 
 class Accounting;

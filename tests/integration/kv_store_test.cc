@@ -4,11 +4,13 @@
 // of any write to a sealed block.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -537,6 +539,188 @@ TEST(KvStore, BadRequestsGetClearErrors) {
   EXPECT_EQ(store.PrefixHits(Keys(0, 1)).status().code(), ErrorCode::kInvalidHandle);
   EXPECT_EQ(broker.Stat("kv_stores"), 0u);
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// The disk tier's directory, made for one test and removed after it.
+struct DiskDir {
+  std::string path;
+  DiskDir() {
+    char tmpl[] = "/tmp/membroker-kvdisk.XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~DiskDir() {
+    std::string cmd = "rm -rf '" + path + "'";
+    (void)!std::system(cmd.c_str());
+  }
+  // The block files now there (each named <key hex>.<sequence>.kv).
+  std::vector<std::string> Files() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path))
+      if (e.is_regular_file() && e.path().extension() == ".kv") out.push_back(e.path());
+    return out;
+  }
+  std::string FileOf(const std::string& key) const {
+    std::string hex;
+    for (unsigned char c : key) {
+      static const char kDigits[] = "0123456789abcdef";
+      hex += kDigits[c >> 4];
+      hex += kDigits[c & 15];
+    }
+    for (const std::string& f : Files())
+      if (std::filesystem::path(f).filename().string().rfind(hex + ".", 0) == 0) return f;
+    return "";
+  }
+};
+
+// Puts keys [0, n) in batches of 10 into a store of 20 blocks (so most are
+// evicted), then waits until the disk tier has written what was evicted.
+void PutThroughASmallStore(KvStore& store, const BrokerProcess& broker, int n) {
+  for (int at = 0; at < n; at += 10)
+    for (ErrorCode code : PutAll(store, Keys(at, 10))) ASSERT_EQ(code, ErrorCode::kOk);
+  ASSERT_EQ(broker.WaitForStat("kv_disk_writing", 0), 0u);
+}
+
+// Gets keys [0, n) in batches of 10 in another process, every byte checked:
+// 0 when each was found, else why not.
+int GetAllElsewhere(const std::string& socket, int n) {
+  pid_t child = ForkChild([&] {
+    auto c = Client::Connect({socket, "reader"});
+    if (!c.ok()) return 10;
+    auto s = KvStore::Open(*c, "kv");
+    if (!s.ok()) return 11;
+    for (int at = 0; at < n; at += 10) {
+      auto got = s->Get(Keys(at, 10));
+      if (!got.ok()) return 12;
+      if (got->leading() != 10) return 13;
+      for (size_t i = 0; i < 10; ++i)
+        if (!Holds(got->data(i), Key(at + static_cast<int>(i)))) return 14;
+    }
+    return 0;
+  });
+  return WaitChild(child);
+}
+
+TEST(KvStore, EvictedBlocksGoToTheDiskAndAGetBringsThemBack) {
+  DiskDir disk;
+  BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "kv", 20);
+  PutThroughASmallStore(store, broker, 60);
+  const uint64_t spilled = broker.Stat("kv_spilled");
+  EXPECT_GE(spilled, 40u);  // at most 20 are in memory
+  EXPECT_EQ(broker.Stat("kv_disk_blocks"), spilled);
+  EXPECT_EQ(broker.Stat("kv_disk_bytes"), spilled * kBlock);
+  EXPECT_EQ(disk.Files().size(), spilled);
+  // A key on the disk exists, leads a prefix, and is not written twice.
+  EXPECT_EQ(*store.PrefixHits(Keys(0, 60)), 60u);
+  for (ErrorCode code : PutAll(store, Keys(0, 5))) EXPECT_EQ(code, ErrorCode::kAlreadyExists);
+
+  EXPECT_EQ(GetAllElsewhere(broker.socket(), 60), 0);
+  EXPECT_GE(broker.Stat("kv_disk_hits"), 40u);
+  EXPECT_EQ(broker.Stat("kv_misses"), 0u);
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
+  EXPECT_EQ(broker.Stat("kv_disk_damaged"), 0u);
+  // A block promoted and evicted again is not written again: it is there.
+  // (The gets evicted the blocks only memory had: those were written.)
+  EXPECT_EQ(broker.WaitForStat("kv_disk_writing", 0), 0u);
+  EXPECT_EQ(broker.Stat("kv_disk_blocks"), broker.Stat("kv_spilled"));
+  EXPECT_LE(broker.Stat("kv_spilled"), 60u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+TEST(KvStore, ADamagedDiskFileIsDroppedNeverServed) {
+  DiskDir disk;
+  BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "kv", 20);
+  PutThroughASmallStore(store, broker, 40);
+  const std::string file = disk.FileOf(Key(0));  // the first key put is evicted first
+  ASSERT_FALSE(file.empty());
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);  // one byte of the payload
+    char b = 0;
+    f.read(&b, 1);
+    f.seekp(-100, std::ios::end);
+    b = static_cast<char>(b ^ 0x5a);
+    f.write(&b, 1);
+  }
+  auto got = store.Get(Keys(0, 2));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(got->found(0));
+  ASSERT_TRUE(got->found(1));
+  EXPECT_TRUE(Holds(got->data(1), Key(1)));
+  EXPECT_EQ(broker.Stat("kv_disk_damaged"), 1u);
+  EXPECT_FALSE(std::filesystem::exists(file));
+  // Gone for good: a writer may put the key again.
+  got->Release();
+  EXPECT_EQ(PutAll(store, Keys(0, 1)), std::vector<ErrorCode>{ErrorCode::kOk});
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// A broker that starts - after a SIGKILL, without a store in memory - finds
+// the tier's blocks; files damaged meanwhile, and unfinished writes, are
+// dropped; past a smaller capacity the oldest go.
+TEST(KvStore, ABrokerThatStartsFindsTheDiskTiersBlocks) {
+  DiskDir disk;
+  std::vector<std::string> files;
+  {
+    BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+    auto c = *Client::Connect({broker.socket(), "writer"});
+    KvStore store = Made(c, "kv", 20);
+    PutThroughASmallStore(store, broker, 60);
+    files = disk.Files();
+    broker.Kill();
+  }
+  ASSERT_GE(files.size(), 40u);
+  const std::string junk = std::filesystem::path(files[0]).parent_path() / "00.7.kv";
+  std::ofstream(junk) << "not a block";
+  const std::string unfinished = std::filesystem::path(files[0]).parent_path() / ".tmp-99";
+  std::ofstream(unfinished) << "half a block";
+
+  BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  EXPECT_EQ(broker.Stat("kv_disk_found"), files.size());
+  EXPECT_EQ(broker.Stat("kv_disk_damaged"), 1u);
+  EXPECT_FALSE(std::filesystem::exists(junk));
+  EXPECT_FALSE(std::filesystem::exists(unfinished));
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "kv", 20);
+  // Every key that was on the disk comes back, byte for byte.
+  const int first_in_memory = static_cast<int>(files.size());  // (keys were evicted oldest first)
+  EXPECT_EQ(*store.PrefixHits(Keys(0, first_in_memory)), static_cast<size_t>(first_in_memory));
+  EXPECT_EQ(GetAllElsewhere(broker.socket(), first_in_memory / 10 * 10), 0);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  broker.Stop();
+
+  // The same directory with a capacity of 8 blocks: the 8 newest stay.
+  BrokerProcess small({"--kv-disk", disk.path, "--kv-disk-bytes", std::to_string(8 * kBlock)});
+  EXPECT_EQ(small.Stat("kv_disk_blocks"), 8u);
+  EXPECT_EQ(small.Stat("kv_disk_trimmed"), files.size() - 8);
+  EXPECT_EQ(disk.Files().size(), 8u);
+}
+
+TEST(KvStore, TheDiskTierStaysWithinItsCapacity) {
+  DiskDir disk;
+  BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", std::to_string(10 * kBlock)});
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "kv", 20);
+  PutThroughASmallStore(store, broker, 80);
+  EXPECT_LE(broker.Stat("kv_disk_blocks"), 10u);
+  EXPECT_LE(disk.Files().size(), 10u);
+  EXPECT_GE(broker.Stat("kv_disk_trimmed"), 50u);
+  // The newest evicted blocks are the ones kept: a get finds them.
+  const std::vector<std::string> files = disk.Files();
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+TEST(KvStore, ADiskTierDirectoryOthersCanWriteIsRefused) {
+  DiskDir disk;
+  ASSERT_EQ(::chmod(disk.path.c_str(), 0777), 0);
+  DiskDir home;  // (for the socket)
+  auto r = RunBrokerExpectingExit({"--socket", home.path + "/b.sock", "--kv-disk", disk.path});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("writable by no one else"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,0 +1,369 @@
+// KvDiskTier (disk_tier.h).
+#include "kv/disk_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "log.h"
+#include "membroker/ipc/escape.h"
+#include "membroker/ipc/protocol.h"
+#include "membroker/ipc/syscall.h"
+
+namespace membroker::broker {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'B', 'K', 'V', 'D', 'S', 'K', '1'};
+constexpr size_t kMaxStoreBytes = ipc::kMaxKvStoreNameBytes;
+constexpr size_t kMaxKeyBytes = ipc::kMaxKvKeyBytes;
+
+// A block file's first bytes (host byte order: the tier is this host's).
+struct FileHeader {
+  char magic[8];
+  uint64_t block_size;
+  uint64_t length;    // of the payload, which follows the header
+  uint64_t sequence;  // the tier's write sequence (also in the file's name)
+  uint64_t payload_checksum;
+  uint32_t store_length;
+  uint32_t key_length;
+  uint8_t store[kMaxStoreBytes];
+  uint8_t key[kMaxKeyBytes];
+  uint64_t checksum;  // of every byte above
+};
+static_assert(sizeof(FileHeader) == 248);
+
+// FNV-1a over 8-byte words: it finds torn and damaged files (the directory
+// is the broker's own; no adversary writes it), at memory speed.
+uint64_t Checksum(const void* data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < size; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+// A store's directory: a hash of its name (a name may be longer than a file
+// name can be, and hold '/'); the files say which store they are of.
+std::string StoreDir(const std::string& store) {
+  const uint64_t h = Checksum(store.data(), store.size());
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "s%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+Status Errno(const std::string& what, const std::string& path) {
+  return ipc::ErrnoStatus(what.c_str(), path, errno);
+}
+
+Status Damaged(const std::string& why) { return Status(ErrorCode::kInternal, why); }
+
+ErrorCode ReadAll(int fd, void* to, uint64_t n, uint64_t offset) {
+  auto* p = static_cast<std::byte*>(to);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t got = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got == 0 ? ErrorCode::kOutOfRange : ErrorCode::kInternal;
+    done += static_cast<uint64_t>(got);
+  }
+  return ErrorCode::kOk;
+}
+
+// The header of the file at fd, checked against its size and name parts.
+Result<FileHeader> ReadHeader(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Errno("fstat", path);
+  if (!S_ISREG(st.st_mode)) return Damaged("not a regular file");
+  FileHeader h{};
+  if (static_cast<uint64_t>(st.st_size) < sizeof(h) || ReadAll(fd, &h, sizeof(h), 0) != ErrorCode::kOk)
+    return Damaged("shorter than its header");
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return Damaged("not a membroker KV block file");
+  if (h.checksum != Checksum(&h, offsetof(FileHeader, checksum))) return Damaged("its header fails its checksum");
+  if (h.store_length == 0 || h.store_length > kMaxStoreBytes || h.key_length == 0 || h.key_length > kMaxKeyBytes ||
+      h.length == 0 || h.length > h.block_size)
+    return Damaged("its header's sizes are out of range");
+  if (static_cast<uint64_t>(st.st_size) != sizeof(h) + h.length)
+    return Damaged("its size is not its header's and payload's");
+  return h;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const std::string& dir, uint64_t capacity) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno("mkdir", dir);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return Errno("lstat", dir);
+  if (!S_ISDIR(st.st_mode))
+    return Status(ErrorCode::kParamInvalid, "--kv-disk " + dir + " is not a directory");
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)
+    return Status(ErrorCode::kPermissionDenied,
+                  "--kv-disk " + dir + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
+                      std::to_string(st.st_mode & 0777) +
+                      " (octal digits in decimal); the broker serves its files as blocks, so it must be the "
+                      "broker's own and writable by no one else");
+  std::unique_ptr<KvDiskTier> tier(new KvDiskTier(dir, capacity));
+  MB_RETURN_IF_ERROR(tier->Scan());
+  return tier;
+}
+
+std::string KvDiskTier::PathOf(const std::string& store, const std::string& key, uint64_t sequence) const {
+  return dir_ + "/" + StoreDir(store) + "/" + Hex(key) + "." + std::to_string(sequence) + ".kv";
+}
+
+Status KvDiskTier::Scan() {
+  DIR* top = ::opendir(dir_.c_str());
+  if (top == nullptr) return Errno("opendir", dir_);
+  std::vector<std::string> stores;
+  while (const dirent* e = ::readdir(top))
+    if (e->d_name[0] == 's' && std::strlen(e->d_name) == 17) stores.emplace_back(e->d_name);
+  ::closedir(top);
+  for (const std::string& sub : stores) {
+    const std::string subdir = dir_ + "/" + sub;
+    DIR* d = ::opendir(subdir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> files;
+    while (const dirent* e = ::readdir(d)) files.emplace_back(e->d_name);
+    ::closedir(d);
+    for (const std::string& file : files) {
+      const std::string path = subdir + "/" + file;
+      if (file.rfind(".tmp-", 0) == 0) {  // a write an earlier broker did not finish
+        ::unlink(path.c_str());
+        continue;
+      }
+      if (file.size() < 4 || file.compare(file.size() - 3, 3, ".kv") != 0) continue;  // not ours
+      ipc::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+      Result<FileHeader> h = fd ? ReadHeader(fd.get(), path) : Result<FileHeader>(Damaged(std::strerror(errno)));
+      std::string store, key;
+      if (h.ok()) {
+        store.assign(reinterpret_cast<const char*>(h->store), h->store_length);
+        key.assign(reinterpret_cast<const char*>(h->key), h->key_length);
+        if (sub + "/" + file != PathOf(store, key, h->sequence).substr(dir_.size() + 1))
+          h = Damaged("its name is not its header's");
+      }
+      if (!h.ok()) {
+        ::unlink(path.c_str());
+        ++stats_.damaged;
+        MB_WARN("kv_disk_dropped", "file=\"%s\" why=\"%s\"", LogText(path).c_str(), LogText(h.status().message()).c_str());
+        continue;
+      }
+      const Name name{store, key};
+      if (auto it = entries_.find(name); it != entries_.end()) {  // written twice: the later one is kept
+        const bool older = it->second.sequence < h->sequence;
+        ::unlink((older ? PathOf(store, key, it->second.sequence) : path).c_str());
+        if (!older) continue;
+        Forget(it);
+      }
+      entries_[name] = Entry{h->sequence, h->length, h->block_size, true, 0};
+      by_age_[h->sequence] = name;
+      stats_.blocks += 1;
+      stats_.bytes += h->length;
+      next_sequence_ = std::max(next_sequence_, h->sequence + 1);
+    }
+  }
+  // A smaller capacity than the last broker's: the oldest go.
+  while (stats_.bytes > capacity_ && !by_age_.empty()) {
+    const Name name = by_age_.begin()->second;
+    ::unlink(PathOf(name.first, name.second, by_age_.begin()->first).c_str());
+    Forget(entries_.find(name));
+    ++stats_.trimmed;
+  }
+  stats_.found = stats_.blocks;
+  MB_INFO("kv_disk_opened", "dir=\"%s\" blocks=%llu bytes=%llu capacity=%llu damaged=%llu", LogText(dir_).c_str(),
+          static_cast<unsigned long long>(stats_.blocks), static_cast<unsigned long long>(stats_.bytes),
+          static_cast<unsigned long long>(capacity_), static_cast<unsigned long long>(stats_.damaged));
+  return Status::Ok();
+}
+
+void KvDiskTier::Forget(std::map<Name, Entry>::iterator it) {
+  by_age_.erase(it->second.sequence);
+  stats_.blocks -= 1;
+  stats_.bytes -= it->second.length;
+  entries_.erase(it);
+}
+
+bool KvDiskTier::Has(const std::string& store, const std::string& key) const {
+  return entries_.count(Name{store, key}) != 0;
+}
+
+std::pair<uint64_t, uint64_t> KvDiskTier::StoreUsage(const std::string& store) const {
+  uint64_t blocks = 0, bytes = 0;
+  for (auto it = entries_.lower_bound(Name{store, ""}); it != entries_.end() && it->first.first == store; ++it) {
+    ++blocks;
+    bytes += it->second.length;
+  }
+  return {blocks, bytes};
+}
+
+std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store, const std::string& key,
+                                                        uint64_t block_size, uint64_t length) {
+  if (length > capacity_ || Has(store, key)) return std::nullopt;
+  Write w;
+  // Room first: the oldest whole files nobody reads go.
+  for (auto it = by_age_.begin(); it != by_age_.end() && stats_.bytes + length > capacity_;) {
+    auto e = entries_.find(it->second);
+    ++it;
+    if (!e->second.whole || e->second.readers != 0) continue;
+    w.trimmed.push_back(PathOf(e->first.first, e->first.second, e->second.sequence));
+    Forget(e);
+    ++stats_.trimmed;
+  }
+  if (stats_.bytes + length > capacity_) return std::nullopt;  // what is left is being read or written
+  w.store = store;
+  w.key = key;
+  w.block_size = block_size;
+  w.length = length;
+  w.sequence = next_sequence_++;
+  w.path = PathOf(store, key, w.sequence);
+  w.temporary = dir_ + "/" + StoreDir(store) + "/.tmp-" + std::to_string(w.sequence);
+  entries_[Name{store, key}] = Entry{w.sequence, length, block_size, false, 0};
+  by_age_[w.sequence] = Name{store, key};
+  stats_.blocks += 1;
+  stats_.bytes += length;
+  stats_.writing += 1;
+  return w;
+}
+
+Status KvDiskTier::Perform(Write& w) {
+  for (const std::string& path : w.trimmed) ::unlink(path.c_str());
+  const std::string subdir = w.path.substr(0, w.path.rfind('/'));
+  if (::mkdir(subdir.c_str(), 0700) != 0 && errno != EEXIST) return Errno("mkdir", subdir);
+  std::unique_ptr<std::byte[]> payload(new std::byte[w.length]);
+  if (ReadAll(w.slab->get(), payload.get(), w.length, w.offset) != ErrorCode::kOk)
+    return Status(ErrorCode::kInternal, "reading the block from its slab failed");
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.block_size = w.block_size;
+  h.length = w.length;
+  h.sequence = w.sequence;
+  h.payload_checksum = Checksum(payload.get(), w.length);
+  h.store_length = static_cast<uint32_t>(w.store.size());
+  h.key_length = static_cast<uint32_t>(w.key.size());
+  std::memcpy(h.store, w.store.data(), w.store.size());
+  std::memcpy(h.key, w.key.data(), w.key.size());
+  h.checksum = Checksum(&h, offsetof(FileHeader, checksum));
+  ipc::UniqueFd fd(::open(w.temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return Errno("open", w.temporary);
+  iovec iov[2] = {{&h, sizeof(h)}, {payload.get(), w.length}};
+  uint64_t done = 0;
+  const uint64_t total = sizeof(h) + w.length;
+  while (done < total) {
+    iovec rest[2];
+    int n = 0;
+    uint64_t skip = done;  // what went out already
+    for (const iovec& v : iov) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      rest[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
+      skip = 0;
+    }
+    const ssize_t put = ::pwritev(fd.get(), rest, n, static_cast<off_t>(done));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      const Status st = Errno("pwritev", w.temporary);
+      ::unlink(w.temporary.c_str());
+      return st;
+    }
+    done += static_cast<uint64_t>(put);
+  }
+  fd.reset();
+  if (::rename(w.temporary.c_str(), w.path.c_str()) != 0) {
+    const Status st = Errno("rename", w.path);
+    ::unlink(w.temporary.c_str());
+    return st;
+  }
+  return Status::Ok();
+}
+
+void KvDiskTier::EndWrite(const Write& w, const Status& result) {
+  auto it = entries_.find(Name{w.store, w.key});
+  if (it == entries_.end() || it->second.sequence != w.sequence) return;  // (not possible: unwhole files stay)
+  stats_.writing -= 1;
+  if (result.ok()) {
+    it->second.whole = true;
+    ++stats_.written;
+    return;
+  }
+  Forget(it);
+  // (a full disk fails every write: the first and every thousandth are logged)
+  if (stats_.write_failed++ % 1000 == 0)
+    MB_WARN("kv_disk_write_failed", "dir=\"%s\" failed=%llu error=\"%s\"", LogText(dir_).c_str(),
+            static_cast<unsigned long long>(stats_.write_failed), LogText(result.message()).c_str());
+}
+
+std::optional<KvDiskTier::Read> KvDiskTier::BeginRead(const std::string& store, const std::string& key,
+                                                      uint64_t block_size) {
+  auto it = entries_.find(Name{store, key});
+  if (it == entries_.end() || !it->second.whole) return std::nullopt;
+  if (it->second.block_size != block_size) {  // a store of this name with other blocks, before
+    Drop(it->first, "its blocks are of " + std::to_string(it->second.block_size) + " bytes, the store's of " +
+                        std::to_string(block_size));
+    return std::nullopt;
+  }
+  ++it->second.readers;
+  return Read{store, key, block_size, it->second.sequence, PathOf(store, key, it->second.sequence)};
+}
+
+Result<uint64_t> KvDiskTier::Perform(const Read& r, std::byte* to) {
+  ipc::UniqueFd fd(::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd) return Damaged(std::string("cannot open it: ") + std::strerror(errno));
+  MB_ASSIGN_OR_RETURN(FileHeader h, ReadHeader(fd.get(), r.path));
+  if (h.sequence != r.sequence || h.block_size != r.block_size || h.store_length != r.store.size() ||
+      h.key_length != r.key.size() || std::memcmp(h.store, r.store.data(), r.store.size()) != 0 ||
+      std::memcmp(h.key, r.key.data(), r.key.size()) != 0)
+    return Damaged("its header names another block");
+  if (ReadAll(fd.get(), to, h.length, sizeof(h)) != ErrorCode::kOk) return Damaged("its payload is short");
+  if (Checksum(to, h.length) != h.payload_checksum) return Damaged("its payload fails its checksum");
+  return h.length;
+}
+
+void KvDiskTier::EndRead(const Read& r, const Result<uint64_t>& result) {
+  auto it = entries_.find(Name{r.store, r.key});
+  if (it == entries_.end() || it->second.sequence != r.sequence) return;
+  --it->second.readers;
+  if (result.ok()) {
+    ++stats_.promoted;
+    return;
+  }
+  Drop(it->first, result.status().message());
+}
+
+void KvDiskTier::CancelRead(const Read& r) {
+  auto it = entries_.find(Name{r.store, r.key});
+  if (it != entries_.end() && it->second.sequence == r.sequence) --it->second.readers;
+}
+
+void KvDiskTier::Drop(const Name& name, const std::string& why) {
+  auto it = entries_.find(name);
+  const std::string path = PathOf(name.first, name.second, it->second.sequence);
+  ::unlink(path.c_str());
+  Forget(it);
+  ++stats_.damaged;
+  MB_WARN("kv_disk_dropped", "file=\"%s\" why=\"%s\"", LogText(path).c_str(), LogText(why).c_str());
+}
+
+}  // namespace membroker::broker

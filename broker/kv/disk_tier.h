@@ -1,0 +1,113 @@
+// KvDiskTier: the KV stores' second tier, a directory (docs/KV.md, "The disk
+// tier"). A block evicted from a store's memory is written there by a worker
+// thread; a get of a key found there promotes it back into a slot (a disk
+// hit). The tier's bytes are bounded: past its capacity the oldest files go.
+//
+// Each block is one file, DIR/<store hash>/<key hex>.<sequence>.kv, that
+// describes itself: a header with the store's name and block size, the key,
+// the tier's write sequence (the order files were written in, kept across
+// starts) and the payload's length and checksum, under a checksum of its
+// own. Open scans the directory, so a broker that starts finds the blocks of
+// an earlier one; a file that fails any check is dropped with a log line,
+// and a payload is checked again at every promotion: never served damaged.
+// A file is written under a temporary name and renamed when whole.
+//
+// The tier itself is used on the loop thread only. Each write and read has
+// three steps: Begin* on the loop (takes the entry, says what to do), Perform
+// on a worker (file I/O alone, on what Begin* copied out), End* on the loop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "membroker/ipc/unique_fd.h"
+#include "membroker/status.h"
+
+namespace membroker::broker {
+
+struct KvDiskStats {
+  uint64_t blocks = 0;  // files in the tier (written or being written)
+  uint64_t bytes = 0;   // their payloads
+  uint64_t writing = 0;  // of them, being written by a worker
+  uint64_t written = 0;
+  uint64_t write_failed = 0;
+  uint64_t promoted = 0;
+  uint64_t damaged = 0;  // files dropped because a check failed (at the scan or a promotion)
+  uint64_t trimmed = 0;  // files removed to stay within the capacity
+  uint64_t found = 0;    // files the scan at start kept
+};
+
+class KvDiskTier {
+ public:
+  // Makes dir (mode 0700) if it is absent, refuses one another user owns or
+  // others may write (a file there is served as a block), and scans it.
+  static Result<std::unique_ptr<KvDiskTier>> Open(const std::string& dir, uint64_t capacity);
+
+  // The key has a file here, whole or being written.
+  bool Has(const std::string& store, const std::string& key) const;
+
+  struct Write {
+    std::string store, key;
+    uint64_t block_size = 0, length = 0, sequence = 0;
+    std::string path, temporary;
+    std::vector<std::string> trimmed;  // older files to remove first
+    std::shared_ptr<const ipc::UniqueFd> slab;  // where the payload is read from
+    uint64_t offset = 0;
+  };
+  // Nothing when the key has a file already or a block cannot fit.
+  std::optional<Write> BeginWrite(const std::string& store, const std::string& key, uint64_t block_size,
+                                  uint64_t length);
+  static Status Perform(Write& w);
+  void EndWrite(const Write& w, const Status& result);
+
+  struct Read {
+    std::string store, key;
+    uint64_t block_size = 0, sequence = 0;
+    std::string path;
+  };
+  // Nothing unless the key's file is whole.
+  std::optional<Read> BeginRead(const std::string& store, const std::string& key, uint64_t block_size);
+  // Reads the payload into `to` (block_size bytes of room) and checks it all:
+  // its length, or why the file cannot be served.
+  static Result<uint64_t> Perform(const Read& r, std::byte* to);
+  // A file that failed is dropped (removed, logged, counted).
+  void EndRead(const Read& r, const Result<uint64_t>& result);
+  // The read was begun but not performed (no slot for it).
+  void CancelRead(const Read& r);
+
+  const std::string& dir() const { return dir_; }
+  uint64_t capacity() const { return capacity_; }
+  const KvDiskStats& stats() const { return stats_; }
+  // Files of one store (blocks, bytes).
+  std::pair<uint64_t, uint64_t> StoreUsage(const std::string& store) const;
+
+ private:
+  using Name = std::pair<std::string, std::string>;  // (store, key)
+  struct Entry {
+    uint64_t sequence = 0;
+    uint64_t length = 0;
+    uint64_t block_size = 0;
+    bool whole = false;    // written (not still being written)
+    uint32_t readers = 0;  // promotions reading it: not trimmed meanwhile
+  };
+  KvDiskTier(std::string dir, uint64_t capacity) : dir_(std::move(dir)), capacity_(capacity) {}
+  Status Scan();
+  std::string PathOf(const std::string& store, const std::string& key, uint64_t sequence) const;
+  void Drop(const Name& name, const std::string& why);
+  void Forget(std::map<Name, Entry>::iterator it);
+
+  std::string dir_;
+  uint64_t capacity_;
+  uint64_t next_sequence_ = 1;
+  std::map<Name, Entry> entries_;
+  std::map<uint64_t, Name> by_age_;  // sequence -> entry: the oldest is trimmed first
+  KvDiskStats stats_;
+};
+
+}  // namespace membroker::broker
