@@ -248,20 +248,27 @@ ipc::KvBlock BlockStore::BeginPromote(const std::string& key, std::byte** to) {
   return BlockOf(ErrorCode::kOk, slot);
 }
 
-void BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length) {
+ipc::KvBlock BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length, uint64_t lease_for) {
   // (a promoting slot changes only here: no client names it, eviction skips it)
   copying_.erase(begun.slot);
   --promoting_blocks_;
   Slot& s = slots_[begun.slot];
   if (!length.ok()) {
     Free(begun.slot);
-    return;
+    ++stats_.misses;
+    return {ErrorCode::kNotFound, 0, 0, 0};
   }
   s.state = State::kSealed;
   s.length = *length;
   policy_->Inserted(begun.slot, std::hash<std::string>{}(s.key));
   Record(begun.slot);
   ++stats_.disk_hits;
+  if (lease_for != 0) {
+    ++leases_[lease_for][begun.slot];
+    ++s.leases;
+    ++stats_.hits;
+  }
+  return BlockOf(ErrorCode::kOk, begun.slot);
 }
 
 ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {

@@ -149,9 +149,10 @@ class BlockStore {
   // The slot's block was written out (written) or not: the slot is free again.
   void Spilled(uint64_t slot, bool written);
   // Takes a slot for a key read from the disk (none: RESOURCE_EXHAUSTED);
-  // invisible until EndPromote seals it with the length read, or frees it.
+  // invisible until EndPromote seals it with the length read - leased for
+  // `lease_for` unless that is 0, and counted a hit - or frees it (NOT_FOUND).
   ipc::KvBlock BeginPromote(const std::string& key, std::byte** to);
-  void EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length);
+  ipc::KvBlock EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length, uint64_t lease_for);
   ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
   void OnSessionEnd(uint64_t session);
 

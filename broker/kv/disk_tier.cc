@@ -208,6 +208,11 @@ bool KvDiskTier::Has(const std::string& store, const std::string& key) const {
   return entries_.count(Name{store, key}) != 0;
 }
 
+bool KvDiskTier::BeingWritten(const std::string& store, const std::string& key) const {
+  auto it = entries_.find(Name{store, key});
+  return it != entries_.end() && !it->second.whole;
+}
+
 std::pair<uint64_t, uint64_t> KvDiskTier::StoreUsage(const std::string& store) const {
   uint64_t blocks = 0, bytes = 0;
   for (auto it = entries_.lower_bound(Name{store, ""}); it != entries_.end() && it->first.first == store; ++it) {

@@ -51,6 +51,7 @@ class KvDiskTier {
 
   // The key has a file here, whole or being written.
   bool Has(const std::string& store, const std::string& key) const;
+  bool BeingWritten(const std::string& store, const std::string& key) const;
 
   struct Write {
     std::string store, key;

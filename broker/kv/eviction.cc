@@ -77,8 +77,13 @@ std::optional<uint64_t> S3Fifo::Victim(const std::function<bool(uint64_t)>& evic
   // main or lowers its count; an unevictable one goes round): a bound on the
   // work, so a store whose every block is leased answers "none" in O(n).
   size_t budget = 4 * (small_count_ + main_count_) + 4;
+  // Unevictable blocks of the small FIFO passed over in a row: once round it,
+  // main is looked at even if small is above its target (every new block may
+  // be leased, and main's blocks are still evictable).
+  size_t small_passed = 0;
   while (budget-- > 0 && (small_count_ + main_count_) > 0) {
-    const bool from_small = small_count_ > small_target_ || main_count_ == 0;
+    const bool from_small =
+        main_count_ == 0 || (small_count_ > small_target_ && small_passed < small_count_);
     std::deque<Queued>& q = from_small ? small_ : main_;
     const Where where = from_small ? Where::kSmall : Where::kMain;
     while (!q.empty() && !Live(q.front(), where)) q.pop_front();  // entries of removed blocks
@@ -90,6 +95,7 @@ std::optional<uint64_t> S3Fifo::Victim(const std::function<bool(uint64_t)>& evic
     e.where = Where::kNone;
     if (!evictable(slot)) {
       Push(q, slot, where);  // leased or being read: round again
+      if (from_small) ++small_passed;
       continue;
     }
     if (from_small && e.freq > 0) {

@@ -76,15 +76,20 @@ void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
 }
 // The answer to a get: each key's block (leased if asked, and charged to the
 // client's kv quota), and how many lead the batch. Without a lease, a key
-// on the disk is there too (a get with a lease promotes it).
+// on the disk is there too (a get with a lease promotes it). `promoted`:
+// keys read from the disk for this get, leased and charged already.
 ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session& s, BlockStore& store,
-                             const ipc::KvGetRequest& m) {
+                             const ipc::KvGetRequest& m, std::map<std::string, ipc::KvBlock>* promoted = nullptr) {
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.keys.size());
   bool leading = true;
   for (const std::string& key : m.keys) {
     ipc::KvBlock b{ErrorCode::kOk, 0, 0, 0};
-    if (m.lease || disk == nullptr || store.Knows(key) || !disk->Has(store.spec().name, key)) {
+    if (auto it = promoted ? promoted->find(key) : std::map<std::string, ipc::KvBlock>::iterator{};
+        promoted != nullptr && it != promoted->end()) {
+      b = it->second;  // (once: the key again in the batch takes a lease of its own)
+      promoted->erase(it);
+    } else if (m.lease || disk == nullptr || store.Knows(key) || !disk->Has(store.spec().name, key)) {
       const uint64_t held = store.HeldBlocks(s.id);
       b = store.Get(s.id, key, m.lease);
       if (store.HeldBlocks(s.id) > held) {
@@ -155,7 +160,7 @@ struct Broker::KvPending {
   ipc::KvGetRequest get;
   ipc::KvBlocksReply reply;  // a reserve's, so far
   size_t next = 0;           // the reserve's next key
-  int passes = 0;            // the get's promotion passes
+  std::map<std::string, ipc::KvBlock> promoted;  // the get's keys read from the disk, leased
 };
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvReserveRequest& m) {
@@ -290,12 +295,15 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvGetRequest& m) {
   return Deferred{};
 }
 
-// Keys on the disk and not in memory are read into slots on a worker, then
-// the get is answered. A pass that finds no free slot while blocks are being
-// written out waits for them; a batch larger than the store's free room may
-// evict what an earlier pass promoted, so passes are bounded.
+// Keys on the disk and not in memory are read into slots on a worker and
+// leased for the client at once (so that the next promotions cannot evict
+// them), then the get is answered. A pass that finds no free slot while
+// blocks are being written out, or a key whose file is being written (evicted
+// a moment ago), waits for a write to end. A pass may evict a block of the
+// batch that was in memory: the next pass finds it on the disk. Every pass
+// that promotes leases a key for good, so the passes end; the last one
+// promotes nothing, evicts nothing, and is answered at once.
 void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
-  constexpr int kMaxPromotionPasses = 8;
   Session* s = sessions_.Find(p->session);
   if (s == nullptr) return;
   BlockStore* store = kv_.Find(p->get.store);
@@ -308,10 +316,13 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
     Result<uint64_t> length = uint64_t{0};
   };
   auto promotions = std::make_shared<std::vector<Promotion>>();
-  bool full = false;
+  bool full = false, being_written = false;
   for (const std::string& key : p->get.keys) {
-    if (p->passes >= kMaxPromotionPasses) break;
-    if (store->Knows(key)) continue;
+    if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
+    if (disk.BeingWritten(store->spec().name, key)) {
+      being_written = true;
+      continue;
+    }
     std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
     if (!read) continue;
     Promotion promotion{std::move(*read), {}, nullptr};
@@ -321,10 +332,10 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
       full = true;
       break;
     }
+    SpillEvicted(kv_, workers_, *store);  // (so that a key it evicted is found on the disk from here on)
     promotions->push_back(std::move(promotion));
   }
-  ++p->passes;
-  SpillEvicted(kv_, workers_, *store);  // (promotions may have evicted)
+  SpillEvicted(kv_, workers_, *store);
   if (!promotions->empty()) {
     workers_.Run(
         [promotions] {
@@ -332,19 +343,25 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
         },
         [this, promotions, p] {
           BlockStore* st = kv_.Find(p->get.store);  // (not dropped: a promotion in flight keeps it in use)
+          Session* session = sessions_.Find(p->session);
           for (const Promotion& x : *promotions) {
-            st->EndPromote(x.block, x.length);
+            ipc::KvBlock b = st->EndPromote(x.block, x.length, session != nullptr ? session->id : 0);
             kv_.disk()->EndRead(x.read, x.length);
+            if (session == nullptr || b.code != ErrorCode::kOk) continue;
+            if (Status q = holdings_.Charge(*session, Held(1, *st)); !q.ok()) {
+              (void)st->Release(session->id, {b.slot, b.generation});  // past the client's or its uid's quota
+              b = {q.code(), 0, 0, 0};
+            }
+            p->promoted.emplace(x.read.key, b);
           }
           GetFrom(p);  // the keys left, if any; then the answer
         });
     return;
   }
-  if (full && p->passes < kMaxPromotionPasses) {
-    if (store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
-    if (store->spilling()) return kv_.WhenSlotsFree(store->id(), [this, p] { GetFrom(p); });
-  }
-  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get));
+  if (full && store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
+  // (each write's end wakes what waits on the store's slots)
+  if ((full && store->spilling()) || being_written) return kv_.WhenSlotsFree(store->id(), [this, p] { GetFrom(p); });
+  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get, &p->promoted));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {

@@ -338,6 +338,22 @@ TEST(Eviction, VictimsAreOnlyWhatMayBeEvicted) {
   }
 }
 
+// Every block of S3-FIFO's small FIFO is leased (new blocks a reader holds)
+// and small is above its target: main's blocks are still found (the small
+// FIFO was once searched alone until the budget ran out, and the store
+// refused reservations with evictable blocks in main).
+TEST(Eviction, LeasedNewBlocksDoNotHideMainsBlocks) {
+  auto p = EvictionPolicy::Make(EvictionKind::kS3Fifo, 20);
+  for (uint64_t i = 0; i < 10; ++i) p->Inserted(i, i);
+  for (uint64_t i = 0; i < 10; ++i) p->Accessed(i);
+  // Round small once: each was read, so each moves to main.
+  for (uint64_t i = 0; i < 10; ++i) (void)p->Victim([](uint64_t) { return false; });
+  for (uint64_t i = 10; i < 16; ++i) p->Inserted(i, i);  // small: 6, above its target of 2
+  auto v = p->Victim([](uint64_t slot) { return slot < 10; });  // everything new is leased
+  ASSERT_TRUE(v.has_value());
+  EXPECT_LT(*v, 10u);
+}
+
 // Keys evicted and sealed again while their ghosts are remembered, over and
 // over, past the ghost FIFO's length: the ghosts age out one by one (a ghost
 // forgotten at re-insertion once left the FIFO's count behind; the broker
