@@ -5,12 +5,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "kv/block_store.h"
+#include "kv/disk_tier.h"
 #include "kv/eviction.h"
 #include "membroker/ipc/protocol.h"
 
@@ -377,6 +381,73 @@ TEST(Eviction, GhostsAgeOutThroughReinsertions) {
     p->Accessed((*v + 1) % 10);
   }
   EXPECT_EQ(p->size(), 10u);
+}
+
+// The disk tier's directory for one test, removed after it.
+struct TierDir {
+  std::string path;
+  TierDir() {
+    char tmpl[] = "/tmp/membroker-tier.XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TierDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+// Writes block i of src for key into the tier, as a spill does.
+Status Spill(KvDiskTier& tier, const Source& src, int i, const std::string& key) {
+  auto w = tier.BeginWrite("test", key, kBlock, kBlock);
+  if (!w) return Status(ErrorCode::kAlreadyExists, "not begun");
+  w->slab = std::make_shared<const ipc::UniqueFd>(::fcntl(src.fd, F_DUPFD_CLOEXEC, 0));
+  w->offset = static_cast<uint64_t>(i) * kBlock;
+  Status st = KvDiskTier::Perform(*w);
+  tier.EndWrite(*w, st);
+  return st;
+}
+
+TEST(KvDiskTier, ABlockWrittenOutReadsBackAndAnotherTierFindsIt) {
+  TierDir dir;
+  Source src(3);
+  auto tier = *KvDiskTier::Open(dir.path, 1 << 20);
+  ASSERT_TRUE(Spill(*tier, src, 1, "k1").ok());
+  EXPECT_TRUE(tier->Has("test", "k1"));
+  EXPECT_FALSE(tier->Has("other", "k1"));
+  EXPECT_FALSE(tier->BeginWrite("test", "k1", kBlock, kBlock).has_value());  // one file per key
+  auto r = tier->BeginRead("test", "k1", kBlock);
+  ASSERT_TRUE(r.has_value());
+  std::vector<std::byte> got(kBlock);
+  auto n = KvDiskTier::Perform(*r, got.data());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, kBlock);
+  EXPECT_EQ(std::to_integer<char>(got[0]), 'b');
+  tier->EndRead(*r, n);
+  EXPECT_EQ(tier->stats().promoted, 1u);
+
+  auto again = *KvDiskTier::Open(dir.path, 1 << 20);
+  EXPECT_EQ(again->stats().found, 1u);
+  EXPECT_TRUE(again->Has("test", "k1"));
+  // A store of that name with other blocks: the file is not its block.
+  EXPECT_FALSE(again->BeginRead("test", "k1", 2 * kBlock).has_value());
+  EXPECT_EQ(again->stats().damaged, 1u);
+  EXPECT_FALSE(again->Has("test", "k1"));
+}
+
+TEST(KvDiskTier, TheOldestGoButNotOneBeingRead) {
+  TierDir dir;
+  Source src(4);
+  auto tier = *KvDiskTier::Open(dir.path, 2 * kBlock);
+  ASSERT_TRUE(Spill(*tier, src, 0, "k0").ok());
+  ASSERT_TRUE(Spill(*tier, src, 1, "k1").ok());
+  auto reading = tier->BeginRead("test", "k0", kBlock);  // the oldest, being read
+  ASSERT_TRUE(reading.has_value());
+  ASSERT_TRUE(Spill(*tier, src, 2, "k2").ok());
+  EXPECT_TRUE(tier->Has("test", "k0"));
+  EXPECT_FALSE(tier->Has("test", "k1"));
+  EXPECT_EQ(tier->stats().trimmed, 1u);
+  EXPECT_EQ(tier->stats().bytes, 2 * kBlock);
+  tier->CancelRead(*reading);
+  ASSERT_TRUE(Spill(*tier, src, 3, "k3").ok());
+  EXPECT_FALSE(tier->Has("test", "k0"));
+  EXPECT_EQ(tier->StoreUsage("test"), std::make_pair(uint64_t{2}, 2 * kBlock));
 }
 
 TEST(KvWire, BatchesAndKeysAreCapped) {
