@@ -8,8 +8,19 @@
 //    into a store kept full (each batch evicts the oldest); its floor is one
 //    round trip plus writing the bytes once;
 //  - put p99 in a store kept full (eviction on every batch) against one with room.
+// With --disk-broker, a broker of its own with a disk tier (--kv-disk):
+//  - disk get: a batch of 64 blocks evicted to the disk, read back by a Get
+//    (promoted), every byte read; against the same Get once they are in
+//    memory, and against its floor: one round trip plus pread of the same
+//    bytes from 64 files of the same filesystem;
+//  - put into a full store with a disk tier (each eviction written out).
 // Prints one JSON line per case; asserts nothing.
-//   bench_kv --socket PATH [--quick]
+//   bench_kv --socket PATH [--quick] [--disk-broker MEMBROKERD]
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,7 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "broker_launch.h"
 #include "membroker/client.h"
+#include "membroker/ipc/admin_client.h"
 #include "membroker/kv_store.h"
 
 using namespace membroker;
@@ -62,16 +75,114 @@ double P99(std::vector<double> v) {
 
 volatile uint64_t g_sink;
 
+// Waits (bounded) until the broker's disk tier writes nothing.
+void WaitForDiskWrites(const std::string& admin) {
+  for (int i = 0; i < 30000; ++i) {
+    auto r = ipc::AskAdmin(admin, "stats --json");
+    if (r.ok() && r->find("\"kv_disk_writing\": 0,") != std::string::npos) return;
+    ::usleep(1000);
+  }
+  std::fprintf(stderr, "bench_kv: the disk tier did not finish its writes\n");
+  std::exit(1);
+}
+
+// The disk tier's cases, against a broker of their own (see the top).
+void DiskTier(const std::string& binary, bool quick) {
+  char tmpl[] = "/var/tmp/membroker-bench-kv.XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string socket = dir + "/d.sock";
+  const pid_t broker = bench::LaunchBroker(binary, {"--socket", socket, "--kv-disk", dir + "/tier",
+                                                    "--kv-disk-bytes", "8G", "--log-level", "warn"});
+  auto c = Client::Connect({socket, "bench-kv-disk"});
+  Check(c.status(), "connect (disk)");
+  const size_t batch = 64;
+  for (size_t block : {size_t{16} << 10, size_t{256} << 10}) {
+    const int rounds = quick ? 8 : 24;
+    const std::string name = "bench/disk/" + std::to_string(block);
+    auto store = KvStore::Create(*c, name, {.block_size = block, .capacity = batch * 4 * block});
+    Check(store.status(), "Create");
+    std::vector<std::byte> source(batch * block, std::byte{9});
+    std::vector<std::span<const std::byte>> values(batch, std::span<const std::byte>(source.data(), block));
+    // 4 batches to warm up with, rounds batches to read back, then 4 more
+    // that push them all out to the disk.
+    std::vector<double> put_s;
+    for (int r = 0; r < rounds + 8; ++r) {
+      auto t0 = Clock::now();
+      Check(store->Put(KeysFrom(static_cast<size_t>(r) * batch, batch), values).status(), "Put");
+      put_s.push_back(Seconds(Clock::now() - t0));
+    }
+    WaitForDiskWrites(socket + ".admin");
+    // Warm up: 4 batches read back push the last 4 (in memory only) out to
+    // the disk; from then on the blocks a get evicts are on the disk already,
+    // as in a tier in service, and each get below is one disk hit per block.
+    for (int r = 0; r < 4; ++r) Check(store->Get(KeysFrom(static_cast<size_t>(r) * batch, batch)).status(), "Get");
+    WaitForDiskWrites(socket + ".admin");
+    // The floor's files: the same bytes, one file per block, read with pread.
+    const std::string files = dir + "/floor-" + std::to_string(block);
+    ::mkdir(files.c_str(), 0700);
+    for (size_t i = 0; i < batch; ++i) {
+      const int fd = ::open((files + "/" + std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::write(fd, source.data(), block) != static_cast<ssize_t>(block)) std::exit(1);
+      ::close(fd);
+    }
+    std::vector<std::byte> buffer(batch * block);
+    std::vector<double> disk_s, memory_s, floor_s;
+    for (int r = 0; r < rounds; ++r) {
+      const auto keys = KeysFrom(static_cast<size_t>(r + 4) * batch, batch);
+      auto t0 = Clock::now();
+      auto got = store->Get(keys);  // from the disk
+      Check(got.status(), "Get (disk)");
+      if (got->leading() != batch) {
+        std::fprintf(stderr, "bench_kv: %zu of %zu blocks came back from the disk\n", got->leading(), batch);
+        std::exit(1);
+      }
+      uint64_t sum = 0;
+      for (size_t i = 0; i < batch; ++i) sum += ReadAll(got->data(i).data(), got->data(i).size());
+      got->Release();
+      disk_s.push_back(Seconds(Clock::now() - t0));
+      auto t1 = Clock::now();
+      auto again = store->Get(keys);  // in memory now
+      Check(again.status(), "Get (memory)");
+      for (size_t i = 0; i < batch; ++i) sum += ReadAll(again->data(i).data(), again->data(i).size());
+      again->Release();
+      memory_s.push_back(Seconds(Clock::now() - t1));
+      auto t2 = Clock::now();
+      Check(c->Ping(), "Ping");
+      for (size_t i = 0; i < batch; ++i) {
+        const int fd = ::open((files + "/" + std::to_string(i)).c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::pread(fd, buffer.data() + i * block, block, 0) != static_cast<ssize_t>(block)) std::exit(1);
+        ::close(fd);
+      }
+      sum += ReadAll(buffer.data(), buffer.size());
+      floor_s.push_back(Seconds(Clock::now() - t2));
+      g_sink = sum;
+    }
+    std::printf(
+        "{\"bench\": \"kv_disk\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"disk_get_us\": %.1f, "
+        "\"memory_get_us\": %.1f, \"file_floor_us\": %.1f, \"put_spilling_us\": %.1f}\n",
+        block, batch, rounds, Median(disk_s) * 1e6, Median(memory_s) * 1e6, Median(floor_s) * 1e6,
+        Median(std::vector<double>(put_s.begin() + 4, put_s.end())) * 1e6);
+    std::fflush(stdout);
+    Check(KvStore::Drop(*c, name), "Drop");
+  }
+  ::kill(broker, SIGTERM);
+  int status = 0;
+  ::waitpid(broker, &status, 0);
+  (void)!std::system(("rm -rf '" + dir + "'").c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string socket;
   bool quick = false;
+  std::string disk_broker;
   size_t only_block = 0, only_batch = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc) socket = argv[++i];
     if (a == "--quick") quick = true;
+    if (a == "--disk-broker" && i + 1 < argc) disk_broker = argv[++i];
     if (a == "--only" && i + 2 < argc) {  // one case: --only BLOCK_BYTES BATCH
       only_block = std::stoul(argv[++i]);
       only_batch = std::stoul(argv[++i]);
@@ -188,5 +299,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     Check(KvStore::Drop(*c, name), "Drop");
   }
+  if (!disk_broker.empty() && only_block == 0) DiskTier(disk_broker, quick);
   return 0;
 }

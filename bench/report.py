@@ -424,6 +424,20 @@ if kv:
                f"full (evicting on every batch): p99 ratio {ev[True]['put_p99_us'] / ev[False]['put_p99_us']:.2f}x."]
     md += ["", "Goals (issue 30): get within 1.5x of its floor; a batch acquire of 64 blocks within 2x a round trip;",
            "put p99 with eviction running within 2x of p99 without."]
+    disk = [x for x in load if x["bench"] == "kv_disk"]
+    if disk:
+        md += ["", "### The disk tier", "",
+               "`bench_kv --disk-broker` against a broker of its own with `--kv-disk` (on this machine's root",
+               "filesystem, ext4): a batch of 64 blocks evicted to the disk read back by a `Get` (promoted; every",
+               "byte read), the same `Get` once they are in memory, and the floor of a disk hit: one round trip",
+               "plus `open` and `pread` of 64 files of the same size on the same filesystem. Put: a batch into a",
+               "full store whose evictions are written out. No goal is set for these yet.", "",
+               "| block | batch | rounds | disk get | memory get | file floor | disk get / floor | put, evictions written |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for k in disk:
+            md.append(f"| {human(k['block_bytes'])} | {k['batch']} | {k['rounds']} | {k['disk_get_us']:.0f} us | "
+                      f"{k['memory_get_us']:.0f} us | {k['file_floor_us']:.0f} us | "
+                      f"{k['disk_get_us'] / k['file_floor_us']:.2f}x | {k['put_spilling_us']:.0f} us |")
 kv_redis = [x for x in load if x["bench"] == "kv_redis"]
 kv_redis_skipped = next((x for x in load if x["bench"] == "kv_redis_skipped"), None)
 if kv_redis or kv_redis_skipped:

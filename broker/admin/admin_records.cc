@@ -89,6 +89,7 @@ constexpr StatMetric kStatMetrics[] = {
     {"kv_disk_trimmed", true, "KV blocks removed from the disk tier to stay within its capacity."},
     {"kv_disk_damaged", true, "KV block files dropped because a check failed (never served)."},
     {"kv_disk_write_failed", true, "KV blocks the disk tier could not write (a full disk, an I/O error)."},
+    {"kv_disk_write_skipped", true, "Evicted KV blocks not written: no room (the tier's files were being read or written) or too many bytes waiting to be written."},
     {"allocations_created", true, "Allocations created."},
     {"allocations_freed", true, "Allocations freed."},
     {"exports_live", false, "Export tokens live."},
@@ -198,6 +199,7 @@ Record Broker::StatsRecord() const {
       .Num("kv_disk_trimmed", disk.trimmed)
       .Num("kv_disk_damaged", disk.damaged)
       .Num("kv_disk_write_failed", disk.write_failed)
+      .Num("kv_disk_write_skipped", disk.write_skipped)
       .Num("allocations_created", t.allocations_created)
       .Num("allocations_freed", t.allocations_freed)
       .Num("exports_live", table.export_count())

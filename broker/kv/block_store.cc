@@ -212,6 +212,11 @@ void BlockStore::EvictToLowWatermark() {
     if (!EvictOne()) return;
 }
 
+void BlockStore::MakeRoom(uint64_t n) {
+  while (free_.size() + held_back_.size() < std::min<uint64_t>(n, slots_.size()))
+    if (!EvictOne()) return;
+}
+
 std::optional<uint64_t> BlockStore::TakeSlot() {
   if (used_ >= high_) EvictToLowWatermark();
   if (free_.empty()) {

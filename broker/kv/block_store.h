@@ -136,6 +136,10 @@ class BlockStore {
   // `unwritten` accepts is held back for it.
   void HoldEvicted(std::function<bool(const std::string& key)> unwritten) { unwritten_ = std::move(unwritten); }
   bool spilling() const { return !spilling_.empty(); }
+  // Evicts until n slots are free or being freed (a batch's room at once:
+  // with a disk tier, each round of waiting for blocks to be copied out
+  // costs a worker's round trip).
+  void MakeRoom(uint64_t n);
   uint64_t free_slots() const { return free_.size(); }
   struct Evicted {
     uint64_t slot = 0;

@@ -225,6 +225,10 @@ std::pair<uint64_t, uint64_t> KvDiskTier::StoreUsage(const std::string& store) c
 std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store, const std::string& key,
                                                         uint64_t block_size, uint64_t length) {
   if (length > capacity_ || Has(store, key)) return std::nullopt;
+  if (waiting_bytes_ + length > kMaxWaitingBytes) {
+    ++stats_.write_skipped;
+    return std::nullopt;
+  }
   Write w;
   // Room first: the oldest whole files nobody reads go.
   for (auto it = by_age_.begin(); it != by_age_.end() && stats_.bytes + length > capacity_;) {
@@ -235,7 +239,10 @@ std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store
     Forget(e);
     ++stats_.trimmed;
   }
-  if (stats_.bytes + length > capacity_) return std::nullopt;  // what is left is being read or written
+  if (stats_.bytes + length > capacity_) {  // what is left is being read or written
+    ++stats_.write_skipped;
+    return std::nullopt;
+  }
   w.store = store;
   w.key = key;
   w.block_size = block_size;
@@ -248,22 +255,30 @@ std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store
   stats_.blocks += 1;
   stats_.bytes += length;
   stats_.writing += 1;
+  waiting_bytes_ += length;
   return w;
+}
+
+Status KvDiskTier::Copy(Write& w) {
+  w.payload.reset(new std::byte[w.length]);
+  const ErrorCode read = ReadAll(w.slab->get(), w.payload.get(), w.length, w.offset);
+  w.slab.reset();
+  if (read != ErrorCode::kOk) return Status(ErrorCode::kInternal, "reading the block from its slab failed");
+  return Status::Ok();
 }
 
 Status KvDiskTier::Perform(Write& w) {
   for (const std::string& path : w.trimmed) ::unlink(path.c_str());
   const std::string subdir = w.path.substr(0, w.path.rfind('/'));
   if (::mkdir(subdir.c_str(), 0700) != 0 && errno != EEXIST) return Errno("mkdir", subdir);
-  std::unique_ptr<std::byte[]> payload(new std::byte[w.length]);
-  if (ReadAll(w.slab->get(), payload.get(), w.length, w.offset) != ErrorCode::kOk)
-    return Status(ErrorCode::kInternal, "reading the block from its slab failed");
+  std::byte* payload = w.payload.get();
+  if (payload == nullptr) return Status(ErrorCode::kInternal, "nothing was copied to write");
   FileHeader h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.block_size = w.block_size;
   h.length = w.length;
   h.sequence = w.sequence;
-  h.payload_checksum = Checksum(payload.get(), w.length);
+  h.payload_checksum = Checksum(payload, w.length);
   h.store_length = static_cast<uint32_t>(w.store.size());
   h.key_length = static_cast<uint32_t>(w.key.size());
   std::memcpy(h.store, w.store.data(), w.store.size());
@@ -271,7 +286,7 @@ Status KvDiskTier::Perform(Write& w) {
   h.checksum = Checksum(&h, offsetof(FileHeader, checksum));
   ipc::UniqueFd fd(::open(w.temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) return Errno("open", w.temporary);
-  iovec iov[2] = {{&h, sizeof(h)}, {payload.get(), w.length}};
+  iovec iov[2] = {{&h, sizeof(h)}, {payload, w.length}};
   uint64_t done = 0;
   const uint64_t total = sizeof(h) + w.length;
   while (done < total) {
@@ -308,6 +323,7 @@ void KvDiskTier::EndWrite(const Write& w, const Status& result) {
   auto it = entries_.find(Name{w.store, w.key});
   if (it == entries_.end() || it->second.sequence != w.sequence) return;  // (not possible: unwhole files stay)
   stats_.writing -= 1;
+  waiting_bytes_ -= w.length;
   if (result.ok()) {
     it->second.whole = true;
     ++stats_.written;

@@ -15,6 +15,9 @@
 // The tier itself is used on the loop thread only. Each write and read has
 // three steps: Begin* on the loop (takes the entry, says what to do), Perform
 // on a worker (file I/O alone, on what Begin* copied out), End* on the loop.
+// A write copies its block out of the slab first (Copy, on a worker), so the
+// slot is free again after a memory copy, not after the disk's write; the
+// bytes waiting to be written are bounded (kMaxWaitingBytes).
 #pragma once
 
 #include <cstddef>
@@ -41,10 +44,13 @@ struct KvDiskStats {
   uint64_t damaged = 0;  // files dropped because a check failed (at the scan or a promotion)
   uint64_t trimmed = 0;  // files removed to stay within the capacity
   uint64_t found = 0;    // files the scan at start kept
+  uint64_t write_skipped = 0;  // evicted blocks not written: no room (files being written) or too many bytes waiting
 };
 
 class KvDiskTier {
  public:
+  static constexpr uint64_t kMaxWaitingBytes = 256ull << 20;
+
   // Makes dir (mode 0700) if it is absent, refuses one another user owns or
   // others may write (a file there is served as a block), and scans it.
   static Result<std::unique_ptr<KvDiskTier>> Open(const std::string& dir, uint64_t capacity);
@@ -60,10 +66,15 @@ class KvDiskTier {
     std::vector<std::string> trimmed;  // older files to remove first
     std::shared_ptr<const ipc::UniqueFd> slab;  // where the payload is read from
     uint64_t offset = 0;
+    std::unique_ptr<std::byte[]> payload;  // Copy's
   };
-  // Nothing when the key has a file already or a block cannot fit.
+  // Nothing when the key has a file already, a block cannot fit, or too
+  // many bytes wait to be written.
   std::optional<Write> BeginWrite(const std::string& store, const std::string& key, uint64_t block_size,
                                   uint64_t length);
+  // Reads the block from its slab (the slot may be reused after this).
+  static Status Copy(Write& w);
+  // Writes the file from what Copy read.
   static Status Perform(Write& w);
   void EndWrite(const Write& w, const Status& result);
 
@@ -106,6 +117,7 @@ class KvDiskTier {
   std::string dir_;
   uint64_t capacity_;
   uint64_t next_sequence_ = 1;
+  uint64_t waiting_bytes_ = 0;  // of writes begun and not ended
   std::map<Name, Entry> entries_;
   std::map<uint64_t, Name> by_age_;  // sequence -> entry: the oldest is trimmed first
   KvDiskStats stats_;

@@ -39,13 +39,21 @@ Status EachRef(const char* what, const std::vector<ipc::KvRef>& refs,
                           " failed in all; the others were done)");
 }
 
-// Hands the blocks the store evicted to workers that write them to the disk
-// tier; each slot is free again once its block is out (or not written: the
-// key is on the disk already, or it does not fit).
+// Hands the blocks the store evicted to a worker that copies them out of
+// their slots (which are then free again: what waited for a slot is retried),
+// then writes them to the disk tier. A block is not written if the key is on
+// the disk already, if it cannot fit, or if too many bytes wait to be: its
+// slot is free at once.
 void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
   std::vector<BlockStore::Evicted> evicted = store.TakeEvicted();
   if (evicted.empty()) return;
   KvDiskTier& disk = *kv.disk();
+  struct Spill {
+    KvDiskTier::Write write;
+    uint64_t slot = 0;
+    Status result;
+  };
+  auto batch = std::make_shared<std::vector<Spill>>();
   std::map<uint32_t, std::shared_ptr<const ipc::UniqueFd>> slabs;  // one fd per slab for the batch
   for (BlockStore::Evicted& e : evicted) {
     std::optional<KvDiskTier::Write> w = disk.BeginWrite(store.spec().name, e.key, store.spec().block_size, e.length);
@@ -61,18 +69,33 @@ void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
     }
     w->slab = slab;
     w->offset = e.offset;
-    auto job = std::make_shared<std::pair<KvDiskTier::Write, Status>>(std::move(*w), Status::Ok());
-    workers.Run([job] { job->second = KvDiskTier::Perform(job->first); },
-                [&kv, job, store_id = store.id(), slot = e.slot] {
-                  job->first.slab.reset();
-                  if (KvDiskTier* d = kv.disk()) d->EndWrite(job->first, job->second);
-                  // (a store dropped meanwhile took the slot with it)
-                  if (BlockStore* st = kv.Find(store_id)) {
-                    st->Spilled(slot, job->second.ok());
-                    kv.SlotsFreed(store_id);
-                  }
-                });
+    batch->push_back({std::move(*w), e.slot, Status::Ok()});
   }
+  if (batch->empty()) return;
+  workers.Run(
+      [batch] {
+        for (Spill& x : *batch) x.result = KvDiskTier::Copy(x.write);
+      },
+      [&kv, &workers, batch, store_id = store.id()] {
+        // (a store dropped meanwhile took its slots with it)
+        if (BlockStore* st = kv.Find(store_id)) {
+          for (const Spill& x : *batch) st->Spilled(x.slot, x.result.ok());
+          kv.SlotsFreed(store_id);
+        }
+        kv.QueueDiskWrite(
+            workers,
+            [batch] {
+              for (Spill& x : *batch)
+                if (x.result.ok()) x.result = KvDiskTier::Perform(x.write);
+            },
+            [&kv, batch, store_id] {
+              for (Spill& x : *batch) {
+                x.write.payload.reset();
+                kv.disk()->EndWrite(x.write, x.result);
+              }
+              kv.SlotsFreed(store_id);  // (a get waits for a key being written)
+            });
+      });
 }
 // The answer to a get: each key's block (leased if asked, and charged to the
 // client's kv quota), and how many lead the batch. Without a lease, a key
@@ -180,6 +203,11 @@ void Broker::ReserveFrom(const std::shared_ptr<KvPending>& p) {
   BlockStore* store = kv_.Find(p->reserve.store);
   if (store == nullptr) return SendError(*s, p->rid, NoStore(p->reserve.store));
   const KvDiskTier* disk = kv_.disk();
+  if (disk != nullptr && p->next == 0) {
+    uint64_t unknown = 0;
+    for (const std::string& key : p->reserve.keys) unknown += !store->Knows(key) && !disk->Has(store->spec().name, key);
+    store->MakeRoom(unknown);
+  }
   for (; p->next < p->reserve.keys.size(); ++p->next) {
     const std::string& key = p->reserve.keys[p->next];
     if (disk != nullptr && !store->Knows(key) && disk->Has(store->spec().name, key)) {
@@ -317,6 +345,10 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
   };
   auto promotions = std::make_shared<std::vector<Promotion>>();
   bool full = false, being_written = false;
+  uint64_t wanted = 0;
+  for (const std::string& key : p->get.keys)
+    wanted += p->promoted.count(key) == 0 && !store->Knows(key) && disk.Has(store->spec().name, key);
+  store->MakeRoom(wanted);
   for (const std::string& key : p->get.keys) {
     if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
     if (disk.BeingWritten(store->spec().name, key)) {

@@ -57,6 +57,23 @@ void KvStores::SlotsFreed(uint64_t store) {
   for (auto& retry : retries) retry();  // (each may wait again)
 }
 
+void KvStores::QueueDiskWrite(Workers& workers, std::function<void()> work, std::function<void()> done) {
+  disk_writes_.emplace_back(std::move(work), std::move(done));
+  if (!disk_writing_) StartDiskWrite(workers);
+}
+
+void KvStores::StartDiskWrite(Workers& workers) {
+  if (disk_writes_.empty()) return;
+  disk_writing_ = true;
+  auto job = std::move(disk_writes_.front());
+  disk_writes_.pop_front();
+  workers.Run(std::move(job.first), [this, &workers, done = std::move(job.second)] {
+    disk_writing_ = false;
+    done();
+    StartDiskWrite(workers);
+  });
+}
+
 Result<BlockStore*> KvStores::Add(KvStoreSpec spec) {
   MB_RETURN_IF_ERROR(Admit(spec.name));
   uint64_t id = 0;

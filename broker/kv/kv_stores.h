@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "kv/block_store.h"
 #include "kv/disk_tier.h"
+#include "memory/workers.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
@@ -35,6 +37,10 @@ class KvStores {
   // (BlockStore::spilling) runs `retry` when one has been (or the store went).
   void WhenSlotsFree(uint64_t store, std::function<void()> retry);
   void SlotsFreed(uint64_t store);
+  // Runs a batch of the disk tier's file writes on a worker, one batch at a
+  // time: slow writes never fill the worker pool that the copies out of
+  // slots and the promotions (which clients wait for) need.
+  void QueueDiskWrite(Workers& workers, std::function<void()> work, std::function<void()> done);
 
   BlockStore* Find(uint64_t id);
   const BlockStore* FindByName(const std::string& name) const;
@@ -58,6 +64,7 @@ class KvStores {
  private:
   Status Admit(const std::string& name) const;
   void HoldEvictedFor(BlockStore& store);
+  void StartDiskWrite(Workers& workers);
 
   KvJournal& journal_;
 
@@ -66,6 +73,8 @@ class KvStores {
   KvStoreStats dropped_;  // the counters of stores that were dropped
   std::unique_ptr<KvDiskTier> disk_;
   std::multimap<uint64_t, std::function<void()>> waiting_;  // store id -> retries
+  std::deque<std::pair<std::function<void()>, std::function<void()>>> disk_writes_;
+  bool disk_writing_ = false;
 };
 
 class Accounting;

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import membroker
+import membroker.testing
 
 BLOCK = 16 << 10
 
@@ -127,6 +128,43 @@ def test_a_store_survives_a_take_over(mb):
     held.release()
     assert store.batch_set([b"half-written"], [bytes_of(b"x")]) == [True]
     assert mb.wait_for_stat("kv_leases", 0) == 0
+
+
+def test_blocks_evicted_to_the_disk_tier_come_back(tmp_path):
+    """With --kv-disk, blocks evicted from a small store are written to the
+    disk; another process gets every one back, byte for byte (disk hits)."""
+    disk = tmp_path / "kv-disk"
+    with membroker.testing.broker("--kv-disk", str(disk), "--kv-disk-bytes", "8M") as b:
+        c = membroker.connect(b.socket, "writer")
+        store = membroker.KvStore.create(c, "kv", block_size=BLOCK, capacity=16 * BLOCK)
+        keys = keys_of("long prompt", 48)
+        for at in range(0, 48, 8):
+            batch = keys[at:at + 8]
+            assert store.batch_set(batch, [bytes_of(k) for k in batch]) == [True] * 8
+        assert b.wait_for_stat("kv_disk_writing", 0) == 0
+        assert b.stats()["kv_spilled"] >= 32
+        assert store.batch_exists(keys) == [True] * 48
+        out = finish(child("""
+            import sys, hashlib, numpy as np, membroker
+            c = membroker.connect(sys.argv[1], "reader")
+            store = membroker.KvStore.open(c, "kv")
+            keys = eval(sys.argv[2])
+            for at in range(0, len(keys), 8):
+                with store.batch_get(keys[at:at + 8]) as got:
+                    assert got.leading == 8, got.leading
+                    for k, block in zip(keys[at:at + 8], got):
+                        want = np.frombuffer(hashlib.shake_256(k).digest(len(block)), dtype=np.uint8)
+                        assert np.array_equal(block, want)
+            print("ok")
+        """, b.socket, repr(keys)))
+        assert out.strip() == "ok"
+        stats = b.stats()
+        assert stats["kv_disk_hits"] >= 32
+        assert stats["kv_disk_damaged"] == 0
+        assert b.wait_for_stat("kv_leases", 0) == 0
+        assert b.admin("check") == "tables: consistent\n"
+    # The tier's files stay for the next broker.
+    assert len(list(disk.rglob("*.kv"))) >= 32
 
 
 def test_a_killed_reader_or_writer_leaves_nothing_held(mb):

@@ -707,10 +707,10 @@ TEST(KvStore, TheDiskTierStaysWithinItsCapacity) {
   PutThroughASmallStore(store, broker, 80);
   EXPECT_LE(broker.Stat("kv_disk_blocks"), 10u);
   EXPECT_LE(disk.Files().size(), 10u);
-  EXPECT_GE(broker.Stat("kv_disk_trimmed"), 50u);
-  // The newest evicted blocks are the ones kept: a get finds them.
-  const std::vector<std::string> files = disk.Files();
-  ASSERT_FALSE(files.empty());
+  // At least 60 were evicted: each written and trimmed later, or not written
+  // for want of room (the older files being written still).
+  EXPECT_GE(broker.Stat("kv_disk_trimmed") + broker.Stat("kv_disk_write_skipped"), 50u);
+  EXPECT_EQ(broker.Stat("kv_disk_trimmed") + broker.Stat("kv_disk_blocks"), broker.Stat("kv_spilled"));
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
 }
 

@@ -399,7 +399,8 @@ Status Spill(KvDiskTier& tier, const Source& src, int i, const std::string& key)
   if (!w) return Status(ErrorCode::kAlreadyExists, "not begun");
   w->slab = std::make_shared<const ipc::UniqueFd>(::fcntl(src.fd, F_DUPFD_CLOEXEC, 0));
   w->offset = static_cast<uint64_t>(i) * kBlock;
-  Status st = KvDiskTier::Perform(*w);
+  Status st = KvDiskTier::Copy(*w);
+  if (st.ok()) st = KvDiskTier::Perform(*w);
   tier.EndWrite(*w, st);
   return st;
 }
