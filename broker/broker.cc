@@ -123,6 +123,9 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   MB_RETURN_IF_ERROR(b->takeover_.Init());
   MB_RETURN_IF_ERROR(b->fd_store_.Init());
   MB_RETURN_IF_ERROR(b->workers_.Init());
+  // The disk tier's scan (a fraction of a second per 10,000 files) runs while
+  // a broker being taken over still serves.
+  if (!b->options_.kv_disk.empty()) MB_RETURN_IF_ERROR(b->kv_.OpenDisk(b->options_.kv_disk, b->options_.kv_disk_bytes));
   systemd::PassedFds passed = systemd::TakePassedFds();
   MB_RETURN_IF_ERROR(b->options_.take_over ? b->ReceiveTakeOver()
                                            : b->admission_.Listen(b->options_, std::move(passed.client_socket)));
@@ -136,7 +139,6 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
     MB_INFO("state_file", "path=\"%s\" first_id=%llu (clients of a previous broker may reattach)",
             LogText(b->options_.state_file).c_str(), static_cast<unsigned long long>(b->state_file_->first_id()));
   if (b->options_.fd_store || systemd::StoreAnnounced()) b->fd_store_.Enable();
-  if (!b->options_.kv_disk.empty()) MB_RETURN_IF_ERROR(b->kv_.OpenDisk(b->options_.kv_disk, b->options_.kv_disk_bytes));
   if (!passed.stored.empty() && !b->options_.take_over)
     MB_RETURN_IF_ERROR(b->RestoreFromFdStore(std::move(passed.stored)));
   MB_RETURN_IF_ERROR(b->admin_.Listen(b->options_.admin_socket_path));

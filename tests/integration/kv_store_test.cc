@@ -699,6 +699,23 @@ TEST(KvStore, ABrokerThatStartsFindsTheDiskTiersBlocks) {
   EXPECT_EQ(disk.Files().size(), 8u);
 }
 
+// A take-over: the store comes back from memory (its slabs) and the tier from
+// the disk; every key is there, byte for byte.
+TEST(KvStore, ATakeOverKeepsTheStoreAndItsDiskTier) {
+  DiskDir disk;
+  BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  auto c = *Client::Connect({broker.socket(), "writer"});
+  KvStore store = Made(c, "kv", 20);
+  PutThroughASmallStore(store, broker, 60);
+  const uint64_t on_disk = broker.Stat("kv_disk_blocks");
+  ASSERT_EQ(broker.TakeOver(), 0);
+  EXPECT_EQ(broker.Stat("kv_disk_found"), on_disk);
+  EXPECT_EQ(broker.Stat("kv_lost"), 0u);
+  EXPECT_EQ(GetAllElsewhere(broker.socket(), 60), 0);
+  EXPECT_GE(broker.Stat("kv_disk_hits"), on_disk);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
 TEST(KvStore, TheDiskTierStaysWithinItsCapacity) {
   DiskDir disk;
   BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", std::to_string(10 * kBlock)});
