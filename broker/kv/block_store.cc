@@ -234,19 +234,25 @@ void BlockStore::Spilled(uint64_t slot, bool written) {
   if (written) ++stats_.spilled;
 }
 
-ipc::KvBlock BlockStore::BeginPromote(const std::string& key, std::byte** to) {
-  if (Knows(key)) return {ErrorCode::kBusy, 0, 0, 0};
+std::optional<uint64_t> BlockStore::Claim(const std::string& key, State state) {
   const std::optional<uint64_t> taken = TakeSlot();
-  if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
-  const uint64_t slot = *taken;
+  if (!taken) return std::nullopt;
   ++used_;
-  ++promoting_blocks_;
-  Slot& s = slots_[slot];
-  s.state = State::kPromoting;
+  Slot& s = slots_[*taken];
+  s.state = state;
   s.generation += 1;
   s.length = 0;
   s.key = key;
-  index_.emplace(key, slot);
+  index_.emplace(key, *taken);
+  return taken;
+}
+
+ipc::KvBlock BlockStore::BeginPromote(const std::string& key, std::byte** to) {
+  if (Knows(key)) return {ErrorCode::kBusy, 0, 0, 0};
+  const std::optional<uint64_t> taken = Claim(key, State::kPromoting);
+  if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
+  const uint64_t slot = *taken;
+  ++promoting_blocks_;
   copying_.insert(slot);
   Record(slot);
   *to = Address(slot);
@@ -281,18 +287,11 @@ ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
     const Slot& s = slots_[it->second];
     return BlockOf(s.state == State::kSealed ? ErrorCode::kAlreadyExists : ErrorCode::kBusy, it->second);
   }
-  const std::optional<uint64_t> taken = TakeSlot();
+  const std::optional<uint64_t> taken = Claim(key, State::kWriting);
   if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
   const uint64_t slot = *taken;
-  ++used_;
   ++writing_blocks_;
-  Slot& s = slots_[slot];
-  s.state = State::kWriting;
-  s.generation += 1;
-  s.length = 0;
-  s.writer = session;
-  s.key = key;
-  index_.emplace(key, slot);
+  slots_[slot].writer = session;
   writing_[session].insert(slot);
   Record(slot);  // the generation is taken, even if the broker dies before the seal
   return BlockOf(ErrorCode::kOk, slot);

@@ -197,6 +197,8 @@ class BlockStore {
   bool EvictOne();
   // A free slot for a new block (evicting if the store is full), or none.
   std::optional<uint64_t> TakeSlot();
+  // TakeSlot, given to key in state (a new generation), or none.
+  std::optional<uint64_t> Claim(const std::string& key, State state);
   void Free(uint64_t slot);
   void Unhold(uint64_t slot);
   std::byte* Address(uint64_t slot) const;
