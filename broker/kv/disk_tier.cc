@@ -118,12 +118,14 @@ Result<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const std::string& dir, uin
   if (::lstat(dir.c_str(), &st) != 0) return Errno("lstat", dir);
   if (!S_ISDIR(st.st_mode))
     return Status(ErrorCode::kParamInvalid, "--kv-disk " + dir + " is not a directory");
-  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return Status(ErrorCode::kPermissionDenied,
-                  "--kv-disk " + dir + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
-                      std::to_string(st.st_mode & 0777) +
-                      " (octal digits in decimal); the broker serves its files as blocks, so it must be the "
-                      "broker's own and writable by no one else");
+                  "--kv-disk " + dir + " is owned by uid " + std::to_string(st.st_uid) + " with mode " + mode +
+                      "; the broker serves its files as blocks, so it must be the broker's own and writable "
+                      "by no one else");
+  }
   std::unique_ptr<KvDiskTier> tier(new KvDiskTier(dir, capacity));
   MB_RETURN_IF_ERROR(tier->Scan());
   return tier;

@@ -102,16 +102,15 @@ void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
 // on the disk is there too (a get with a lease promotes it). `promoted`:
 // keys read from the disk for this get, leased and charged already.
 ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session& s, BlockStore& store,
-                             const ipc::KvGetRequest& m, std::map<std::string, ipc::KvBlock>* promoted = nullptr) {
+                             const ipc::KvGetRequest& m, std::map<std::string, ipc::KvBlock>&& promoted = {}) {
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.keys.size());
   bool leading = true;
   for (const std::string& key : m.keys) {
     ipc::KvBlock b{ErrorCode::kOk, 0, 0, 0};
-    if (auto it = promoted ? promoted->find(key) : std::map<std::string, ipc::KvBlock>::iterator{};
-        promoted != nullptr && it != promoted->end()) {
+    if (auto it = promoted.find(key); it != promoted.end()) {
       b = it->second;  // (once: the key again in the batch takes a lease of its own)
-      promoted->erase(it);
+      promoted.erase(it);
     } else if (m.lease || disk == nullptr || store.Knows(key) || !disk->Has(store.spec().name, key)) {
       const uint64_t held = store.HeldBlocks(s.id);
       b = store.Get(s.id, key, m.lease);
@@ -393,7 +392,7 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
   if (full && store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
   // (each write's end wakes what waits on the store's slots)
   if ((full && store->spilling()) || being_written) return kv_.WhenSlotsFree(store->id(), [this, p] { GetFrom(p); });
-  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get, &p->promoted));
+  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get, std::move(p->promoted)));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {
