@@ -1,12 +1,14 @@
 // Broker restart: how long after a new broker is ready every client has
-// reattached, for 1, 16 and 64 client processes holding 100 allocations
-// each. The old broker is SIGKILLed; each client's on_reattach records the
-// moment it finished (CLOCK_MONOTONIC, comparable across processes).
+// reattached, for 1, 16, 64 and 256 client processes holding 100 allocations
+// each, and the new broker's loop-thread CPU time meanwhile. The old broker is
+// SIGKILLed; each client's on_reattach records the moment it finished
+// (CLOCK_MONOTONIC, comparable across processes).
 // Then a take-over (--take-over) under clients calling Ping in a loop: the
 // longest call beside it against the longest across it, and failed calls.
 //   bench_reattach --broker PATH [--quick]   -> JSON lines on stdout
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -23,10 +25,11 @@
 
 #include "broker_launch.h"
 #include "membroker/client.h"
+#include "schedstat.h"
 
 namespace {
 
-int kAllocations = 100;
+int g_allocations = 100;  // per client (--allocations)
 
 uint64_t NowNs() {
   timespec ts{};
@@ -49,9 +52,9 @@ bool ReadAll(int fd, void* p, size_t n) {
   return true;
 }
 
-// kAllocations of 4 KiB, held in *held.
-bool Hold(membroker::Client& c, std::vector<membroker::PhysicalHandle>* held) {
-  for (int i = 0; i < kAllocations; ++i) {
+// `count` allocations of 4 KiB, held in *held.
+bool Hold(membroker::Client& c, std::vector<membroker::PhysicalHandle>* held, int count) {
+  for (int i = 0; i < count; ++i) {
     auto h = c.MallocPhysical(4096);
     if (!h.ok()) return false;
     held->push_back(std::move(*h));
@@ -59,9 +62,9 @@ bool Hold(membroker::Client& c, std::vector<membroker::PhysicalHandle>* held) {
   return true;
 }
 
-// A client process: holds kAllocations, says ready, reports when it reattached,
+// A client process: holds `allocations`, says ready, reports when it reattached,
 // then waits for the parent to close `go`.
-int Holder(const std::string& socket, int report_fd, int go_fd) {
+int Holder(const std::string& socket, int report_fd, int go_fd, int allocations) {
   membroker::ConnectOptions o{socket, "reattach-bench"};
   o.on_reattach = [report_fd](const membroker::ReattachReport& r) {
     // One write of 16 bytes: atomic on a pipe, whatever the other clients write.
@@ -71,7 +74,7 @@ int Holder(const std::string& socket, int report_fd, int go_fd) {
   auto c = membroker::Client::Connect(o);
   if (!c.ok()) return 1;
   std::vector<membroker::PhysicalHandle> held;
-  if (!Hold(*c, &held)) return 2;
+  if (!Hold(*c, &held, allocations)) return 2;
   const uint64_t ready[2] = {0, 0};
   if (!WriteAll(report_fd, ready, sizeof(ready))) return 3;
   char b;
@@ -81,10 +84,11 @@ int Holder(const std::string& socket, int report_fd, int go_fd) {
 
 struct Run {
   double all_ms = 0, median_ms = 0;
+  double broker_cpu_ms = 0;  // the new broker's loop thread (its main thread's schedstat) until all were back
   uint64_t handles = 0;
 };
 
-Run Once(const std::string& broker, const std::string& dir, int clients) {
+Run Once(const std::string& broker, const std::string& dir, int clients, int allocations) {
   const std::string socket = dir + "/b.sock";
   std::vector<std::string> args{"--socket", socket, "--log-level", "error"};
   pid_t b = membroker::bench::LaunchBroker(broker, args);
@@ -97,7 +101,7 @@ Run Once(const std::string& broker, const std::string& dir, int clients) {
     if (p == 0) {
       ::close(report[0]);
       ::close(go[1]);
-      _exit(Holder(socket, report[1], go[0]));
+      _exit(Holder(socket, report[1], go[0], allocations));
     }
     kids.push_back(p);
   }
@@ -114,6 +118,8 @@ Run Once(const std::string& broker, const std::string& dir, int clients) {
   ::waitpid(b, nullptr, 0);
   b = membroker::bench::LaunchBroker(broker, args);
   const uint64_t ready = NowNs();
+  const std::string broker_stat = "/proc/" + std::to_string(b) + "/schedstat";
+  const double cpu_at_ready = membroker::bench::ReadSchedStat(broker_stat).cpu_us;
   std::vector<double> ms;
   Run run;
   for (int i = 0; i < clients; ++i) {
@@ -125,6 +131,7 @@ Run Once(const std::string& broker, const std::string& dir, int clients) {
     ms.push_back(x[0] > ready ? static_cast<double>(x[0] - ready) / 1e6 : 0.0);
     run.handles += x[1];
   }
+  run.broker_cpu_ms = (membroker::bench::ReadSchedStat(broker_stat).cpu_us - cpu_at_ready) / 1e3;
   std::sort(ms.begin(), ms.end());
   run.all_ms = ms.back();
   run.median_ms = ms[ms.size() / 2];
@@ -148,7 +155,7 @@ int Looper(const std::string& socket, LoopShared* shared, int index) {
   auto c = membroker::Client::Connect({socket, "takeover-bench"});
   if (!c.ok()) return 1;
   std::vector<membroker::PhysicalHandle> held;
-  if (!Hold(*c, &held)) return 2;
+  if (!Hold(*c, &held, g_allocations)) return 2;
   for (int phase; (phase = shared->phase.load()) < 2;) {
     const uint64_t start = NowNs();
     if (!c->Ping().ok()) ++shared->failed[index];
@@ -196,7 +203,7 @@ void TakeOverRun(const std::string& broker, const std::string& dir) {
       "{\"bench\": \"takeover\", \"clients\": %d, \"allocations_per_client\": %d, \"old_exit\": %d, "
       "\"beside_longest_ms\": %.3f, \"across_longest_ms\": %.3f, \"beside_calls\": %llu, "
       "\"across_calls\": %llu, \"failed\": %llu}\n",
-      kLoopers, kAllocations, WIFEXITED(status) ? WEXITSTATUS(status) : -1, longest[0] / 1000.0,
+      kLoopers, g_allocations, WIFEXITED(status) ? WEXITSTATUS(status) : -1, longest[0] / 1000.0,
       longest[1] / 1000.0, static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(calls[1]),
       static_cast<unsigned long long>(failed));
   std::fflush(stdout);
@@ -214,7 +221,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--allocations") && i + 1 < argc) kAllocations = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--allocations") && i + 1 < argc) g_allocations = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--clients") && i + 1 < argc) only_clients = std::atoi(argv[++i]);
   }
   if (broker.empty()) {
@@ -225,16 +232,29 @@ int main(int argc, char** argv) {
   if (::mkdtemp(tmpl) == nullptr) return 1;
   const std::string dir = tmpl;
   const int rounds = quick ? 3 : 7;
-  for (int clients : {1, 16, 64}) {
+  // The new broker holds one fd per allocation: 256 clients need 25,600 and
+  // more, past many machines' default limit; raise it where allowed.
+  rlimit fds{};
+  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_max < 65536) {
+    rlimit raised{65536, 65536};
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) fds = raised;
+  }
+  for (int clients : {1, 16, 64, 256}) {
     if (only_clients != 0 && clients != only_clients) continue;
+    // Where the limit is short of what the new broker would hold, fewer each (said in the line).
+    const rlim_t room = fds.rlim_max > 1024 ? (fds.rlim_max - 1024) / static_cast<rlim_t>(clients) : 0;
+    const int allocations = static_cast<int>(std::min<rlim_t>(static_cast<rlim_t>(g_allocations), room));
+    if (allocations == 0) continue;
     std::vector<Run> runs;
-    for (int r = 0; r < rounds; ++r) runs.push_back(Once(broker, dir, clients));
+    for (int r = 0; r < rounds; ++r) runs.push_back(Once(broker, dir, clients, allocations));
     std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.all_ms < b.all_ms; });
     const Run& mid = runs[runs.size() / 2];
     std::printf(
         "{\"bench\": \"reattach\", \"clients\": %d, \"allocations_per_client\": %d, \"rounds\": %d, "
-        "\"all_reattached_ms\": %.3f, \"median_client_ms\": %.3f, \"handles\": %llu}\n",
-        clients, kAllocations, rounds, mid.all_ms, mid.median_ms, static_cast<unsigned long long>(mid.handles));
+        "\"all_reattached_ms\": %.3f, \"median_client_ms\": %.3f, \"broker_cpu_ms\": %.3f, \"handles\": %llu, "
+        "\"fd_limit\": %llu}\n",
+        clients, allocations, rounds, mid.all_ms, mid.median_ms, mid.broker_cpu_ms,
+        static_cast<unsigned long long>(mid.handles), static_cast<unsigned long long>(fds.rlim_max));
     std::fflush(stdout);
   }
   if (only_clients == 0) TakeOverRun(broker, dir);

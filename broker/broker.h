@@ -85,7 +85,8 @@ class Broker {
   MEMBROKER_MESSAGES(MEMBROKER_HANDLER)
 #undef MEMBROKER_HANDLER
   Answer Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds);
-  ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd);
+  struct PresentedFd;  // restart/reattach.cc: an fd a client presents, as checked so far
+  ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, PresentedFd& p);
   void ReserveIds();  // after ids were handed out: the next block in the state file
   struct KvPending;  // kv/kv_requests.cc: a reserve or get the disk tier may hold up
   void ReserveFrom(const std::shared_ptr<KvPending>& p);

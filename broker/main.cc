@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -15,6 +16,20 @@
 #include "log.h"
 #include "options.h"
 #include "restart/systemd.h"
+
+namespace {
+
+// Grows the fd table to hold `slots` fds now, while the broker has one thread.
+// Once it has worker threads, each doubling of the table waits for an RCU
+// grace period (milliseconds here) inside whatever call needed the slot: a
+// recvmsg taking a reattaching client's fds stalled the loop ~10 ms a time.
+void PresizeFdTable(rlim_t slots) {
+  if (slots < 2) return;
+  const int high = ::fcntl(0, F_DUPFD_CLOEXEC, static_cast<int>(slots - 1));
+  if (high >= 0) ::close(high);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace membroker::broker;
@@ -82,6 +97,8 @@ int main(int argc, char** argv) {
     return keeper::RunKeeper(k);
   }
 
+  rlimit fds{};
+  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0) PresizeFdTable(std::min<rlim_t>(fds.rlim_cur, 65536));
   auto broker = Broker::Create(opt);
   if (!broker.ok()) {
     std::fprintf(stderr, "membrokerd: cannot start: %s\n", broker.status().ToString().c_str());

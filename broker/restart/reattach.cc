@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
+#include <optional>
 
 #include "broker.h"
 #include "log.h"
@@ -29,6 +31,9 @@ namespace membroker::broker {
 
 namespace {
 constexpr int kOurSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+// From this many fds of memory it does not know, a batch's tags are read on a
+// worker while the loop serves others (fewer cost less than the hand-off).
+constexpr size_t kTagsOnAWorkerFrom = 16;
 
 ipc::ReattachResult Refused(ErrorCode code, std::string why) {
   return ipc::ReattachResult{code, std::move(why), false};
@@ -60,32 +65,74 @@ ipc::PagePolicy PolicyOf(uint64_t page_size) {
 std::string Id(uint64_t id) { return std::to_string(id); }
 }  // namespace
 
-Answer Broker::Handle(Session& s, uint64_t, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds) {
+// What the broker learned of one presented fd before it decides: its fstat and
+// access mode, read on the loop, and its name's tag - a readlinkat of /proc,
+// the larger part of a reattach's cost - read on a worker for a large batch,
+// or by ReattachOne when it needs it.
+struct Broker::PresentedFd {
+  ipc::UniqueFd fd;
+  struct stat st{};
+  bool is_memory = false;  // fstat worked and it is a regular file
+  int mode = -1;           // F_GETFL
+  bool needs_tag = false;  // memory this broker did not know when it came
+  std::optional<bool> tagged;
+};
+
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds) {
   if (!s.reattaching)
     return Status(ErrorCode::kProtocolError,
                   "ReattachRequest needs a HelloRequest with the reattach feature first");
-  ipc::ReattachReply reply;
+  auto presented = std::make_shared<std::vector<PresentedFd>>(m.handles.size());
+  size_t unknown = 0;
   for (size_t i = 0; i < m.handles.size(); ++i) {
-    ipc::ReattachResult r = ReattachOne(s, m.handles[i], std::move(fds[i]));
-    if (r.code == ErrorCode::kOk) {
-      ++counters_.handles_reattached;
-    } else {
-      ++counters_.reattach_refused;
-      MB_WARN("reattach_refused", "client=%llu pid=%d handle=%llu code=%s reason=\"%s\"",
-              static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid),
-              static_cast<unsigned long long>(m.handles[i].handle), std::string(ErrorCodeName(r.code)).c_str(),
-              LogText(r.message).c_str());
-    }
-    reply.results.push_back(std::move(r));
+    PresentedFd& p = (*presented)[i];
+    p.fd = std::move(fds[i]);
+    p.is_memory = ::fstat(p.fd.get(), &p.st) == 0 && S_ISREG(p.st.st_mode);
+    p.mode = ::fcntl(p.fd.get(), F_GETFL);
+    p.needs_tag = p.is_memory && holdings_.FindByInode(p.st.st_dev, p.st.st_ino) == nullptr;
+    unknown += p.needs_tag ? 1 : 0;
   }
-  return reply;
+  // Decides every handle on the loop, in order, with what was read.
+  auto decide = [this, handles = m.handles, presented](Session& s) {
+    ipc::ReattachReply reply;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      ipc::ReattachResult r = ReattachOne(s, handles[i], (*presented)[i]);
+      if (r.code == ErrorCode::kOk) {
+        ++counters_.handles_reattached;
+      } else {
+        ++counters_.reattach_refused;
+        MB_WARN("reattach_refused", "client=%llu pid=%d handle=%llu code=%s reason=\"%s\"",
+                static_cast<unsigned long long>(s.id), static_cast<int>(s.cred.pid),
+                static_cast<unsigned long long>(handles[i].handle), std::string(ErrorCodeName(r.code)).c_str(),
+                LogText(r.message).c_str());
+      }
+      reply.results.push_back(std::move(r));
+    }
+    return reply;
+  };
+  if (unknown < kTagsOnAWorkerFrom) return decide(s);
+  // A take-over waits for it, as for an allocation on a worker.
+  ++s.inflight;
+  workers_.Run(
+      [this, presented] {
+        for (PresentedFd& p : *presented)
+          if (p.needs_tag) p.tagged = state_file_->Tagged(MemfdName(proc_fd_dir_.get(), p.fd.get()));
+      },
+      [this, session_id = s.id, rid, decide = std::move(decide)] {
+        Session* s = sessions_.Find(session_id);
+        if (s == nullptr) return;  // gone: the fds close, nothing was taken
+        --s->inflight;
+        if (!s->closing) Send(*s, rid, decide(*s));
+      });
+  return Deferred{};  // the worker's completion answers
 }
 
-ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h, ipc::UniqueFd fd) {
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h, PresentedFd& p) {
+  ipc::UniqueFd& fd = p.fd;
+  const struct stat& st = p.st;
+  if (!p.is_memory)
     return Refused(ErrorCode::kPermissionDenied, "the fd of handle " + Id(h.handle) + " is not memory");
-  const int mode = ::fcntl(fd.get(), F_GETFL);
+  const int mode = p.mode;
   if (mode < 0) return Refused(ErrorCode::kInternal, "fcntl(F_GETFL) failed on handle " + Id(h.handle));
   const bool writable = (mode & O_ACCMODE) == O_RDWR;
   if (s.ledger.size() >= kMaxHoldingsPerClient)
@@ -111,7 +158,9 @@ ipc::ReattachResult Broker::ReattachOne(Session& s, const ipc::ReattachHandle& h
                    "handle " + Id(h.handle) + " was not given out by an earlier broker on this socket");
   if (holdings_.Find(h.handle) != nullptr)
     return Refused(ErrorCode::kInvalidHandle, "handle " + Id(h.handle) + " is other memory here");
-  if (!state_file_->Tagged(MemfdName(proc_fd_dir_.get(), fd.get())))
+  // (Known when it came, freed since: its tag is read now.)
+  if (!p.tagged.has_value()) p.tagged = state_file_->Tagged(MemfdName(proc_fd_dir_.get(), fd.get()));
+  if (!*p.tagged)
     return Refused(ErrorCode::kPermissionDenied,
                    "the fd of handle " + Id(h.handle) +
                        " is not memory a broker on this socket handed out (no valid tag)");

@@ -384,6 +384,75 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
   EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
 }
 
+// A batch with many fds the broker does not know has their names' tags read
+// on a worker thread: genuine and forged memory mixed is decided one by one,
+// in order, as in a small batch; a client that hangs up before its answer
+// leaves nothing behind.
+TEST(Restart, ALargeBatchIsCheckedOffTheLoopAndDecidedInOrder) {
+  BrokerProcess b;
+  constexpr size_t kGenuine = 24, kLeft = 8;
+  RawClient first(b.socket());
+  first.Hello();
+  std::vector<UniqueFd> fds;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < kGenuine + kLeft; ++i) {
+    ASSERT_TRUE(first.SendMsg(ipc::MallocRequest{4096, ipc::PagePolicy::kNormalOnly, 0, 0}).ok());
+    ipc::Frame f;
+    auto m = first.Next(&f);
+    ASSERT_TRUE(m.ok() && std::holds_alternative<MallocReply>(m->body));
+    ids.push_back(std::get<MallocReply>(m->body).handle);
+    fds.push_back(std::move(f.fds[0]));
+  }
+  b.Kill();
+  b.Restart();
+  auto bystander = Client::Connect({b.socket(), "bystander"});
+  ASSERT_TRUE(bystander.ok());
+
+  // Genuine and forged in turn, the forged ones under ids not taken yet.
+  std::vector<UniqueFd> forged;
+  std::vector<ReattachHandle> handles;
+  std::vector<int> presented;
+  for (size_t i = 0; i < kGenuine; ++i) {
+    forged.push_back(ForgedMemory("membroker:client1:0123456789abcdef.0123456789abcdef"));
+    handles.push_back({ids[i], true, false, 0});
+    presented.push_back(fds[i].get());
+    handles.push_back({ids[kGenuine + i % kLeft], true, false, 0});
+    presented.push_back(forged.back().get());
+  }
+  RawClient raw(b.socket());
+  raw.Hello(kFeatureReattach);
+  auto results = Present(raw, handles, presented);
+  ASSERT_EQ(results.size(), 2 * kGenuine);
+  for (size_t i = 0; i < kGenuine; ++i) {
+    EXPECT_EQ(results[2 * i].code, ErrorCode::kOk) << i << ": " << results[2 * i].message;
+    EXPECT_EQ(results[2 * i + 1].code, ErrorCode::kPermissionDenied) << i << ": " << results[2 * i + 1].message;
+  }
+  EXPECT_EQ(b.Stat("handles_adopted"), kGenuine);
+  EXPECT_EQ(b.Stat("reattach_refused"), kGenuine);
+  EXPECT_TRUE(bystander->Ping().ok());
+
+  // The rest, with forged memory enough to go to a worker, from a client that
+  // hangs up without reading: whether its answer was decided first or not,
+  // the memory it presented is not kept.
+  {
+    RawClient gone(b.socket());
+    gone.Hello(kFeatureReattach);
+    std::vector<ReattachHandle> rest;
+    std::vector<int> rest_fds;
+    for (size_t i = 0; i < kLeft; ++i) {
+      rest.push_back({ids[kGenuine + i], true, false, 0});
+      rest_fds.push_back(fds[kGenuine + i].get());
+      rest.push_back({ids[kGenuine + i], true, false, 0});
+      rest_fds.push_back(forged[i].get());
+    }
+    ASSERT_TRUE(gone.SendMsg(ReattachRequest{std::move(rest)}, 0, kProtocolVersion, rest_fds).ok());
+  }
+  fds.resize(kGenuine);  // this process's copies of the rest go too
+  EXPECT_EQ(b.WaitForStat("clients_connected", 2), 2u);
+  EXPECT_EQ(b.WaitForStat("allocations_live", kGenuine), kGenuine);
+  EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
+}
+
 // A kicked client is told so and stays away; a client with reattach off too.
 // Memory a client maps and registers with its engine.
 struct EngineMemory {
