@@ -413,6 +413,8 @@ const char* PlacementName(Placement p) {
   return p == Placement::kCross ? "cross" : p == Placement::kOne ? "one" : "any";
 }
 
+constexpr size_t kBlocks = 10;  // of a paired run, each with its own ratio
+
 int RunPaired(int rounds, Placement placement, const std::string& only) {
   Echo echo;
   ListeningEcho listening;
@@ -486,6 +488,18 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
       extra += ", \"op_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.op_server)) +
                ", \"floor_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.floor_server));
     if (!std::strcmp(p.op, "malloc_4k_pooled")) extra += ", \"pool_misses\": " + std::to_string(pool_misses);
+    // The ratio of medians in each tenth of the run, in order: its spread tells a
+    // tie from a loss, and a drift of the machine from noise.
+    extra += ", \"block_ratios\": [";
+    const size_t block = std::max<size_t>(1, p.op_us.size() / kBlocks);
+    for (size_t at = 0; at + block <= p.op_us.size(); at += block) {
+      std::vector<double> op(p.op_us.begin() + at, p.op_us.begin() + at + block),
+          floor(p.floor_us.begin() + at, p.floor_us.begin() + at + block);
+      char one[32];
+      std::snprintf(one, sizeof(one), "%s%.3f", at == 0 ? "" : ", ", Percentile(op, 0.5) / Percentile(floor, 0.5));
+      extra += one;
+    }
+    extra += "]";
     std::printf("{\"bench\": \"paired\", \"placement\": \"%s\", \"op\": \"%s\", \"floor\": \"%s\", \"rounds\": %d, "
                 "\"op_p50_us\": %.1f, \"op_p99_us\": %.1f, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
                 "\"ratio_p50\": %.3f%s}\n",
