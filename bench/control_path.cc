@@ -45,6 +45,9 @@ pid_t g_broker = -1, g_pool_broker = -1;
 // Iterations of each pooled case (4 KiB, 2 MiB, 64 MiB); each pool holds as many.
 constexpr int kPooledIterations[] = {1000, 64, 8};
 
+// The first byte of a message the echo process reads and does not answer.
+constexpr char kOneWayMark = 0x7f;
+
 // An echo process on a socketpair: the bare round trip a broker request cannot beat.
 struct Echo {
   int fd = -1;
@@ -60,8 +63,9 @@ struct Echo {
         int fd = -1;
         ssize_t n = bench::RawRecv(sv[1], buf, sizeof(buf), &fd);
         if (n <= 0) _exit(0);
-        // Echo the bytes and any fd back, as the broker's reply carries one.
-        bench::RawSend(sv[1], buf, static_cast<size_t>(n), fd);
+        // Echo the bytes and any fd back, as the broker's reply carries one
+        // (a one-way message, as a free, is read and not answered).
+        if (buf[0] != kOneWayMark) bench::RawSend(sv[1], buf, static_cast<size_t>(n), fd);
         if (fd >= 0) ::close(fd);
       }
     }
@@ -82,6 +86,13 @@ void RoundTrip(int fd, int send_fd) {
   if (got >= 0) ::close(got);
 }
 
+// A one-way message the size of a FreeRequest: what an operation "+ one-way
+// free" sends besides its round trip, so its floor sends it too.
+void OneWay(int fd) {
+  char buf[72] = {kOneWayMark};
+  bench::RawSend(fd, buf, sizeof(buf), -1);
+}
+
 void BM_Floor_SeqpacketRoundTrip(benchmark::State& state) {
   Echo echo;
   for (auto _ : state) RoundTrip(echo.fd, -1);
@@ -95,6 +106,17 @@ void BM_Floor_SeqpacketRoundTripWithFd(benchmark::State& state) {
   ::close(fd);
 }
 BENCHMARK(BM_Floor_SeqpacketRoundTripWithFd)->UseRealTime();
+
+void BM_Floor_SeqpacketRoundTripWithFdOneWay(benchmark::State& state) {
+  Echo echo;
+  int fd = ::memfd_create("x", MFD_CLOEXEC);
+  for (auto _ : state) {
+    RoundTrip(echo.fd, fd);
+    OneWay(echo.fd);
+  }
+  ::close(fd);
+}
+BENCHMARK(BM_Floor_SeqpacketRoundTripWithFdOneWay)->UseRealTime();
 
 // A process serving a listening SEQPACKET socket in a directory of its own;
 // killed, and its socket removed, with this object.
@@ -438,23 +460,34 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
                    session_echo.server.pid});
   pairs.push_back({"ping", "round trip", [&] { (void)c.Ping(); }, [&] { RoundTrip(echo.fd, -1); }, g_broker,
                    echo.pid});
-  pairs.push_back({"malloc_4k", "round trip with fd + memfd syscalls", [&] { (void)c.MallocPhysical(4096); },
+  pairs.push_back({"malloc_4k", "round trip with fd + one-way message + memfd syscalls",
+                   [&] { (void)c.MallocPhysical(4096); },
                    [&] {
                      MemfdSyscalls(4096);
                      RoundTrip(echo.fd, memfd);
+                     OneWay(echo.fd);
                    },
                    g_broker, echo.pid});
-  pairs.push_back({"malloc_4k_pooled", "round trip with fd",
+  pairs.push_back({"malloc_4k_pooled", "round trip with fd + one-way message",
                    [&] {
                      auto h = pooled.MallocPhysical(4096);
                      if (!h.ok() || !h->from_pool()) ++pool_misses;
                    },
-                   [&] { RoundTrip(echo.fd, memfd); }, g_pool_broker, echo.pid});
+                   [&] {
+                     RoundTrip(echo.fd, memfd);
+                     OneWay(echo.fd);
+                   },
+                   g_pool_broker, echo.pid});
   pairs.push_back({"export", "round trip",
                    [&] { (void)c.ExportToShareableHandle(*held, kExportNoPidCheck); },
                    [&] { RoundTrip(echo.fd, -1); }, g_broker, echo.pid});
-  pairs.push_back({"import", "round trip with fd", [&] { (void)importer.ImportFromShareableHandle(*token); },
-                   [&] { RoundTrip(echo.fd, memfd); }, g_broker, echo.pid});
+  pairs.push_back({"import", "round trip with fd + one-way message",
+                   [&] { (void)importer.ImportFromShareableHandle(*token); },
+                   [&] {
+                     RoundTrip(echo.fd, memfd);
+                     OneWay(echo.fd);
+                   },
+                   g_broker, echo.pid});
   if (!only.empty())
     std::erase_if(pairs, [&](const Pair& p) { return only != p.op; });
   auto time_us = [](const std::function<void()>& f) {

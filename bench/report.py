@@ -26,9 +26,13 @@ def us(name):
     return None
 
 RT, RT_FD = "BM_Floor_SeqpacketRoundTrip/real_time", "BM_Floor_SeqpacketRoundTripWithFd/real_time"
+# An operation "+ one-way free" sends a third message after its round trip; its
+# floor sends one too (the echo process reads it and does not answer).
+RT_FD_OW = "BM_Floor_SeqpacketRoundTripWithFdOneWay/real_time"
+FD_OW = "round trip with fd + one-way message"
 def memfd(size):
     return f"BM_Floor_MemfdSyscalls/{size}/real_time"
-MALLOC_FLOOR = "round trip with fd + memfd syscalls"
+MALLOC_FLOOR = "round trip with fd + one-way message + memfd syscalls"
 # The same connect against a server that, like the broker, keeps each connection
 # until its client leaves: no goal of its own; it shows what limits the one above.
 CONNECT_SESSION = "connect + handshake, against a server that keeps the session"
@@ -40,19 +44,19 @@ ops = [
      ["BM_Floor_ConnectSession/real_time"]),
     ("ping", "BM_Broker_Ping/real_time", "round trip", [RT]),
     ("MallocPhysical 4 KiB (+ one-way free)", "BM_Broker_MallocFree/4096/real_time", MALLOC_FLOOR,
-     [RT_FD, memfd(4096)]),
+     [RT_FD_OW, memfd(4096)]),
     ("MallocPhysical 2 MiB (+ one-way free)", "BM_Broker_MallocFree/2097152/real_time", MALLOC_FLOOR,
-     [RT_FD, memfd(2097152)]),
+     [RT_FD_OW, memfd(2097152)]),
     ("MallocPhysical 64 MiB (+ one-way free)", "BM_Broker_MallocFree/67108864/real_time", MALLOC_FLOOR,
-     [RT_FD, memfd(67108864)]),
+     [RT_FD_OW, memfd(67108864)]),
     ("MallocPhysical 4 KiB from a pool (+ one-way free)",
-     "BM_Broker_MallocPooled/4096/iterations:1000/real_time", "round trip with fd", [RT_FD]),
+     "BM_Broker_MallocPooled/4096/iterations:1000/real_time", FD_OW, [RT_FD_OW]),
     ("MallocPhysical 2 MiB from a pool (+ one-way free)",
-     "BM_Broker_MallocPooled/2097152/iterations:64/real_time", "round trip with fd", [RT_FD]),
+     "BM_Broker_MallocPooled/2097152/iterations:64/real_time", FD_OW, [RT_FD_OW]),
     ("MallocPhysical 64 MiB from a pool (+ one-way free)",
-     "BM_Broker_MallocPooled/67108864/iterations:8/real_time", "round trip with fd", [RT_FD]),
+     "BM_Broker_MallocPooled/67108864/iterations:8/real_time", FD_OW, [RT_FD_OW]),
     ("ExportToShareableHandle", "BM_Broker_Export/iterations:20000/real_time", "round trip", [RT]),
-    ("ImportFromShareableHandle (+ one-way free)", "BM_Broker_ImportFree/real_time", "round trip with fd", [RT_FD]),
+    ("ImportFromShareableHandle (+ one-way free)", "BM_Broker_ImportFree/real_time", FD_OW, [RT_FD_OW]),
     ("MapMem + UnmapMem 4 KiB (local)", "BM_Local_MapUnmap/4096/real_time", "-", []),
     ("MapMem + UnmapMem 2 MiB (local)", "BM_Local_MapUnmap/2097152/real_time", "-", []),
     ("MemSetAccess 1 MiB (local)", "BM_Local_SetAccess/real_time", "-", []),
