@@ -287,6 +287,18 @@ std::vector<ReattachResult> Present(RawClient& raw, std::vector<ReattachHandle> 
   return std::get<ReattachReply>(r->body).results;
 }
 
+// `count` allocations of 4 KiB, with their ids and fds as a raw client sees them.
+void AllocateRaw(RawClient& first, size_t count, std::vector<uint64_t>* ids, std::vector<UniqueFd>* fds) {
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(first.SendMsg(ipc::MallocRequest{4096, ipc::PagePolicy::kNormalOnly, 0, 0}).ok());
+    ipc::Frame f;
+    auto m = first.Next(&f);
+    ASSERT_TRUE(m.ok() && std::holds_alternative<MallocReply>(m->body));
+    ids->push_back(std::get<MallocReply>(m->body).handle);
+    fds->push_back(std::move(f.fds[0]));
+  }
+}
+
 TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
   BrokerProcess b;
   // Memory from the first broker, with its fds, as a raw client sees them.
@@ -294,14 +306,7 @@ TEST(Restart, PresentedMemoryIsCheckedAndRefusalsChangeNothing) {
   first.Hello();
   std::vector<UniqueFd> fds;
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(first.SendMsg(ipc::MallocRequest{4096, ipc::PagePolicy::kNormalOnly, 0, 0}).ok());
-    ipc::Frame f;
-    auto m = first.Next(&f);
-    ASSERT_TRUE(m.ok() && std::holds_alternative<MallocReply>(m->body));
-    ids.push_back(std::get<MallocReply>(m->body).handle);
-    fds.push_back(std::move(f.fds[0]));
-  }
+  ASSERT_NO_FATAL_FAILURE(AllocateRaw(first, 2, &ids, &fds));
   b.Kill();
   b.Restart();
   auto bystander = Client::Connect({b.socket(), "bystander"});
@@ -395,14 +400,7 @@ TEST(Restart, ALargeBatchIsCheckedOffTheLoopAndDecidedInOrder) {
   first.Hello();
   std::vector<UniqueFd> fds;
   std::vector<uint64_t> ids;
-  for (size_t i = 0; i < kGenuine + kLeft; ++i) {
-    ASSERT_TRUE(first.SendMsg(ipc::MallocRequest{4096, ipc::PagePolicy::kNormalOnly, 0, 0}).ok());
-    ipc::Frame f;
-    auto m = first.Next(&f);
-    ASSERT_TRUE(m.ok() && std::holds_alternative<MallocReply>(m->body));
-    ids.push_back(std::get<MallocReply>(m->body).handle);
-    fds.push_back(std::move(f.fds[0]));
-  }
+  ASSERT_NO_FATAL_FAILURE(AllocateRaw(first, kGenuine + kLeft, &ids, &fds));
   b.Kill();
   b.Restart();
   auto bystander = Client::Connect({b.socket(), "bystander"});
