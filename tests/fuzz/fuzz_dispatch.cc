@@ -28,8 +28,12 @@ namespace {
 broker::Broker* TheBroker(std::string* socket_path) {
   static std::string path;
   static broker::Broker* b = [] {
-    char tmpl[] = "/tmp/membroker-fuzz.XXXXXX";
-    std::string dir = ::mkdtemp(tmpl);
+    // Under $TMPDIR, which scripts/fuzz points at a folder it removes after the
+    // run: libFuzzer ends with _Exit, so this process cannot remove its own.
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/membroker-fuzz.XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    const std::string dir = tmpl;
     path = dir + "/broker.sock";
     broker::Options o;
     o.socket_path = path;
