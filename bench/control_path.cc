@@ -593,6 +593,8 @@ int main(int argc, char** argv) {
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
   }
+  // The brokers leave their state files (never removed by a broker); then the folder goes.
+  for (const std::string& socket : {g_socket, g_pool_socket}) ::unlink((socket + ".state").c_str());
   ::rmdir(dir.c_str());
   return rc;
 }
