@@ -25,7 +25,7 @@ def us(name):
             return b["real_time"] / (1000.0 if b["time_unit"] == "ns" else 1.0)
     return None
 
-RT, RT_FD = "BM_Floor_SeqpacketRoundTrip/real_time", "BM_Floor_SeqpacketRoundTripWithFd/real_time"
+RT = "BM_Floor_SeqpacketRoundTrip/real_time"
 # An operation "+ one-way free" sends a third message after its round trip; its
 # floor sends one too (the echo process reads it and does not answer).
 RT_FD_OW = "BM_Floor_SeqpacketRoundTripWithFdOneWay/real_time"
