@@ -125,7 +125,8 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   MB_RETURN_IF_ERROR(b->workers_.Init());
   // The disk tier's scan (a fraction of a second per 10,000 files) runs while
   // a broker being taken over still serves.
-  if (!b->options_.kv_disk.empty()) MB_RETURN_IF_ERROR(b->kv_.OpenDisk(b->options_.kv_disk, b->options_.kv_disk_bytes));
+  if (!b->options_.kv_disk.empty())
+    MB_RETURN_IF_ERROR(b->kv_.OpenDisk(b->options_.kv_disk, b->options_.kv_disk_bytes, b->options_.take_over));
   systemd::PassedFds passed = systemd::TakePassedFds();
   MB_RETURN_IF_ERROR(b->options_.take_over ? b->ReceiveTakeOver()
                                            : b->admission_.Listen(b->options_, std::move(passed.client_socket)));

@@ -255,6 +255,7 @@ struct Encoder {
     return w::CreateTakeOverHello(b, m.pid).Union();
   }
   fb::Offset<void> operator()(const TakeOverSockets&) { return w::CreateTakeOverSockets(b).Union(); }
+  fb::Offset<void> operator()(const TakeOverKvDisk&) { return w::CreateTakeOverKvDisk(b).Union(); }
   fb::Offset<void> operator()(const TakeOverAllocations& m) {
     std::vector<fb::Offset<w::TakeOverAllocation>> as;
     for (const auto& a : m.handles)
@@ -734,6 +735,7 @@ Result<Message> Read(const w::RestoreExportRequest* m) {
 
 Result<Message> Read(const w::TakeOverHello* m) { return Message(TakeOverHello{m->pid()}); }
 Result<Message> Read(const w::TakeOverSockets*) { return Message(TakeOverSockets{}); }
+Result<Message> Read(const w::TakeOverKvDisk*) { return Message(TakeOverKvDisk{}); }
 Result<Message> Read(const w::TakeOverAllocations* m) {
   TakeOverAllocations r;
   if (auto as = m->handles()) {

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -11,6 +12,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <set>
 
 #include "log.h"
 #include "membroker/ipc/escape.h"
@@ -110,14 +113,32 @@ Result<FileHeader> ReadHeader(int fd, const std::string& path) {
   return h;
 }
 
+// The sequence in a block file's name (KEYHEX.SEQUENCE.kv); 0 if none.
+uint64_t SequenceIn(const std::string& file) {
+  const size_t end = file.size() - 3, dot = file.rfind('.', end - 1);
+  if (dot == std::string::npos || dot + 1 >= end || end - dot - 1 > 19) return 0;
+  uint64_t n = 0;
+  for (size_t i = dot + 1; i < end; ++i) {
+    if (file[i] < '0' || file[i] > '9') return 0;
+    n = n * 10 + static_cast<uint64_t>(file[i] - '0');
+  }
+  return n;
+}
+
 }  // namespace
 
-Result<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const std::string& dir, uint64_t capacity) {
+Result<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const std::string& dir, uint64_t capacity, bool taking_over) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno("mkdir", dir);
+  std::unique_ptr<KvDiskTier> tier(new KvDiskTier(dir, capacity));
+  // Checked on the fd that is then locked: no other directory can be swapped in.
+  tier->dir_fd_.reset(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!tier->dir_fd_) {
+    if (errno == ENOTDIR || errno == ELOOP)
+      return Status(ErrorCode::kParamInvalid, "--kv-disk " + dir + " is not a directory");
+    return Errno("open", dir);
+  }
   struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return Errno("lstat", dir);
-  if (!S_ISDIR(st.st_mode))
-    return Status(ErrorCode::kParamInvalid, "--kv-disk " + dir + " is not a directory");
+  if (::fstat(tier->dir_fd_.get(), &st) != 0) return Errno("fstat", dir);
   if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
@@ -126,22 +147,43 @@ Result<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const std::string& dir, uin
                       "; the broker serves its files as blocks, so it must be the broker's own and writable "
                       "by no one else");
   }
-  std::unique_ptr<KvDiskTier> tier(new KvDiskTier(dir, capacity));
-  MB_RETURN_IF_ERROR(tier->Scan());
+  if (!taking_over) MB_RETURN_IF_ERROR(tier->Lock());
+  MB_RETURN_IF_ERROR(tier->Scan(!taking_over));
   return tier;
+}
+
+Status KvDiskTier::Lock() {
+  if (::flock(dir_fd_.get(), LOCK_EX | LOCK_NB) == 0) return Status::Ok();
+  if (errno == EWOULDBLOCK)
+    return Status(ErrorCode::kBusy, "--kv-disk " + dir_ +
+                                        " is the disk tier of another running broker; a directory serves one "
+                                        "broker (each would remove and overwrite the other's files)");
+  return Errno("flock", dir_);
+}
+
+Status KvDiskTier::TakeOver(ipc::UniqueFd handed_lock) {
+  struct stat mine {}, theirs {};
+  if (handed_lock.valid() && ::fstat(dir_fd_.get(), &mine) == 0 && ::fstat(handed_lock.get(), &theirs) == 0 &&
+      mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
+    dir_fd_ = std::move(handed_lock);  // the old broker's lock, which stays when it exits
+  } else {
+    MB_RETURN_IF_ERROR(Lock());  // it had another directory, or none
+  }
+  return Scan(true);
 }
 
 std::string KvDiskTier::PathOf(const std::string& store, const std::string& key, uint64_t sequence) const {
   return dir_ + "/" + StoreDir(store) + "/" + Hex(key) + "." + std::to_string(sequence) + ".kv";
 }
 
-Status KvDiskTier::Scan() {
+Status KvDiskTier::Scan(bool settle) {
   DIR* top = ::opendir(dir_.c_str());
   if (top == nullptr) return Errno("opendir", dir_);
   std::vector<std::string> stores;
   while (const dirent* e = ::readdir(top))
     if (e->d_name[0] == 's' && std::strlen(e->d_name) == 17) stores.emplace_back(e->d_name);
   ::closedir(top);
+  std::set<uint64_t> seen;  // the sequences of known files found again
   for (const std::string& sub : stores) {
     const std::string subdir = dir_ + "/" + sub;
     DIR* d = ::opendir(subdir.c_str());
@@ -152,10 +194,15 @@ Status KvDiskTier::Scan() {
     for (const std::string& file : files) {
       const std::string path = subdir + "/" + file;
       if (file.rfind(".tmp-", 0) == 0) {  // a write an earlier broker did not finish
-        ::unlink(path.c_str());
+        if (settle) ::unlink(path.c_str());
         continue;
       }
       if (file.size() < 4 || file.compare(file.size() - 3, 3, ".kv") != 0) continue;  // not ours
+      if (auto k = by_age_.find(SequenceIn(file));
+          k != by_age_.end() && PathOf(k->second.first, k->second.second, k->first) == path) {
+        seen.insert(k->first);  // known: read at an earlier scan
+        continue;
+      }
       ipc::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
       Result<FileHeader> h = fd ? ReadHeader(fd.get(), path) : Result<FileHeader>(Damaged(std::strerror(errno)));
       std::string store, key;
@@ -180,20 +227,26 @@ Status KvDiskTier::Scan() {
       }
       entries_[name] = Entry{h->sequence, h->length, h->block_size, true, 0};
       by_age_[h->sequence] = name;
+      seen.insert(h->sequence);
       stats_.blocks += 1;
       stats_.bytes += h->length;
       next_sequence_ = std::max(next_sequence_, h->sequence + 1);
     }
   }
+  for (auto it = by_age_.begin(); it != by_age_.end();) {  // known, and removed since
+    const auto next = std::next(it);
+    if (seen.count(it->first) == 0) Forget(entries_.find(it->second));
+    it = next;
+  }
   // A smaller capacity than the last broker's: the oldest go.
-  while (stats_.bytes > capacity_ && !by_age_.empty()) {
+  while (settle && stats_.bytes > capacity_ && !by_age_.empty()) {
     const Name name = by_age_.begin()->second;
     ::unlink(PathOf(name.first, name.second, by_age_.begin()->first).c_str());
     Forget(entries_.find(name));
     ++stats_.trimmed;
   }
   stats_.found = stats_.blocks;
-  MB_INFO("kv_disk_opened", "dir=\"%s\" blocks=%llu bytes=%llu capacity=%llu damaged=%llu", LogText(dir_).c_str(),
+  MB_INFO(settle ? "kv_disk_opened" : "kv_disk_scanned", "dir=\"%s\" blocks=%llu bytes=%llu capacity=%llu damaged=%llu", LogText(dir_).c_str(),
           static_cast<unsigned long long>(stats_.blocks), static_cast<unsigned long long>(stats_.bytes),
           static_cast<unsigned long long>(capacity_), static_cast<unsigned long long>(stats_.damaged));
   return Status::Ok();

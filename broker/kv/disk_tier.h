@@ -12,6 +12,10 @@
 // and a payload is checked again at every promotion: never served damaged.
 // A file is written under a temporary name and renamed when whole.
 //
+// One broker per directory: the tier holds a lock on it (flock of the
+// directory) for as long as the broker runs, and a take-over hands the lock to
+// the new broker with the rest of the state (docs/KV.md).
+//
 // The tier itself is used on the loop thread only. Each write and read has
 // three steps: Begin* on the loop (takes the entry, says what to do), Perform
 // on a worker (file I/O alone, on what Begin* copied out), End* on the loop.
@@ -52,8 +56,19 @@ class KvDiskTier {
   static constexpr uint64_t kMaxWaitingBytes = 256ull << 20;
 
   // Makes dir (mode 0700) if it is absent, refuses one another user owns or
-  // others may write (a file there is served as a block), and scans it.
-  static Result<std::unique_ptr<KvDiskTier>> Open(const std::string& dir, uint64_t capacity);
+  // others may write (a file there is served as a block), locks it (BUSY
+  // while another broker has it) and scans it. taking_over: a broker being
+  // taken over holds the lock and still writes, so the scan only reads what is
+  // whole; TakeOver finishes the opening.
+  static Result<std::unique_ptr<KvDiskTier>> Open(const std::string& dir, uint64_t capacity,
+                                                  bool taking_over = false);
+  // After a take-over: the old broker's locked directory fd when it had this
+  // directory as its tier (else the lock is taken here: BUSY when a third
+  // broker has it); then what the old one wrote or removed since the first
+  // scan is read, and its unfinished writes go.
+  Status TakeOver(ipc::UniqueFd handed_lock);
+  // The directory, open and locked: a take-over sends it.
+  int lock_fd() const { return dir_fd_.get(); }
 
   // The key has a file here, whole or being written.
   bool Has(const std::string& store, const std::string& key) const;
@@ -109,12 +124,18 @@ class KvDiskTier {
     uint32_t readers = 0;  // promotions reading it: not trimmed meanwhile
   };
   KvDiskTier(std::string dir, uint64_t capacity) : dir_(std::move(dir)), capacity_(capacity) {}
-  Status Scan();
+  Status Lock();
+  // Reads the directory: files not known yet are checked and added; known
+  // ones (by name) are not read again, and those gone are forgotten. settle:
+  // unfinished writes are removed and the oldest files go past the capacity
+  // (not while a broker being taken over may still write here).
+  Status Scan(bool settle);
   std::string PathOf(const std::string& store, const std::string& key, uint64_t sequence) const;
   void Drop(const Name& name, const std::string& why);
   void Forget(std::map<Name, Entry>::iterator it);
 
   std::string dir_;
+  ipc::UniqueFd dir_fd_;  // locked while it is this broker's
   uint64_t capacity_;
   uint64_t next_sequence_ = 1;
   uint64_t waiting_bytes_ = 0;  // of writes begun and not ended

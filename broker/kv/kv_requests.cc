@@ -175,8 +175,19 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSlabRequest& m) {
 }
 
 // A reserve or a get with a disk tier may wait for it: for blocks being
-// written out to free their slots, for promotions to be read in.
+// written out to free their slots, for promotions to be read in. It counts as
+// its session's work in flight until it is answered (a take-over waits).
 struct Broker::KvPending {
+  KvPending(Sessions& all, Session& s, uint64_t request) : sessions(all), session(s.id), rid(request) {
+    ++s.inflight;
+  }
+  ~KvPending() {
+    if (Session* s = sessions.Find(session)) --s->inflight;
+  }
+  KvPending(const KvPending&) = delete;
+  KvPending& operator=(const KvPending&) = delete;
+
+  Sessions& sessions;
   uint64_t session = 0, rid = 0;
   ipc::KvReserveRequest reserve;
   ipc::KvGetRequest get;
@@ -187,9 +198,7 @@ struct Broker::KvPending {
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvReserveRequest& m) {
   if (kv_.Find(m.store) == nullptr) return NoStore(m.store);
-  auto p = std::make_shared<KvPending>();
-  p->session = s.id;
-  p->rid = rid;
+  auto p = std::make_shared<KvPending>(sessions_, s, rid);
   p->reserve = m;
   p->reply.blocks.reserve(m.keys.size());
   ReserveFrom(p);
@@ -314,9 +323,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvGetRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
   if (kv_.disk() == nullptr || !m.lease) return GetBlocks(holdings_, kv_.disk(), s, *store, m);
-  auto p = std::make_shared<KvPending>();
-  p->session = s.id;
-  p->rid = rid;
+  auto p = std::make_shared<KvPending>(sessions_, s, rid);
   p->get = m;
   GetFrom(p);
   return Deferred{};

@@ -33,8 +33,8 @@ Status KvStores::Admit(const std::string& name) const {
   return Status::Ok();
 }
 
-Status KvStores::OpenDisk(const std::string& dir, uint64_t capacity) {
-  MB_ASSIGN_OR_RETURN(disk_, KvDiskTier::Open(dir, capacity));
+Status KvStores::OpenDisk(const std::string& dir, uint64_t capacity, bool taking_over) {
+  MB_ASSIGN_OR_RETURN(disk_, KvDiskTier::Open(dir, capacity, taking_over));
   for (auto& [name, store] : stores_) HoldEvictedFor(*store);
   return Status::Ok();
 }

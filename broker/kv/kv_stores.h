@@ -29,8 +29,11 @@ class KvStores {
  public:
   explicit KvStores(KvJournal& journal) : journal_(journal) {}
 
-  // Gives every store, made before or after, the disk tier in dir (disk_tier.h).
-  Status OpenDisk(const std::string& dir, uint64_t capacity);
+  // Gives every store, made before or after, the disk tier in dir (disk_tier.h;
+  // taking_over: KvDiskTier::Open's).
+  Status OpenDisk(const std::string& dir, uint64_t capacity, bool taking_over);
+  // Blocks being written to the disk tier (a take-over waits for them).
+  bool DiskWriting() const { return disk_ && disk_->stats().writing > 0; }
   KvDiskTier* disk() { return disk_.get(); }
   const KvDiskTier* disk() const { return disk_.get(); }
   // A request that found the store full while blocks were being written out

@@ -37,8 +37,9 @@ void Broker::BeginHandOver() {
 }
 
 void Broker::ContinueHandOver() {
-  // 2. What is in flight finishes first (its reply is sent before the notice).
-  bool busy = counters_.bytes_pending > 0;
+  // 2. What is in flight finishes first (its reply is sent before the notice),
+  //    and so do the disk tier's writes (the new broker reads them after).
+  bool busy = counters_.bytes_pending > 0 || kv_.DiskWriting();
   for (const auto& [id, s] : sessions_.all()) busy = busy || s->inflight > 0;
   if (busy && takeover_.Draining()) return;
   const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(TakeOver::kDrainMs);
@@ -109,6 +110,10 @@ Status Broker::SendState() {
   MB_ASSIGN_OR_RETURN(const uint64_t stores, SendKvStores(kv_, [this](ipc::Message m, std::span<const int> fds) {
                         return takeover_.Send(std::move(m), fds);
                       }));
+  if (const KvDiskTier* disk = kv_.disk()) {
+    const int locked = disk->lock_fd();
+    MB_RETURN_IF_ERROR(takeover_.Send(ipc::TakeOverKvDisk{}, {&locked, 1}));
+  }
   for (ipc::Message& m : StateRecords()) {
     if (auto* end = std::get_if<ipc::TakeOverEnd>(&m)) {
       end->allocations = sent;
@@ -156,7 +161,7 @@ void Broker::ResumeServing(const std::string& why) {
 Status Broker::ReceiveTakeOver() {
   MB_ASSIGN_OR_RETURN(TakeOverReceiver from, TakeOverReceiver::Connect(options_.socket_path + ".takeover"));
   uint64_t allocations = 0, exports = 0, names = 0;
-  ipc::UniqueFd listening;
+  ipc::UniqueFd listening, disk_lock;
   KvStoreParts stores;
   for (;;) {
     std::vector<ipc::UniqueFd> fds;
@@ -172,6 +177,8 @@ Status Broker::ReceiveTakeOver() {
     } else if (auto* m = std::get_if<ipc::TakeOverKvStore>(&env.body)) {
       for (size_t i = 0; i < m->handles.size(); ++i)
         MB_RETURN_IF_ERROR(stores.Add(m->store, 0, m->handles[i], std::move(fds[i])));
+    } else if (std::holds_alternative<ipc::TakeOverKvDisk>(env.body)) {
+      disk_lock = std::move(fds[0]);
     } else if (auto* m = std::get_if<ipc::TakeOverExport>(&env.body)) {
       MB_RETURN_IF_ERROR(holdings_.RestoreExport(m->token, m->allocation, 0, m->exporter_uid, m->flags, m->pids));
       ++exports;
@@ -186,6 +193,12 @@ Status Broker::ReceiveTakeOver() {
     } else {
       return Status(ErrorCode::kProtocolError, std::string("--take-over: unexpected ") + ipc::MessageName(env.body));
     }
+  }
+  // Before the acknowledgement: a disk tier that is a third broker's fails
+  // the take-over, and the old broker serves on. Its writes are all done.
+  if (KvDiskTier* disk = kv_.disk()) {
+    if (Status st = disk->TakeOver(std::move(disk_lock)); !st.ok())
+      return Status(st.code(), "--take-over: " + st.message());
   }
   MB_RETURN_IF_ERROR(from.Finish());
   // The stores are copied once the old broker is gone, so each old slab's

@@ -700,20 +700,52 @@ TEST(KvStore, ABrokerThatStartsFindsTheDiskTiersBlocks) {
 }
 
 // A take-over: the store comes back from memory (its slabs) and the tier from
-// the disk; every key is there, byte for byte.
+// the disk; every key is there, byte for byte, those whose files the old
+// broker was still writing too (it finishes them first). The directory's lock
+// goes to the new broker: no third one may use it.
 TEST(KvStore, ATakeOverKeepsTheStoreAndItsDiskTier) {
   DiskDir disk;
   BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
   auto c = *Client::Connect({broker.socket(), "writer"});
   KvStore store = Made(c, "kv", 20);
   PutThroughASmallStore(store, broker, 60);
-  const uint64_t on_disk = broker.Stat("kv_disk_blocks");
+  for (ErrorCode code : PutAll(store, Keys(60, 20))) ASSERT_EQ(code, ErrorCode::kOk);  // 20 more evicted
   ASSERT_EQ(broker.TakeOver(), 0);
-  EXPECT_EQ(broker.Stat("kv_disk_found"), on_disk);
+  EXPECT_EQ(broker.Stat("kv_disk_found"), 60u);
+  EXPECT_EQ(broker.Stat("kv_disk_writing"), 0u);
   EXPECT_EQ(broker.Stat("kv_lost"), 0u);
-  EXPECT_EQ(GetAllElsewhere(broker.socket(), 60), 0);
-  EXPECT_GE(broker.Stat("kv_disk_hits"), on_disk);
+  EXPECT_EQ(GetAllElsewhere(broker.socket(), 80), 0);
+  EXPECT_GE(broker.Stat("kv_disk_hits"), 60u);
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+  DiskDir home;  // (for the third broker's socket)
+  auto third = RunBrokerExpectingExit({"--socket", home.path + "/b.sock", "--kv-disk", disk.path});
+  EXPECT_NE(third.exit_code, 0);
+  EXPECT_NE(third.output.find("another running broker"), std::string::npos) << third.output;
+}
+
+// One broker per directory: a second is refused while the first runs, and
+// the first's death (SIGKILL) frees the directory for the next.
+TEST(KvStore, ADiskTierDirectoryServesOneBroker) {
+  DiskDir disk;
+  std::vector<std::string> files;
+  {
+    BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+    auto c = *Client::Connect({broker.socket(), "writer"});
+    KvStore store = Made(c, "kv", 20);
+    PutThroughASmallStore(store, broker, 40);
+    files = disk.Files();
+    DiskDir home;
+    auto second = RunBrokerExpectingExit({"--socket", home.path + "/b.sock", "--kv-disk", disk.path});
+    EXPECT_NE(second.exit_code, 0);
+    EXPECT_NE(second.output.find("another running broker"), std::string::npos) << second.output;
+    EXPECT_EQ(disk.Files(), files);  // it removed nothing
+    EXPECT_EQ(GetAllElsewhere(broker.socket(), 40), 0);  // the first serves on
+    ASSERT_EQ(broker.WaitForStat("kv_disk_writing", 0), 0u);
+    files = disk.Files();  // (with the blocks the get evicted)
+    broker.Kill();
+  }
+  BrokerProcess next({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  EXPECT_EQ(next.Stat("kv_disk_found"), files.size());
 }
 
 TEST(KvStore, TheDiskTierStaysWithinItsCapacity) {

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -423,6 +424,7 @@ TEST(KvDiskTier, ABlockWrittenOutReadsBackAndAnotherTierFindsIt) {
   tier->EndRead(*r, n);
   EXPECT_EQ(tier->stats().promoted, 1u);
 
+  tier.reset();  // (its lock goes with it)
   auto again = *KvDiskTier::Open(dir.path, 1 << 20);
   EXPECT_EQ(again->stats().found, 1u);
   EXPECT_TRUE(again->Has("test", "k1"));
@@ -449,6 +451,79 @@ TEST(KvDiskTier, TheOldestGoButNotOneBeingRead) {
   ASSERT_TRUE(Spill(*tier, src, 3, "k3").ok());
   EXPECT_FALSE(tier->Has("test", "k0"));
   EXPECT_EQ(tier->StoreUsage("test"), std::make_pair(uint64_t{2}, 2 * kBlock));
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// One broker per directory, and a take-over's hand-over of it: the new
+// broker's first scan leaves the old one's unfinished writes alone, and once
+// it has the old one's lock it finds what the old one wrote and removed since.
+TEST(KvDiskTier, OneBrokerPerDirectoryAndATakeOverHandsTheLockOver) {
+  TierDir dir;
+  Source src(4);
+  auto old_tier = *KvDiskTier::Open(dir.path, 1 << 20);
+  ASSERT_TRUE(Spill(*old_tier, src, 0, "k0").ok());
+  ASSERT_TRUE(Spill(*old_tier, src, 1, "k1").ok());
+  auto second = KvDiskTier::Open(dir.path, 1 << 20);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), ErrorCode::kBusy);
+  EXPECT_NE(second.status().message().find("another running broker"), std::string::npos);
+
+  // The old broker is writing k2 when the new one starts.
+  auto writing = old_tier->BeginWrite("test", "k2", kBlock, kBlock);
+  ASSERT_TRUE(writing.has_value());
+  writing->slab = std::make_shared<const ipc::UniqueFd>(::fcntl(src.fd, F_DUPFD_CLOEXEC, 0));
+  writing->offset = 2 * kBlock;
+  ASSERT_TRUE(KvDiskTier::Copy(*writing).ok());
+  const std::string unfinished = writing->temporary;
+  ipc::UniqueFd partial(::open(unfinished.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  ASSERT_TRUE(partial.valid());
+  auto new_tier = KvDiskTier::Open(dir.path, 1 << 20, /*taking_over=*/true);
+  ASSERT_TRUE(new_tier.ok()) << new_tier.status().ToString();
+  EXPECT_TRUE(Exists(unfinished));  // the old broker's, still being written
+  EXPECT_TRUE((*new_tier)->Has("test", "k0"));
+  EXPECT_FALSE((*new_tier)->Has("test", "k2"));
+
+  // Meanwhile the old broker finishes k2 and removes k0 (a trim, a damaged
+  // file); then it hands over, its lock with it.
+  ::unlink(unfinished.c_str());
+  ASSERT_TRUE(KvDiskTier::Perform(*writing).ok());
+  old_tier->EndWrite(*writing, Status::Ok());
+  std::string k0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+    if (e.path().filename().string().rfind(std::string("6b30."), 0) == 0) k0 = e.path();  // "k0" in hex
+  ASSERT_FALSE(k0.empty());
+  ASSERT_EQ(::unlink(k0.c_str()), 0);
+  const std::string leftover = unfinished.substr(0, unfinished.rfind('/')) + "/.tmp-999";
+  ipc::UniqueFd(::open(leftover.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)).reset();
+  ASSERT_TRUE(Exists(leftover));
+  ASSERT_TRUE((*new_tier)->TakeOver(ipc::UniqueFd(::fcntl(old_tier->lock_fd(), F_DUPFD_CLOEXEC, 0))).ok());
+  EXPECT_TRUE((*new_tier)->Has("test", "k2"));
+  EXPECT_TRUE((*new_tier)->Has("test", "k1"));
+  EXPECT_FALSE((*new_tier)->Has("test", "k0"));
+  EXPECT_EQ((*new_tier)->stats().blocks, 2u);
+  EXPECT_FALSE(Exists(leftover));  // an unfinished write nobody will finish
+  std::vector<std::byte> got(kBlock);
+  auto r = (*new_tier)->BeginRead("test", "k2", kBlock);
+  ASSERT_TRUE(r.has_value());
+  auto n = KvDiskTier::Perform(*r, got.data());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(std::to_integer<char>(got[0]), 'c');
+  (*new_tier)->EndRead(*r, n);
+
+  // The old broker exits: the new one holds the lock on.
+  old_tier.reset();
+  auto third = KvDiskTier::Open(dir.path, 1 << 20);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), ErrorCode::kBusy);
+  // A take-over from a broker without this tier takes the lock itself: BUSY
+  // while another has it.
+  auto fourth = KvDiskTier::Open(dir.path, 1 << 20, true);
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_EQ((*fourth)->TakeOver(ipc::UniqueFd()).code(), ErrorCode::kBusy);
+  new_tier->reset();
+  EXPECT_TRUE((*fourth)->TakeOver(ipc::UniqueFd()).ok());
+  EXPECT_EQ((*fourth)->stats().blocks, 2u);
 }
 
 TEST(KvWire, BatchesAndKeysAreCapped) {

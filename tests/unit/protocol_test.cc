@@ -73,6 +73,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
       TakeOverName{"pipeline/ring0", 7, kPublishPersist, 1000, 4242, "f32[8]"},
       TakeOverEnd{1, 2, 3, 4},
       TakeOverKvStore{7, {0, 1, 2}},
+      TakeOverKvDisk{},
       TakeOverAck{},
       EngineNetworkRequest{"10.0.0.2:5000", 3, 1, 2, {{"10.0.0.3:5000", "decode", "ucx", "tcp/eth0.0"}}},
       ListNamesRequest{"pipeline/", ""},

@@ -78,7 +78,8 @@
   X(KvReleaseRequest, Request, 0)       \
   X(KvBlocksReply, Reply, 0)            \
   X(KvDropRequest, Request, 0)         \
-  X(TakeOverKvStore, Reply, kOneFdPerEntry)
+  X(TakeOverKvStore, Reply, kOneFdPerEntry) \
+  X(TakeOverKvDisk, Reply, 1)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

@@ -370,6 +370,9 @@ struct TakeOverKvStore {  // + one fd per entry
   std::vector<uint32_t> handles;  // the schema's `parts`: 0 the index, N + 1 slab N
   bool operator==(const TakeOverKvStore&) const = default;
 };
+struct TakeOverKvDisk {  // + the disk tier's directory, locked
+  bool operator==(const TakeOverKvDisk&) const = default;
+};
 struct TakeOverAck {
   bool operator==(const TakeOverAck&) const = default;
 };
