@@ -28,6 +28,19 @@ ErrorCode PreadAll(int fd, std::byte* to, uint64_t n, uint64_t offset) {
   }
   return ErrorCode::kOk;
 }
+
+// Copies n bytes at offset from one memfd to the same offset of another, in
+// the kernel; false if it cannot (hugetlbfs) or the source is short.
+bool CopyAll(int from, int to, uint64_t n, uint64_t offset) {
+  loff_t in = static_cast<loff_t>(offset), out = static_cast<loff_t>(offset);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t put = ::copy_file_range(from, &in, to, &out, n - done, 0);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    done += static_cast<uint64_t>(put);
+  }
+  return true;
+}
 }  // namespace
 
 KvStoreStats& KvStoreStats::operator+=(const KvStoreStats& o) {
@@ -54,6 +67,11 @@ BlockStore::~BlockStore() {
 }
 
 Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec spec, uint64_t generation) {
+  return Make(id, std::move(spec), generation, nullptr);
+}
+
+Result<std::unique_ptr<BlockStore>> BlockStore::Make(uint64_t id, KvStoreSpec spec, uint64_t generation,
+                                                     const SlabFill& fill) {
   MB_RETURN_IF_ERROR(ipc::CheckName(spec.name, ipc::kMaxKvStoreNameBytes, "a store name"));
   if (spec.block_size < kKvMinBlockBytes || spec.block_size > kKvMaxBlockBytes || spec.block_size % 64 != 0)
     return Invalid("block size " + std::to_string(spec.block_size) + " is not a multiple of 64 bytes from " +
@@ -74,8 +92,10 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec 
     const uint64_t blocks = std::min(slab_blocks, s.spec_.blocks - i * slab_blocks);
     Slab slab;
     void* base = nullptr;
+    std::function<Status(int)> fill_slab;
+    if (fill) fill_slab = [&fill, i](int fd) { return fill(i, fd); };
     MB_ASSIGN_OR_RETURN(slab.mem, CreatePhysicalMemory("membroker-kv:" + s.spec_.name + ":" + std::to_string(i),
-                                                       blocks * s.spec_.block_size, s.spec_.policy, &base));
+                                                       blocks * s.spec_.block_size, s.spec_.policy, &base, fill_slab));
     slab.base = static_cast<std::byte*>(base);
     // (pushed before the next step can fail, so the destructor unmaps it)
     s.slabs_.push_back(std::move(slab));
@@ -94,7 +114,24 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(uint64_t id, KvStoreSpec 
 Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index, std::vector<ipc::UniqueFd> slabs,
                                                  uint64_t generation) {
   Restored out;
-  MB_ASSIGN_OR_RETURN(out.store, Create(index.store, index.spec, generation));
+  // The kernel copies each sealed block from its old slab into the new one
+  // before the new one is sealed (copy_file_range): tmpfs fills the pages a
+  // write covers without clearing them first, which a copy into the mapping
+  // costs (twice as long). Where it cannot (slabs in huge pages: hugetlbfs
+  // has no write), the copy below goes through the mapping.
+  const uint64_t slab_blocks = std::max<uint64_t>(1, kKvSlabTargetBytes / index.spec.block_size);
+  std::vector<bool> copied_in(index.spec.blocks, false);
+  auto fill = [&](uint64_t slab, int fd) {
+    if (slab >= slabs.size() || !slabs[slab].valid()) return Status::Ok();
+    bool can = true;  // (one that fails makes the rest of its slab go through the mapping)
+    for (const KvIndex::Record& r : index.records) {
+      if (r.slot / slab_blocks != slab || !r.sealed) continue;
+      can = can && CopyAll(slabs[slab].get(), fd, r.length, (r.slot % slab_blocks) * index.spec.block_size);
+      copied_in[r.slot] = can;
+    }
+    return Status::Ok();
+  };
+  MB_ASSIGN_OR_RETURN(out.store, Make(index.store, index.spec, generation, fill));
   BlockStore& s = *out.store;
   out.dropped = index.damaged.size();
   // Every slot keeps a generation above any reference handed out for it; a
@@ -113,9 +150,11 @@ Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index,
       s.Record(r.slot);
       continue;
     }
-    const bool copied = slab < slabs.size() && slabs[slab].valid() && s.index_.count(r.key) == 0 &&
-                        PreadAll(slabs[slab].get(), s.Address(r.slot), r.length,
-                                 (r.slot % s.slab_blocks_) * s.spec_.block_size) == ErrorCode::kOk;
+    const bool copied = s.index_.count(r.key) == 0 &&
+                        (copied_in[r.slot] ||
+                         (slab < slabs.size() && slabs[slab].valid() &&
+                          PreadAll(slabs[slab].get(), s.Address(r.slot), r.length,
+                                   (r.slot % s.slab_blocks_) * s.spec_.block_size) == ErrorCode::kOk));
     if (!copied) {
       ++out.dropped;
       s.Record(r.slot);

@@ -174,6 +174,11 @@ class BlockStore {
   Status Check() const;
 
  private:
+  // Create's, with `fill` called for each new slab's fd before it is sealed
+  // (CreatePhysicalMemory's fill).
+  using SlabFill = std::function<Status(uint64_t slab, int fd)>;
+  static Result<std::unique_ptr<BlockStore>> Make(uint64_t id, KvStoreSpec spec, uint64_t generation,
+                                                  const SlabFill& fill);
   enum class State : uint8_t { kFree, kWriting, kSealed, kPromoting };
   struct Slot {
     State state = State::kFree;

@@ -35,7 +35,7 @@ unsigned HugeFlags(uint64_t page_size) {
 // any further writer (F_SEAL_FUTURE_WRITE), or nullptr for memory every
 // holder may write.
 Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size, uint64_t page_size,
-                                          void** writable = nullptr) {
+                                          void** writable, const std::function<Status(int fd)>& fill) {
   uint64_t rounded = RoundUp(size, page_size);
   if (rounded == 0 || rounded > kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) + " is too large");
@@ -57,6 +57,7 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>(fcall, args, nullptr, [&] {
     return ::fallocate(fd.get(), 0, 0, static_cast<off_t>(rounded));
   }));
+  if (fill) MB_RETURN_IF_ERROR(fill(fd.get()));
   unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   void* map = nullptr;
   if (writable != nullptr) {
@@ -77,16 +78,16 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
 }  // namespace
 
 Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size, PagePolicy policy,
-                                            void** writable) {
+                                            void** writable, const std::function<Status(int fd)>& fill) {
   if (size == 0) return Status(ErrorCode::kParamInvalid, "size must not be zero");
   if (size > kMaxAllocationBytes)
     return Status(ErrorCode::kParamInvalid, "size " + std::to_string(size) +
                                                 " exceeds the per-allocation limit of " +
                                                 std::to_string(kMaxAllocationBytes));
   const uint64_t page = PreferredPageSize(policy, size);
-  auto mem = CreateWithPageSize(name, size, page, writable);
+  auto mem = CreateWithPageSize(name, size, page, writable, fill);
   if (mem.ok() || policy != PagePolicy::kHugeFirst || page == kNormalPageSize) return mem;
-  auto normal = CreateWithPageSize(name, size, kNormalPageSize, writable);
+  auto normal = CreateWithPageSize(name, size, kNormalPageSize, writable, fill);
   if (normal.ok()) normal->fell_back = true;
   return normal;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "membroker/ipc/page_policy.h"
@@ -45,9 +46,13 @@ struct PhysicalMemory {
 // With `writable`, memory only the broker writes (a KV store's slab): it is
 // mapped read-write at *writable, then sealed with F_SEAL_FUTURE_WRITE, so no
 // fd of it - a copy, or one reopened read-write through /proc - can write it
-// or map it writable; the caller munmaps *writable.
+// or map it writable; the caller munmaps *writable. `fill`, if given, is
+// called with the fd after the pages are reserved and before the seals (a
+// write(2) through the fd is the one way to fill pages that tmpfs does not
+// clear first: docs/KV.md, "Across a restart").
 Result<PhysicalMemory> CreatePhysicalMemory(const std::string& name, uint64_t size, PagePolicy policy,
-                                            void** writable = nullptr);
+                                            void** writable = nullptr,
+                                            const std::function<Status(int fd)>& fill = nullptr);
 
 // Populates and locks mem's pages in this process (pinned memory): they stay
 // resident, never swapped, until mem is destroyed.

@@ -141,6 +141,40 @@ TEST(HugePages, AKvStoreInHugePagesIsReadAcrossProcesses) {
   EXPECT_EQ(WaitChild(pid), 0);
 }
 
+// A take-over copies a store into new slabs; in huge pages (hugetlbfs, which
+// the kernel cannot copy into with copy_file_range) the copy goes through the
+// new slab's mapping: every byte is back.
+TEST(HugePages, AKvStoreInHugePagesSurvivesATakeOver) {
+  RESERVE_OR_SKIP(pool, k2M, 3);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto store = KvStore::Create(
+      c, "huge/kv", {.block_size = 16 << 10, .capacity = 100 * (16 << 10), .page_policy = PagePolicy::kHugeOnly});
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::string> keys{"first", "last"};
+  std::vector<std::byte> a(16 << 10, std::byte{0x11}), z(100, std::byte{0x22});
+  std::vector<std::span<const std::byte>> values{a, z};
+  auto put = store->Put(keys, values);
+  ASSERT_TRUE(put.ok());
+  ASSERT_EQ(b.TakeOver(), 0);
+  EXPECT_EQ(b.Stat("kv_lost"), 0u);
+  std::string s = b.socket();
+  pid_t pid = ForkChild([&] {
+    auto other = Client::Connect({s, "huge-reader"});
+    if (!other.ok()) return 1;
+    auto opened = KvStore::Open(*other, "huge/kv");
+    if (!opened.ok()) return 2;
+    auto got = opened->Get(keys);
+    if (!got.ok() || got->leading() != 2) return 3;
+    for (std::byte x : got->data(0))
+      if (x != std::byte{0x11}) return 4;
+    if (got->data(1).size() != 100 || got->data(1)[99] != std::byte{0x22}) return 5;
+    MappingInfo info = SmapsOf(const_cast<std::byte*>(got->data(0).data()));
+    return info.kernel_page_size == k2M ? 0 : 6;
+  });
+  EXPECT_EQ(WaitChild(pid), 0);
+}
+
 TEST(HugePages, FreedHugePagesAreFreeAgainWhenTheFreeIsServed) {
   RESERVE_OR_SKIP(pool, k2M, 2);
   BrokerProcess b;
