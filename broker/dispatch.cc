@@ -40,6 +40,16 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
     CloseAfterReply(s);
     return;
   }
+  // A KV request naming a store an earlier broker's restart is still making
+  // again waits for it (then it is handled afresh, counted once).
+  if (std::optional<uint64_t> store = kv_.RestoringFor(env.body)) {
+    kv_.WhenRestored(*store, [this, sid = s.id, waiting = std::make_shared<ipc::Frame>(std::move(frame))] {
+      --counters_.requests;
+      Session* again = sessions_.Find(sid);
+      if (again != nullptr && !again->closing) HandleFrame(*again, std::move(*waiting));
+    });
+    return;
+  }
   const bool reply_on_success = (env.flags & ipc::kFlagNoReplyOnSuccess) == 0;
   const bool first_hello = !s.hello_done && std::holds_alternative<ipc::HelloRequest>(env.body);
   // Every request has its Handle overload (a missing one does not compile);

@@ -84,6 +84,7 @@ constexpr StatMetric kStatMetrics[] = {
     {"kv_disk_blocks", false, "KV blocks in the disk tier (--kv-disk)."},
     {"kv_disk_bytes", false, "Bytes of KV blocks in the disk tier."},
     {"kv_disk_writing", false, "KV blocks being written to the disk tier by workers."},
+    {"kv_stores_restoring", false, "KV stores of an earlier broker still being copied into new slabs (a restart); requests naming one wait."},
     {"kv_disk_capacity", false, "The disk tier's capacity (--kv-disk-bytes), in bytes; 0 without a disk tier."},
     {"kv_disk_found", false, "KV blocks the disk tier found at the broker's start."},
     {"kv_disk_trimmed", true, "KV blocks removed from the disk tier to stay within its capacity."},
@@ -194,6 +195,7 @@ Record Broker::StatsRecord() const {
       .Num("kv_disk_blocks", disk.blocks)
       .Num("kv_disk_bytes", disk.bytes)
       .Num("kv_disk_writing", disk.writing)
+      .Num("kv_stores_restoring", kv_.restoring_count())
       .Num("kv_disk_capacity", kv_.disk() ? kv_.disk()->capacity() : 0)
       .Num("kv_disk_found", disk.found)
       .Num("kv_disk_trimmed", disk.trimmed)

@@ -4,6 +4,8 @@
 #include <sys/random.h>
 
 #include <chrono>
+#include <type_traits>
+#include <variant>
 
 #include "membroker/ipc/escape.h"
 
@@ -25,7 +27,9 @@ constexpr uint64_t kIdMask = (uint64_t{1} << 53) - 1;
 }  // namespace
 
 Status KvStores::Admit(const std::string& name) const {
-  if (stores_.count(name) != 0)
+  bool being_restored = false;
+  for (const auto& [id, restoring] : restoring_) being_restored = being_restored || restoring == name;
+  if (stores_.count(name) != 0 || being_restored)
     return Status(ErrorCode::kAlreadyExists, "a store named \"" + ipc::EscapeText(name) + "\" exists");
   if (stores_.size() >= kKvMaxStores)
     return Status(ErrorCode::kResourceExhausted,
@@ -77,13 +81,40 @@ void KvStores::StartDiskWrite(Workers& workers) {
 Result<BlockStore*> KvStores::Add(KvStoreSpec spec) {
   MB_RETURN_IF_ERROR(Admit(spec.name));
   uint64_t id = 0;
-  while (id == 0 || by_id_.count(id) != 0) {
+  while (id == 0 || by_id_.count(id) != 0 || restoring_.count(id) != 0) {
     if (::getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id)))  // no entropy yet: the clock
       id = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
     id &= kIdMask;
   }
   MB_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Create(id, std::move(spec)));
   return Adopt(std::move(store));
+}
+
+void KvStores::BeginRestore(uint64_t id, const std::string& name) { restoring_[id] = name; }
+
+std::optional<uint64_t> KvStores::RestoringFor(const ipc::Message& m) const {
+  if (restoring_.empty()) return std::nullopt;
+  return std::visit(
+      [&](const auto& x) -> std::optional<uint64_t> {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, ipc::KvOpenRequest> || std::is_same_v<T, ipc::KvDropRequest>) {
+          for (const auto& [id, name] : restoring_)
+            if (name == x.name) return id;
+        } else if constexpr (std::is_same_v<T, ipc::KvSlabRequest> || std::is_same_v<T, ipc::KvReserveRequest> ||
+                             std::is_same_v<T, ipc::KvSealRequest> || std::is_same_v<T, ipc::KvAbortRequest> ||
+                             std::is_same_v<T, ipc::KvGetRequest> || std::is_same_v<T, ipc::KvReleaseRequest>) {
+          if (restoring_.count(x.store) != 0) return x.store;
+        }
+        return std::nullopt;
+      },
+      m);
+}
+
+Result<BlockStore*> KvStores::EndRestore(uint64_t id, Result<std::unique_ptr<BlockStore>> made) {
+  restoring_.erase(id);
+  Result<BlockStore*> adopted = made.ok() ? Adopt(std::move(*made)) : Result<BlockStore*>(made.status());
+  SlotsFreed(id);  // what waited for it runs (and hears it is gone, if it was lost)
+  return adopted;
 }
 
 Result<BlockStore*> KvStores::Adopt(std::unique_ptr<BlockStore> store) {

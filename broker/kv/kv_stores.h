@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kv/block_store.h"
@@ -45,6 +46,18 @@ class KvStores {
   // slots and the promotions (which clients wait for) need.
   void QueueDiskWrite(Workers& workers, std::function<void()> work, std::function<void()> done);
 
+  // Stores of an earlier broker being made again on a worker (restart/
+  // kv_stores_restart.h): a request that names one waits for it.
+  void BeginRestore(uint64_t id, const std::string& name);
+  bool restoring() const { return !restoring_.empty(); }
+  size_t restoring_count() const { return restoring_.size(); }
+  // The store being restored that m names (by id or name), if any.
+  std::optional<uint64_t> RestoringFor(const ipc::Message& m) const;
+  void WhenRestored(uint64_t id, std::function<void()> retry) { waiting_.emplace(id, std::move(retry)); }
+  // The restore ended: the store is adopted (or was lost: made's error), and
+  // what waited for it runs.
+  Result<BlockStore*> EndRestore(uint64_t id, Result<std::unique_ptr<BlockStore>> made);
+
   BlockStore* Find(uint64_t id);
   const BlockStore* FindByName(const std::string& name) const;
   // RESOURCE_EXHAUSTED past kKvMaxStores; ALREADY_EXISTS for a taken name.
@@ -76,6 +89,7 @@ class KvStores {
   KvStoreStats dropped_;  // the counters of stores that were dropped
   std::unique_ptr<KvDiskTier> disk_;
   std::multimap<uint64_t, std::function<void()>> waiting_;  // store id -> retries
+  std::map<uint64_t, std::string> restoring_;                // id -> name
   std::deque<std::pair<std::function<void()>, std::function<void()>>> disk_writes_;
   bool disk_writing_ = false;
 };

@@ -16,7 +16,7 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
   ipc::UniqueFd state;
   uint64_t state_generation = 0;
   KvStoreParts stores;
-  std::vector<std::string> kv_names;
+  std::map<uint64_t, std::vector<std::string>> kv_names;  // store -> its parts' names
   auto skip = [&](const std::string& name, const std::string& why) {
     ++skipped;
     MB_WARN("fd_store_skipped", "fdname=\"%s\" reason=\"%s\"", LogText(name).c_str(), LogText(why).c_str());
@@ -32,7 +32,7 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
       ++allocations;
     } else if (auto p = ParseStoredKvName(name)) {
       // Removed once the store is made again in new memory, stored under new names.
-      kv_names.push_back(name);
+      kv_names[p->store].push_back(name);
       if (Status st = stores.Add(p->store, p->generation, p->part, std::move(fd)); !st.ok()) skip(name, st.message());
     } else if (auto g = ParseStoredStateName(name)) {
       if (*g < state_generation) {
@@ -67,8 +67,11 @@ Status Broker::RestoreFromFdStore(std::vector<std::pair<std::string, ipc::Unique
   }
   fd_store_.Continue(state_generation);
   fd_store_.CountRestored(allocations);
-  const size_t kv_stores = stores.RestoreInto(kv_, holdings_.limits());
-  for (const std::string& name : kv_names) systemd::RemoveStoredFds(name);
+  const size_t kv_stores =
+      stores.RestoreInto(kv_, holdings_.limits(), workers_, [names = std::move(kv_names)](uint64_t store) {
+        if (auto it = names.find(store); it != names.end())
+          for (const std::string& name : it->second) systemd::RemoveStoredFds(name);
+      });
   MB_INFO("restored_from_fd_store", "allocations=%zu exports=%zu names=%zu kv_stores=%zu skipped=%zu grace_ms=%u",
           allocations, exports, names, kv_stores, skipped, options_.reattach_grace_ms);
   return StartReattachGrace();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "log.h"
 #include "memory/accounting.h"
@@ -50,43 +51,71 @@ Status KvStoreParts::Add(uint64_t store, uint64_t generation, uint32_t part, ipc
   return Status::Ok();
 }
 
-size_t KvStoreParts::RestoreInto(KvStores& kv, Accounting& limits) {
-  size_t restored = 0;
+namespace {
+void LogLost(uint64_t id, const Status& why) {
+  MB_WARN("kv_store_lost", "id=%llu reason=\"%s\"", static_cast<unsigned long long>(id),
+          LogText(why.message()).c_str());
+}
+}  // namespace
+
+size_t KvStoreParts::RestoreInto(KvStores& kv, Accounting& limits, Workers& workers,
+                                 std::function<void(uint64_t store)> ended) {
+  size_t restoring = 0;
+  if (!ended) ended = [](uint64_t) {};
   for (auto& entry : stores_) {
     const uint64_t id = entry.first;  // (named: a lambda below uses them)
     Parts& parts = entry.second;
-    const auto start = std::chrono::steady_clock::now();
-    auto made = [&]() -> Result<BlockStore::Restored> {
+    auto index = [&]() -> Result<KvIndex::Contents> {
       if (!parts.index.valid()) return Status(ErrorCode::kProtocolError, "its index did not come");
-      MB_ASSIGN_OR_RETURN(KvIndex::Contents index, KvIndex::Read(parts.index.get()));
-      if (index.store != id)
-        return Status(ErrorCode::kProtocolError, "its index names store " + std::to_string(index.store));
-      parts.index.reset();
-      return BlockStore::Restore(index, std::move(parts.slabs), std::max(index.generation, parts.max_generation) + 1);
+      MB_ASSIGN_OR_RETURN(KvIndex::Contents contents, KvIndex::Read(parts.index.get()));
+      if (contents.store != id)
+        return Status(ErrorCode::kProtocolError, "its index names store " + std::to_string(contents.store));
+      return contents;
     }();
-    Status st = made.status();
-    if (made.ok()) {
-      const uid_t uid = made->store->spec().uid;
-      const Usage charge = Usage::For(made->store->bytes(), false, -1);
-      auto adopted = kv.Adopt(std::move(made->store));
-      st = adopted.status();
-      if (adopted.ok()) {
-        limits.ChargeUid(uid, charge);
-        ++restored;
-        MB_INFO("kv_store_restored", "store=\"%s\" id=%llu blocks=%llu dropped=%llu ms=%lld",
-                LogText((*adopted)->spec().name).c_str(), static_cast<unsigned long long>(id),
-                static_cast<unsigned long long>(made->blocks), static_cast<unsigned long long>(made->dropped),
-                static_cast<long long>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
-                        .count()));
-        continue;
-      }
+    if (!index.ok()) {
+      LogLost(id, index.status());
+      ended(id);
+      continue;
     }
-    MB_WARN("kv_store_lost", "id=%llu reason=\"%s\"", static_cast<unsigned long long>(id),
-            LogText(st.message()).c_str());
+    parts.index.reset();
+    struct Job {
+      KvIndex::Contents index;
+      std::vector<ipc::UniqueFd> slabs;
+      uint64_t generation = 0;
+      Result<BlockStore::Restored> made = Status(ErrorCode::kInternal, "the restore did not run");
+      std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    };
+    auto job = std::make_shared<Job>();
+    job->generation = std::max(index->generation, parts.max_generation) + 1;
+    job->index = std::move(*index);
+    job->slabs = std::move(parts.slabs);
+    kv.BeginRestore(id, job->index.spec.name);
+    ++restoring;
+    workers.Run([job] { job->made = BlockStore::Restore(job->index, std::move(job->slabs), job->generation); },
+                [&kv, &limits, job, id, ended] {
+                  Result<std::unique_ptr<BlockStore>> store = job->made.status();
+                  uid_t uid = 0;
+                  Usage charge{};
+                  if (job->made.ok()) {
+                    uid = job->made->store->spec().uid;
+                    charge = Usage::For(job->made->store->bytes(), false, -1);
+                    store = std::move(job->made->store);
+                  }
+                  Result<BlockStore*> adopted = kv.EndRestore(id, std::move(store));
+                  ended(id);
+                  if (!adopted.ok()) return LogLost(id, adopted.status());
+                  limits.ChargeUid(uid, charge);
+                  MB_INFO("kv_store_restored", "store=\"%s\" id=%llu blocks=%llu dropped=%llu ms=%lld",
+                          LogText((*adopted)->spec().name).c_str(), static_cast<unsigned long long>(id),
+                          static_cast<unsigned long long>(job->made->blocks),
+                          static_cast<unsigned long long>(job->made->dropped),
+                          static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                     std::chrono::steady_clock::now() - job->start)
+                                                     .count()));
+                });
   }
   stores_.clear();
-  return restored;
+  return restoring;
 }
 
 }  // namespace membroker::broker

@@ -38,10 +38,16 @@ void Broker::BeginHandOver() {
 
 void Broker::ContinueHandOver() {
   // 2. What is in flight finishes first (its reply is sent before the notice),
-  //    and so do the disk tier's writes (the new broker reads them after).
-  bool busy = counters_.bytes_pending > 0 || kv_.DiskWriting();
+  //    and so do the disk tier's writes (the new broker reads them after) and
+  //    the restores of stores from this broker's own start.
+  bool busy = counters_.bytes_pending > 0 || kv_.DiskWriting() || kv_.restoring();
   for (const auto& [id, s] : sessions_.all()) busy = busy || s->inflight > 0;
   if (busy && takeover_.Draining()) return;
+  if (kv_.restoring()) {  // its stores are not whole yet: nothing to send
+    ResumeServing(std::to_string(kv_.restoring_count()) +
+                  " KV stores of this broker's start are still being made again; take over when they are");
+    return;
+  }
   const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(TakeOver::kDrainMs);
   for (uint64_t id : sessions_.Ids()) {
     Session* s = sessions_.Find(id);
@@ -203,7 +209,7 @@ Status Broker::ReceiveTakeOver() {
   MB_RETURN_IF_ERROR(from.Finish());
   // The stores are copied once the old broker is gone, so each old slab's
   // memory goes as its blocks are copied (unless a client maps it).
-  const size_t kv_stores = stores.RestoreInto(kv_, holdings_.limits());
+  const size_t kv_stores = stores.RestoreInto(kv_, holdings_.limits(), workers_);
   MB_INFO("took_over", "allocations=%llu exports=%llu names=%llu kv_stores=%zu grace_ms=%u",
           static_cast<unsigned long long>(allocations), static_cast<unsigned long long>(exports),
           static_cast<unsigned long long>(names), kv_stores, options_.reattach_grace_ms);

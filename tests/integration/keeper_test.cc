@@ -237,11 +237,12 @@ TEST(Keeper, AKvStoreComesBackAfterTheBrokerIsKilled) {
   const pid_t second = k.NextReady();
   ASSERT_GT(second, 0) << k.Log();
   ASSERT_TRUE(c->WaitForReattach(1, 30000).ok());
-  EXPECT_EQ(k.Stat("kv_stores"), 1u) << k.Log();
-  EXPECT_EQ(k.Stat("kv_blocks"), 1500u) << k.Log();
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(held->data(i)[4095], static_cast<std::byte>(i * 7)) << i;
-  auto got = store->Get(keys);
+  auto got = store->Get(keys);  // (waits while the store is being made again)
   ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(k.Stat("kv_stores"), 1u) << k.Log();
+  EXPECT_EQ(k.Stat("kv_stores_restoring"), 0u) << k.Log();
+  EXPECT_EQ(k.Stat("kv_blocks"), 1500u) << k.Log();
   ASSERT_EQ(got->leading(), keys.size());
   for (size_t i = 0; i < keys.size(); ++i)
     ASSERT_EQ(std::memcmp(got->data(i).data(), bytes[i].data(), 4096), 0) << keys[i];
