@@ -225,7 +225,7 @@ Status KvDiskTier::Scan(bool settle) {
         if (!older) continue;
         Forget(it);
       }
-      entries_[name] = Entry{h->sequence, h->length, h->block_size, true, 0};
+      entries_[name] = Entry{h->sequence, h->length, h->block_size, true, 0, nullptr};
       by_age_[h->sequence] = name;
       seen.insert(h->sequence);
       stats_.blocks += 1;
@@ -305,7 +305,7 @@ std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store
   w.sequence = next_sequence_++;
   w.path = PathOf(store, key, w.sequence);
   w.temporary = dir_ + "/" + StoreDir(store) + "/.tmp-" + std::to_string(w.sequence);
-  entries_[Name{store, key}] = Entry{w.sequence, length, block_size, false, 0};
+  entries_[Name{store, key}] = Entry{w.sequence, length, block_size, false, 0, nullptr};
   by_age_[w.sequence] = Name{store, key};
   stats_.blocks += 1;
   stats_.bytes += length;
@@ -315,7 +315,7 @@ std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store
 }
 
 Status KvDiskTier::Copy(Write& w) {
-  w.payload.reset(new std::byte[w.length]);
+  w.payload.reset(new std::byte[w.length]);  // (shared: a read may be served from it)
   const ErrorCode read = ReadAll(w.slab->get(), w.payload.get(), w.length, w.offset);
   w.slab.reset();
   if (read != ErrorCode::kOk) return Status(ErrorCode::kInternal, "reading the block from its slab failed");
@@ -374,9 +374,15 @@ Status KvDiskTier::Perform(Write& w) {
   return Status::Ok();
 }
 
+void KvDiskTier::Copied(const Write& w) {
+  auto it = entries_.find(Name{w.store, w.key});
+  if (it != entries_.end() && it->second.sequence == w.sequence && !it->second.whole) it->second.copy = w.payload;
+}
+
 void KvDiskTier::EndWrite(const Write& w, const Status& result) {
   auto it = entries_.find(Name{w.store, w.key});
   if (it == entries_.end() || it->second.sequence != w.sequence) return;  // (not possible: unwhole files stay)
+  it->second.copy.reset();
   stats_.writing -= 1;
   waiting_bytes_ -= w.length;
   if (result.ok()) {
@@ -394,17 +400,23 @@ void KvDiskTier::EndWrite(const Write& w, const Status& result) {
 std::optional<KvDiskTier::Read> KvDiskTier::BeginRead(const std::string& store, const std::string& key,
                                                       uint64_t block_size) {
   auto it = entries_.find(Name{store, key});
-  if (it == entries_.end() || !it->second.whole) return std::nullopt;
+  if (it == entries_.end() || (!it->second.whole && !it->second.copy)) return std::nullopt;
   if (it->second.block_size != block_size) {  // a store of this name with other blocks, before
+    if (!it->second.whole) return std::nullopt;  // (its write ends it)
     Drop(it->first, "its blocks are of " + std::to_string(it->second.block_size) + " bytes, the store's of " +
                         std::to_string(block_size));
     return std::nullopt;
   }
   ++it->second.readers;
-  return Read{store, key, block_size, it->second.sequence, PathOf(store, key, it->second.sequence)};
+  return Read{store,      key, block_size, it->second.sequence, PathOf(store, key, it->second.sequence),
+              it->second.copy, it->second.length};
 }
 
 Result<uint64_t> KvDiskTier::Perform(const Read& r, std::byte* to) {
+  if (r.copy) {  // our own copy out of the slab: nothing to check
+    std::memcpy(to, r.copy.get(), r.length);
+    return r.length;
+  }
   ipc::UniqueFd fd(::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!fd) return Damaged(std::string("cannot open it: ") + std::strerror(errno));
   MB_ASSIGN_OR_RETURN(FileHeader h, ReadHeader(fd.get(), r.path));

@@ -21,7 +21,9 @@
 // on a worker (file I/O alone, on what Begin* copied out), End* on the loop.
 // A write copies its block out of the slab first (Copy, on a worker), so the
 // slot is free again after a memory copy, not after the disk's write; the
-// bytes waiting to be written are bounded (kMaxWaitingBytes).
+// bytes waiting to be written are bounded (kMaxWaitingBytes). Once the loop
+// is told of that copy (Copied), a read of the key is served from it rather
+// than wait for the file.
 #pragma once
 
 #include <cstddef>
@@ -81,7 +83,7 @@ class KvDiskTier {
     std::vector<std::string> trimmed;  // older files to remove first
     std::shared_ptr<const ipc::UniqueFd> slab;  // where the payload is read from
     uint64_t offset = 0;
-    std::unique_ptr<std::byte[]> payload;  // Copy's
+    std::shared_ptr<std::byte[]> payload;  // Copy's
   };
   // Nothing when the key has a file already, a block cannot fit, or too
   // many bytes wait to be written.
@@ -89,6 +91,9 @@ class KvDiskTier {
                                   uint64_t length);
   // Reads the block from its slab (the slot may be reused after this).
   static Status Copy(Write& w);
+  // On the loop, after a Copy that succeeded: reads of the key may be served
+  // from the copy until EndWrite.
+  void Copied(const Write& w);
   // Writes the file from what Copy read.
   static Status Perform(Write& w);
   void EndWrite(const Write& w, const Status& result);
@@ -97,8 +102,11 @@ class KvDiskTier {
     std::string store, key;
     uint64_t block_size = 0, sequence = 0;
     std::string path;
+    std::shared_ptr<const std::byte[]> copy;  // a block waiting to be written: read from here
+    uint64_t length = 0;                       // (the copy's)
   };
-  // Nothing unless the key's file is whole.
+  // Nothing unless the key's file is whole or its block waits, copied, to be
+  // written.
   std::optional<Read> BeginRead(const std::string& store, const std::string& key, uint64_t block_size);
   // Reads the payload into `to` (block_size bytes of room) and checks it all:
   // its length, or why the file cannot be served.
@@ -122,6 +130,7 @@ class KvDiskTier {
     uint64_t block_size = 0;
     bool whole = false;    // written (not still being written)
     uint32_t readers = 0;  // promotions reading it: not trimmed meanwhile
+    std::shared_ptr<const std::byte[]> copy;  // while it waits to be written (Copied)
   };
   KvDiskTier(std::string dir, uint64_t capacity) : dir_(std::move(dir)), capacity_(capacity) {}
   Status Lock();

@@ -78,6 +78,8 @@ void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
       },
       [&kv, &workers, batch, store_id = store.id()] {
         // (a store dropped meanwhile took its slots with it)
+        for (const Spill& x : *batch)
+          if (x.result.ok()) kv.disk()->Copied(x.write);  // a get of the key is served from the copy now
         if (BlockStore* st = kv.Find(store_id)) {
           for (const Spill& x : *batch) st->Spilled(x.slot, x.result.ok());
           kv.SlotsFreed(store_id);
@@ -357,12 +359,11 @@ void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
   store->MakeRoom(wanted);
   for (const std::string& key : p->get.keys) {
     if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
-    if (disk.BeingWritten(store->spec().name, key)) {
-      being_written = true;
+    std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
+    if (!read) {  // not in the tier, or evicted a moment ago and not yet copied out
+      being_written = being_written || disk.BeingWritten(store->spec().name, key);
       continue;
     }
-    std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
-    if (!read) continue;
     Promotion promotion{std::move(*read), {}, nullptr};
     promotion.block = store->BeginPromote(key, &promotion.to);
     if (promotion.block.code != ErrorCode::kOk) {

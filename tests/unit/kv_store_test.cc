@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -451,6 +452,61 @@ TEST(KvDiskTier, TheOldestGoButNotOneBeingRead) {
   ASSERT_TRUE(Spill(*tier, src, 3, "k3").ok());
   EXPECT_FALSE(tier->Has("test", "k0"));
   EXPECT_EQ(tier->StoreUsage("test"), std::make_pair(uint64_t{2}, 2 * kBlock));
+}
+
+// A key evicted a moment ago: once its block is copied out of the slab, a
+// read is served from that copy while the file is written; then from the file.
+TEST(KvDiskTier, AKeyWaitingToBeWrittenIsReadFromItsCopy) {
+  TierDir dir;
+  Source src(2);
+  auto tier = *KvDiskTier::Open(dir.path, 1 << 20);
+  auto w = tier->BeginWrite("test", "k1", kBlock, kBlock);
+  ASSERT_TRUE(w.has_value());
+  w->slab = std::make_shared<const ipc::UniqueFd>(::fcntl(src.fd, F_DUPFD_CLOEXEC, 0));
+  w->offset = kBlock;
+  EXPECT_FALSE(tier->BeginRead("test", "k1", kBlock).has_value());  // not copied out yet: the get waits
+  EXPECT_TRUE(tier->BeingWritten("test", "k1"));
+  ASSERT_TRUE(KvDiskTier::Copy(*w).ok());
+  tier->Copied(*w);
+  std::vector<std::byte> got(kBlock);
+  auto r = tier->BeginRead("test", "k1", kBlock);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->copy, nullptr);
+  auto n = KvDiskTier::Perform(*r, got.data());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, kBlock);
+  EXPECT_EQ(std::to_integer<char>(got[kBlock - 1]), 'b');
+  tier->EndRead(*r, n);
+  EXPECT_EQ(tier->stats().promoted, 1u);
+
+  ASSERT_TRUE(KvDiskTier::Perform(*w).ok());
+  tier->EndWrite(*w, Status::Ok());
+  EXPECT_EQ(tier->stats().writing, 0u);
+  r = tier->BeginRead("test", "k1", kBlock);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->copy, nullptr);  // from the file now
+  std::fill(got.begin(), got.end(), std::byte{0});
+  n = KvDiskTier::Perform(*r, got.data());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(std::to_integer<char>(got[0]), 'b');
+  tier->EndRead(*r, n);
+
+  // A write that fails after its copy was read from: the key is gone from the tier.
+  auto failing = tier->BeginWrite("test", "k0", kBlock, kBlock);
+  ASSERT_TRUE(failing.has_value());
+  failing->slab = std::make_shared<const ipc::UniqueFd>(::fcntl(src.fd, F_DUPFD_CLOEXEC, 0));
+  ASSERT_TRUE(KvDiskTier::Copy(*failing).ok());
+  tier->Copied(*failing);
+  auto reading = tier->BeginRead("test", "k0", kBlock);
+  ASSERT_TRUE(reading.has_value());
+  tier->EndWrite(*failing, Status(ErrorCode::kInternal, "disk full"));
+  EXPECT_FALSE(tier->Has("test", "k0"));
+  n = KvDiskTier::Perform(*reading, got.data());  // (the read holds its copy)
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(std::to_integer<char>(got[0]), 'a');
+  tier->EndRead(*reading, n);
+  EXPECT_EQ(tier->stats().writing, 0u);
+  EXPECT_EQ(tier->stats().blocks, 1u);
 }
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
