@@ -129,6 +129,11 @@ Result<BlockStore::Restored> BlockStore::Restore(const KvIndex::Contents& index,
       can = can && CopyAll(slabs[slab].get(), fd, r.length, (r.slot % slab_blocks) * index.spec.block_size);
       copied_in[r.slot] = can;
     }
+    // Every block of the old slab is in: it goes now, before the next new slab
+    // is made, so a restore needs one slab of memory beyond the old store, not
+    // a second store. (Only a copy into normal pages succeeds, and that is the
+    // last page size Make tries: no second fill will want this slab.)
+    if (can) slabs[slab].reset();
     return Status::Ok();
   };
   MB_ASSIGN_OR_RETURN(out.store, Make(index.store, index.spec, generation, fill));
