@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include <gtest/gtest.h>
 
@@ -109,36 +110,52 @@ TEST(HugePages, HugeOnlyIsGrantedAndImportersMapHugePages) {
 }
 
 // A KV store in 2 MiB pages whose slab (100 blocks of 16 KiB, 1.6 MiB) is not
-// a whole number of huge pages: a reader maps the slab's real memory, one
-// huge page, and reads blocks sealed from normal-page staging memory.
-TEST(HugePages, AKvStoreInHugePagesIsReadAcrossProcesses) {
-  RESERVE_OR_SKIP(pool, k2M, 2);
-  BrokerProcess b;
-  Client c = ConnectOrDie(b);
+// a whole number of huge pages, with a whole block and a short one put.
+constexpr size_t kKvBlock = 16 << 10;
+const std::vector<std::string> kKvKeys{"first", "last"};
+
+std::optional<KvStore> PutTwoBlocksInHugePages(Client& c) {
   auto store = KvStore::Create(
-      c, "huge/kv", {.block_size = 16 << 10, .capacity = 100 * (16 << 10), .page_policy = PagePolicy::kHugeOnly});
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  std::vector<std::string> keys{"first", "last"};
-  std::vector<std::byte> a(16 << 10, std::byte{0x11}), z(100, std::byte{0x22});
+      c, "huge/kv", {.block_size = kKvBlock, .capacity = 100 * kKvBlock, .page_policy = PagePolicy::kHugeOnly});
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  if (!store.ok()) return std::nullopt;
+  std::vector<std::byte> a(kKvBlock, std::byte{0x11}), z(100, std::byte{0x22});
   std::vector<std::span<const std::byte>> values{a, z};
-  auto put = store->Put(keys, values);
-  ASSERT_TRUE(put.ok());
-  EXPECT_EQ((*put)[0], ErrorCode::kOk);
-  EXPECT_EQ(b.Stat("free_hugepages_2m"), 1u);
-  std::string s = b.socket();
+  auto put = store->Put(kKvKeys, values);
+  EXPECT_TRUE(put.ok() && (*put)[0] == ErrorCode::kOk && (*put)[1] == ErrorCode::kOk);
+  return std::move(*store);
+}
+
+// Another process gets both blocks, every byte checked, and finds them in
+// 2 MiB pages: 0, or what failed.
+int ReadTwoBlocksElsewhere(const std::string& socket) {
   pid_t pid = ForkChild([&] {
-    auto other = Client::Connect({s, "huge-reader"});
+    auto other = Client::Connect({socket, "huge-reader"});
     if (!other.ok()) return 1;
     auto opened = KvStore::Open(*other, "huge/kv");
     if (!opened.ok()) return 2;
-    auto got = opened->Get(keys);
+    auto got = opened->Get(kKvKeys);
     if (!got.ok() || got->leading() != 2) return 3;
-    if (got->data(0).size() != a.size() || got->data(0)[0] != std::byte{0x11}) return 4;
+    if (got->data(0).size() != kKvBlock) return 4;
+    for (std::byte x : got->data(0))
+      if (x != std::byte{0x11}) return 4;
     if (got->data(1).size() != 100 || got->data(1)[99] != std::byte{0x22}) return 5;
     MappingInfo info = SmapsOf(const_cast<std::byte*>(got->data(0).data()));
     return info.kernel_page_size == k2M ? 0 : 6;
   });
-  EXPECT_EQ(WaitChild(pid), 0);
+  return WaitChild(pid);
+}
+
+// A reader maps the slab's real memory, one huge page, and reads blocks
+// sealed from normal-page staging memory.
+TEST(HugePages, AKvStoreInHugePagesIsReadAcrossProcesses) {
+  RESERVE_OR_SKIP(pool, k2M, 2);
+  BrokerProcess b;
+  Client c = ConnectOrDie(b);
+  auto store = PutTwoBlocksInHugePages(c);
+  ASSERT_TRUE(store.has_value());
+  EXPECT_EQ(b.Stat("free_hugepages_2m"), 1u);
+  EXPECT_EQ(ReadTwoBlocksElsewhere(b.socket()), 0);
 }
 
 // A take-over copies a store into new slabs; in huge pages (hugetlbfs, which
@@ -148,30 +165,10 @@ TEST(HugePages, AKvStoreInHugePagesSurvivesATakeOver) {
   RESERVE_OR_SKIP(pool, k2M, 3);
   BrokerProcess b;
   Client c = ConnectOrDie(b);
-  auto store = KvStore::Create(
-      c, "huge/kv", {.block_size = 16 << 10, .capacity = 100 * (16 << 10), .page_policy = PagePolicy::kHugeOnly});
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  std::vector<std::string> keys{"first", "last"};
-  std::vector<std::byte> a(16 << 10, std::byte{0x11}), z(100, std::byte{0x22});
-  std::vector<std::span<const std::byte>> values{a, z};
-  auto put = store->Put(keys, values);
-  ASSERT_TRUE(put.ok());
+  auto store = PutTwoBlocksInHugePages(c);
+  ASSERT_TRUE(store.has_value());
   ASSERT_EQ(b.TakeOver(), 0);
-  std::string s = b.socket();
-  pid_t pid = ForkChild([&] {
-    auto other = Client::Connect({s, "huge-reader"});
-    if (!other.ok()) return 1;
-    auto opened = KvStore::Open(*other, "huge/kv");
-    if (!opened.ok()) return 2;
-    auto got = opened->Get(keys);
-    if (!got.ok() || got->leading() != 2) return 3;
-    for (std::byte x : got->data(0))
-      if (x != std::byte{0x11}) return 4;
-    if (got->data(1).size() != 100 || got->data(1)[99] != std::byte{0x22}) return 5;
-    MappingInfo info = SmapsOf(const_cast<std::byte*>(got->data(0).data()));
-    return info.kernel_page_size == k2M ? 0 : 6;
-  });
-  EXPECT_EQ(WaitChild(pid), 0);
+  EXPECT_EQ(ReadTwoBlocksElsewhere(b.socket()), 0);
   EXPECT_EQ(b.Stat("kv_lost"), 0u);
 }
 
