@@ -146,6 +146,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (!b->options_.metrics_listen.empty()) MB_RETURN_IF_ERROR(b->metrics_.Listen(b->options_.metrics_listen));
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));
   b->pools_.Fill();  // before READY: a ready broker serves pooled sizes at once
+  MB_RETURN_IF_ERROR(b->cluster_.Start(b->options_.cluster, static_cast<int32_t>(::getpid())));
   return b;
 }
 
@@ -222,6 +223,7 @@ void Broker::Stop() {
   waiters_.CloseAll();
   uv_close(reinterpret_cast<uv_handle_t*>(&grace_timer_), nullptr);
   takeover_.Close(options_.socket_path + ".takeover");
+  cluster_.Stop();  // the lease is revoked: this host's records go now
 }
 
 bool Broker::Idle() const {

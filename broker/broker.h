@@ -17,6 +17,7 @@
 #include "admin/admin_socket.h"
 #include "admin/metrics_http.h"
 #include "answer.h"
+#include "cluster/cluster.h"
 #include "counters.h"
 #include "engine_registry.h"
 #include "kv/kv_stores.h"
@@ -153,6 +154,7 @@ class Broker {
   NameRegistry names_;
   KvStores kv_;
   Waiters waiters_;
+  Cluster cluster_;  // --cluster: this host in etcd, and the others
 };
 
 }  // namespace membroker::broker

@@ -123,4 +123,12 @@ Status EngineRegistry::Check(const std::function<bool(uint64_t)>& session_alive)
   return Status::Ok();
 }
 
+std::vector<HostEngine> EngineRegistry::Listening() const {
+  std::vector<HostEngine> out;
+  for (const auto& [name, e] : engines_)
+    if (ValidListenAddress(e.network.listen_address) && ipc::CheckName(name, 128, "").ok())
+      out.push_back({name, e.network.listen_address});
+  return out;
+}
+
 }  // namespace membroker::broker

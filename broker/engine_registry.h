@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/host_record.h"
 #include "membroker/ipc/engine_control.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
@@ -68,6 +69,8 @@ class EngineRegistry {
   void OnSessionEnd(uint64_t session_id);
 
   const Engines& all() const { return engines_; }
+  // The engines that listen for other hosts, as this host's cluster record lists them.
+  std::vector<HostEngine> Listening() const;
   size_t size() const { return engines_.size(); }
   bool empty() const { return engines_.empty(); }
   // Owners and peers are live sessions; each slot is one peer's; the owner index agrees.

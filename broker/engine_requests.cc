@@ -68,6 +68,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineFinalizeRequest&) {
   // Its peers are disconnected (their next transfer learns it when it
   // refreshes the region list), and its own connections end.
   engines_.OnSessionEnd(s.id);
+  cluster_.SetEngines(engines_.Listening());
   return Status::Ok();
 }
 
@@ -197,6 +198,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineNetworkRequest& m) 
   Engine* own = engines_.OwnedBy(s.id);
   if (own == nullptr) return NoEngine();
   own->network = m;
+  cluster_.SetEngines(engines_.Listening());
   return Status::Ok();
 }
 

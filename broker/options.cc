@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "admin/metrics_http.h"
+#include "cluster/cluster.h"
 #include "log.h"
 #include "memory/memfd.h"
 #include "server/socket_path.h"
@@ -61,6 +62,14 @@ const char kUsage[] =
     "                           there and read back by a get (docs/KV.md); the broker's own\n"
     "                           directory, made mode 0700 if absent\n"
     "  --kv-disk-bytes SIZE     the disk tier's capacity; past it the oldest blocks go (default 4G)\n"
+    "  --cluster etcd://HOST:PORT[,HOST:PORT]  join a cluster kept in etcd: register this host and\n"
+    "                           see the others (docs/CLUSTER.md); off by default\n"
+    "  --cluster-namespace NS   the cluster's name in etcd: keys under /membroker/NS/ (default membroker)\n"
+    "  --host-name NAME         this host's name in the cluster; default: the machine's host name\n"
+    "  --cluster-ttl-s N        the lease on this host's records: how long they outlive a dead\n"
+    "                           broker, 2 to 60 seconds (default 5)\n"
+    "  --cluster-user USER      authenticate to etcd as USER, with the password read from\n"
+    "  --cluster-password-file FILE  (its first line; mode 0600: never a secret on a command line)\n"
     "  --log-format FORMAT      text (default) or json: one JSON object per line on stderr\n"
     "  --verbose                the same as --log-level debug\n";
 
@@ -187,6 +196,25 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "kv-disk-bytes") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 16G");
     o->kv_disk_bytes = n;
+  } else if (key == "cluster") {
+    Status st = ParseClusterUrl(value, &o->cluster.endpoints);
+    if (!st.ok()) return Bad(key, value, st.message());
+  } else if (key == "cluster-namespace") {
+    if (!CheckHostName(value).ok()) return Bad(key, value, "letters, digits, '.', '_' and '-'");
+    o->cluster.ns = value;
+  } else if (key == "host-name") {
+    Status st = CheckHostName(value);
+    if (!st.ok()) return Bad(key, value, st.message());
+    o->cluster.host_name = value;
+  } else if (key == "cluster-ttl-s") {
+    if (!ParseCount(value, &n) || n < 2 || n > 60) return Bad(key, value, "seconds, 2 to 60");
+    o->cluster.ttl_s = static_cast<uint32_t>(n);
+  } else if (key == "cluster-user") {
+    if (value.empty()) return Bad(key, value, "a user name");
+    o->cluster.user = value;
+  } else if (key == "cluster-password-file") {
+    if (value.empty()) return Bad(key, value, "a file");
+    o->cluster.password_file = value;
   } else if (key == "log-format") {
     if (value != "text" && value != "json") return Bad(key, value, "text or json");
     o->log_json = value == "json";

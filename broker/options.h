@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/cluster_options.h"
 #include "memory/accounting.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
@@ -68,6 +69,7 @@ struct Options {
   // The KV stores' disk tier (kv/disk_tier.h): evicted blocks go there; off when empty.
   std::string kv_disk;
   uint64_t kv_disk_bytes = 4ull << 30;
+  ClusterOptions cluster;  // --cluster and its settings; off without it
 };
 
 // Parses flags (and any --config FILE they name) into *out. On a usage error

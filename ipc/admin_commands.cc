@@ -53,6 +53,12 @@ constexpr AdminCommand kCommands[] = {
      "as client:leases/reservations.",
      "name id block_size blocks slabs page_size eviction uid bytes sealed writing leases hits misses evictions "
      "exhausted stale spilled disk_hits disk_blocks clients"},
+    {kListHosts, "list hosts", AdminArg::kNone, true, "the cluster's hosts (--cluster)",
+     "The hosts of the cluster (docs/CLUSTER.md), one row each, as etcd has them now: the host's "
+     "name, its registration's generation (new each time its broker registers), its broker's pid, "
+     "since when it is registered, whether it is this broker, and its engines that listen for other "
+     "hosts, as name=address. Without --cluster, or while etcd is out of reach, an error says why.",
+     "host generation pid since self engines"},
     {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
      "One client, with the ids of the allocations it holds."},
     {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",

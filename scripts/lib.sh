@@ -6,7 +6,8 @@ MB_PACKAGES=(cmake ninja-build g++ pkg-config libuv1-dev libflatbuffers-dev flat
              libboost-dev libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
              python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch
              libsystemd-dev systemd libucx-dev libsodium-dev ucx-utils iproute2 util-linux
-             libmicrohttpd-dev prometheus tmux man-db)
+             libmicrohttpd-dev prometheus tmux man-db libcurl4-openssl-dev nlohmann-json3-dev
+             etcd-server etcd-client)
 
 mb_install_packages() {
   local missing=()

@@ -5,6 +5,7 @@
 
 #include "admin/admin_format.h"
 #include "admin/channel_census.h"
+#include "admin/cluster_records.h"
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/admin_commands.h"
@@ -76,6 +77,11 @@ std::string Broker::AdminCommand(const std::string& line) {
       return Table(ChannelRecords(names_, holdings_), req, "no channels");
     case ipc::AdminCommandId::kListStores:
       return Table(StoreRecords(), req, "no KV stores");
+    case ipc::AdminCommandId::kListHosts: {
+      Result<std::vector<Record>> hosts = HostRecords(cluster_);
+      if (!hosts.ok()) return RenderError(hosts.status().ToString(), json);
+      return Table(*hosts, req, "no hosts");
+    }
     case ipc::AdminCommandId::kUnpublish: {
       if (names_.Find(req.arg) == nullptr) return RenderError("no named object '" + req.arg + "'", json);
       Unpublish(req.arg, 0);

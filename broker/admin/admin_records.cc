@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "admin/admin_format.h"
+#include "admin/cluster_records.h"
 #include "broker.h"
 #include "log.h"
 #include "membroker/ipc/admin_commands.h"
@@ -107,6 +108,13 @@ constexpr StatMetric kStatMetrics[] = {
     {"fd_store_states", true, "State memfds stored in the fd store."},
     {"fd_store_failures", true, "Stores the fd store refused."},
     {"fd_store_restored", true, "Allocations taken back from the fd store at start."},
+    {"cluster_up", false, "1 while this broker is registered in the cluster's etcd (--cluster), else 0."},
+    {"cluster_hosts", false, "Hosts of the cluster in this broker's table (itself included); 0 without --cluster."},
+    {"cluster_generation", false, "This broker's registration in the cluster (its record's etcd revision); 0 when not registered."},
+    {"cluster_registrations", true, "Times this broker registered its host in etcd (a lost lease registers again)."},
+    {"cluster_errors", true, "Failed calls to etcd (unreachable, refused, malformed answers)."},
+    {"cluster_invalid_records", true, "Host records in etcd that failed their checks and were ignored."},
+    {"cluster_hosts_gone", true, "Other hosts whose records went (their broker stopped, died or was cut off)."},
     {"requests", true, "Requests served."},
     {"errors_sent", true, "Error replies sent."},
     {"protocol_errors", true, "Malformed or out-of-order messages received."},
@@ -217,8 +225,9 @@ Record Broker::StatsRecord() const {
       .Num("fd_store_stored", fd_store_.counters().stored)
       .Num("fd_store_states", fd_store_.counters().states)
       .Num("fd_store_failures", fd_store_.counters().failures)
-      .Num("fd_store_restored", fd_store_.counters().restored)
-      .Num("requests", counters_.requests)
+      .Num("fd_store_restored", fd_store_.counters().restored);
+  AddClusterStats(cluster_.View(), r);
+  r.Num("requests", counters_.requests)
       .Num("errors_sent", counters_.errors_sent)
       .Num("protocol_errors", counters_.protocol_errors)
       .Num("bytes_queued", sessions_.queued_bytes())

@@ -88,6 +88,7 @@ void Broker::ContinueHandOver() {
           static_cast<int>(takeover_.new_pid()), sessions_.size(), live_allocations(),
           holdings_.table().export_count(), names_.size());
   std::fflush(stderr);
+  cluster_.Stop();  // its records go; the new broker registers this host anew
   ::_exit(0);
 }
 

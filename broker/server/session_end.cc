@@ -42,6 +42,7 @@ void Broker::CloseSession(Session& s, CloseReason reason, const std::string& det
   ReturnBatch* outer = holdings_.GatherReturns(&freed);
 
   engines_.OnSessionEnd(s.id);                                      // 1
+  cluster_.SetEngines(engines_.Listening());
   holdings_.ReleaseAll(s, Holding::kEngine);
   if (reason == CloseReason::kCrash)                                // 2
     for (const auto& [name, e] : names_.all())

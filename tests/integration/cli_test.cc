@@ -88,7 +88,7 @@ std::vector<std::string> DocFiles() {
   const std::string root = MEMBROKER_SOURCE_DIR;
   std::vector<std::string> files{root + "/README.md"};
   for (const char* doc :
-       {"API", "ARCHITECTURE", "BENCHMARKS", "MEMORY", "OPERATIONS", "PIPELINE", "PROTOCOL", "TRANSFER"})
+       {"API", "ARCHITECTURE", "BENCHMARKS", "CLUSTER", "MEMORY", "OPERATIONS", "PIPELINE", "PROTOCOL", "TRANSFER"})
     files.push_back(root + "/docs/" + doc + ".md");
   return files;
 }
@@ -158,7 +158,7 @@ TEST(Cli, EveryListsColumnsAreTheTablesInHelpAndInTheDocs) {
         << "docs/OPERATIONS.md does not show `" << ipc::AdminUsage(c) << "`: `" << columns << "`";
     EXPECT_NE(help.find("columns: " + columns), std::string::npos) << help;
   }
-  EXPECT_EQ(lists, 8u);
+  EXPECT_EQ(lists, 9u);
 }
 
 TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
@@ -244,6 +244,16 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
       EXPECT_EQ(json.code, 2) << json.out;  // a usage error, said before asking the broker
       EXPECT_NE(json.err.find("has no JSON form"), std::string::npos) << json.err;
     }
+    ++ran;
+  }
+  // `list hosts` needs --cluster: here it says so, in both forms (Cluster.* runs it against etcd).
+  for (const ipc::AdminCommand& cmd : ipc::AdminCommands()) {
+    if (cmd.id != ipc::AdminCommandId::kListHosts) continue;
+    Output text = run(cmd, "", false), json = run(cmd, "", true);
+    EXPECT_EQ(text.code, 1);
+    EXPECT_NE(text.err.find("UNSUPPORTED: this broker runs without --cluster"), std::string::npos) << text.err;
+    EXPECT_EQ(json.code, 1);
+    EXPECT_EQ(json.err.rfind("{\"error\": ", 0), 0u) << json.err;
     ++ran;
   }
   // Publish a second name so unpublish runs once as text and once as JSON.

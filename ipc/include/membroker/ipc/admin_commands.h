@@ -25,6 +25,7 @@ enum class AdminCommandId {
   kListNames,
   kListChannels,
   kListStores,
+  kListHosts,
   kShowClient,
   kShowAllocation,
   kKickClient,

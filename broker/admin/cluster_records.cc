@@ -1,0 +1,40 @@
+#include "admin/cluster_records.h"
+
+namespace membroker::broker {
+
+void AddClusterStats(const ClusterView& v, Record& r) {
+  r.Str("cluster", ClusterStateName(v.state))
+      .Str("cluster_error", v.error.empty() ? "-" : v.error)
+      .Num("cluster_up", v.state == ClusterState::kRegistered)
+      .Num("cluster_hosts", v.hosts.size())
+      .Num("cluster_generation", v.state == ClusterState::kRegistered ? static_cast<uint64_t>(v.generation) : 0)
+      .Num("cluster_registrations", v.registrations)
+      .Num("cluster_errors", v.errors)
+      .Num("cluster_invalid_records", v.invalid_records)
+      .Num("cluster_hosts_gone", v.hosts_gone);
+}
+
+Result<std::vector<Record>> HostRecords(const Cluster& cluster) {
+  if (!cluster.started())
+    return Status(ErrorCode::kUnsupported, "this broker runs without --cluster (docs/CLUSTER.md)");
+  const ClusterView v = cluster.View();
+  if (!v.watching)
+    return Status(ErrorCode::kNotConnected,
+                  "etcd is out of reach" + (v.error.empty() ? std::string() : ": " + v.error));
+  std::vector<Record> rows;
+  for (const ClusterHost& h : v.hosts) {
+    std::string engines;
+    for (const HostEngine& e : h.record.engines) engines += (engines.empty() ? "" : " ") + e.name + "=" + e.address;
+    Record r;
+    r.Str("host", h.record.host)
+        .Num("generation", static_cast<uint64_t>(h.generation))
+        .Num("pid", static_cast<uint64_t>(h.record.pid))
+        .Time("since", h.record.started_s)
+        .Bool("self", h.self)
+        .Str("engines", engines.empty() ? "-" : engines);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace membroker::broker

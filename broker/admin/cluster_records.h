@@ -1,0 +1,17 @@
+// What the admin socket says of the cluster (cluster/cluster.h): the stats'
+// cluster_* fields and `list hosts`.
+#pragma once
+
+#include <vector>
+
+#include "admin/admin_format.h"
+#include "cluster/cluster.h"
+
+namespace membroker::broker {
+
+void AddClusterStats(const ClusterView& v, Record& r);
+// The hosts as etcd has them now; NOT_CONNECTED (with the reason) while the
+// broker's watch of etcd is down, UNSUPPORTED without --cluster.
+Result<std::vector<Record>> HostRecords(const Cluster& cluster);
+
+}  // namespace membroker::broker

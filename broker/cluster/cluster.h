@@ -1,0 +1,92 @@
+// The broker's part in a cluster (--cluster etcd://HOST:PORT): it registers its
+// host in etcd under a lease it keeps alive, so the record vanishes within the
+// lease's TTL when the broker dies or is cut off, and it watches every host's
+// record to keep the cluster's table. Two threads do the talking (etcd calls
+// block): the registrar (lease, claim of the host name, keep-alive, updates of
+// the engines it lists) and the watcher (a read of all hosts, then a watch
+// stream from there). The loop only reads View() and calls SetEngines; nothing
+// etcd does can stop local work. docs/CLUSTER.md says it all for users.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/cluster_options.h"
+#include "cluster/host_record.h"
+#include "membroker/status.h"
+
+namespace membroker::broker {
+
+class EtcdClient;
+
+enum class ClusterState { kOff, kConnecting, kWaiting, kRegistered, kUnreachable };
+const char* ClusterStateName(ClusterState s);
+
+struct ClusterHost {
+  HostRecord record;
+  int64_t generation = 0;  // the key's create_revision: new at each registration
+  bool self = false;  // this broker's own registration
+};
+
+struct ClusterView {
+  ClusterState state = ClusterState::kOff;
+  bool watching = false;      // the table below is current (the watch stream is up)
+  std::string error;          // the last failure, while it lasts
+  std::string endpoint;       // the etcd endpoint in use
+  int64_t generation = 0;     // this broker's, while registered
+  std::vector<ClusterHost> hosts;
+  uint64_t registrations = 0, errors = 0, invalid_records = 0, hosts_gone = 0;
+};
+
+class Cluster {
+ public:
+  Cluster() = default;
+  ~Cluster() { Stop(); }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  // Checks the options (host name, password file) and starts the two threads.
+  // etcd being unreachable is no error here: the threads keep trying.
+  Status Start(const ClusterOptions& options, int32_t pid);
+  bool started() const { return started_; }
+  // The engines this host lists (those that listen for other hosts); the
+  // record is updated when they change.
+  void SetEngines(std::vector<HostEngine> engines);
+  // Revokes the lease (its records go at once) and joins the threads; bounded
+  // by the etcd client's timeout.
+  void Stop();
+  ClusterView View() const;
+
+ private:
+  void RunRegistrar();
+  void RunWatcher();
+  Status Register(EtcdClient& etcd, int64_t* lease);
+  void KeepRegistered(EtcdClient& etcd, int64_t lease);
+  void ApplyRecord(const std::string& key, const std::string& value, int64_t generation);  // mu_ held
+  void Failed(ClusterState state, const Status& why, bool registrar);
+  // Waits up to ms, or until stopping (or, for the registrar, the record
+  // changed); false once stopping.
+  bool Pause(std::unique_lock<std::mutex>& lock, uint32_t ms, bool registrar);
+
+  ClusterOptions options_;
+  std::string password_;
+  std::string prefix_, self_key_;  // /membroker/NS/hosts/ and that + our name
+  bool started_ = false;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool record_changed_ = false;  // engines changed, or the watcher saw our record go
+  HostRecord self_;
+  ClusterView view_;
+  std::map<std::string, ClusterHost> hosts_;
+  uint64_t pid_ns_ = 0;  // ours: a pid in a record of this boot means something only in the same namespace
+  std::thread registrar_, watcher_;
+};
+
+}  // namespace membroker::broker

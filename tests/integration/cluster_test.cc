@@ -1,0 +1,349 @@
+// The cluster view (docs/CLUSTER.md) against a real etcd (Debian's
+// etcd-server, started here on loopback ports of its own) and real brokers:
+// hosts find each other, a SIGKILLed broker's record vanishes within its
+// lease's TTL and its replacement registers with a new generation, etcd's
+// death and return never stop local work, a host name held by a live broker is
+// not taken, and hostile records in etcd are ignored. Every wait polls a
+// condition with a deadline; none decides a verdict by time.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "broker_process.h"
+#include "membroker/client.h"
+#include "net_engines.h"
+
+namespace membroker::testing {
+namespace {
+
+using nlohmann::json;
+
+uint16_t FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Polls cond until it holds or `seconds` pass; the bound only keeps a broken
+// build from hanging, it decides nothing.
+bool WaitFor(const std::function<bool()>& cond, int seconds = 60) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// One etcd member on loopback, its data in a temp dir; Kill and Start keep the data.
+class Etcd {
+ public:
+  Etcd() {
+    char tmpl[] = "/tmp/membroker-etcd-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    client_port_ = FreePort();
+    peer_port_ = FreePort();
+    Start();
+  }
+  ~Etcd() {
+    Kill();
+    std::system(("rm -rf " + dir_).c_str());
+  }
+  static bool Installed() { return ::access("/usr/bin/etcd", X_OK) == 0 && ::access("/usr/bin/etcdctl", X_OK) == 0; }
+
+  void Start() {
+    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string log = dir_ + "/etcd.log";
+      FILE* f = std::freopen(log.c_str(), "a", stderr);
+      if (f == nullptr) _exit(126);
+      ::execl("/usr/bin/etcd", "etcd", "--name", "t", "--data-dir", (dir_ + "/data").c_str(),
+              "--listen-client-urls", client.c_str(), "--advertise-client-urls", client.c_str(),
+              "--listen-peer-urls", peer.c_str(), "--initial-advertise-peer-urls", peer.c_str(),
+              "--initial-cluster", ("t=" + peer).c_str(), nullptr);
+      _exit(127);
+    }
+    // Ready when it answers a health check (a bounded poll of a readiness signal).
+    ASSERT_TRUE(WaitFor([&] { return Ctl({"endpoint", "health"}).exit_code == 0; })) << Log();
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  RunResult Ctl(std::vector<std::string> args) const {
+    std::vector<std::string> argv{"/usr/bin/etcdctl", "--endpoints", "127.0.0.1:" + std::to_string(client_port_),
+                                  "--command-timeout", "5s"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProgram(argv);
+  }
+  std::string url() const { return "etcd://127.0.0.1:" + std::to_string(client_port_); }
+  std::string Log() const {
+    std::ifstream in(dir_ + "/etcd.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string dir_;
+  uint16_t client_port_ = 0, peer_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+std::vector<std::string> ClusterArgs(const Etcd& etcd, const std::string& host, const std::string& ns = "t") {
+  return {"--cluster", etcd.url(), "--cluster-namespace", ns, "--host-name", host, "--cluster-ttl-s", "2"};
+}
+
+// `membrokerctl list hosts --json` through the binary; null when it answered an error.
+json Hosts(const BrokerProcess& b) {
+  RunResult r = RunProgram({BinaryPath("membrokerctl"), "--admin-socket", b.admin_socket(), "--json", "list", "hosts"});
+  if (r.exit_code != 0) return nullptr;
+  json j = json::parse(r.output, nullptr, false);
+  return j.is_array() ? j : json(nullptr);
+}
+
+const json* HostIn(const json& hosts, const std::string& name) {
+  if (!hosts.is_array()) return nullptr;
+  for (const json& h : hosts)
+    if (h.value("host", "") == name) return &h;
+  return nullptr;
+}
+
+std::string StatText(const BrokerProcess& b, const std::string& key) {
+  json j = json::parse(b.Admin("stats --json"), nullptr, false);
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
+#define SKIP_WITHOUT_ETCD() \
+  if (!Etcd::Installed()) GTEST_SKIP() << "etcd-server and etcd-client are not installed (scripts/test installs them)"
+
+TEST(Cluster, HostsFindEachOtherAndADeadHostsRecordVanishes) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess a(ClusterArgs(etcd, "host-a"));
+  BrokerProcess b(ClusterArgs(etcd, "host-b"));
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] {
+    hosts = Hosts(a);
+    return HostIn(hosts, "host-a") != nullptr && HostIn(hosts, "host-b") != nullptr;
+  })) << hosts.dump() << a.Admin("stats");
+  EXPECT_TRUE((*HostIn(hosts, "host-a"))["self"].get<bool>());
+  EXPECT_FALSE((*HostIn(hosts, "host-b"))["self"].get<bool>());
+  EXPECT_EQ((*HostIn(hosts, "host-b"))["pid"].get<int>(), b.pid());
+  const uint64_t b_generation = (*HostIn(hosts, "host-b"))["generation"].get<uint64_t>();
+  EXPECT_EQ(a.Stat("cluster_up"), 1u);
+  EXPECT_EQ(b.Stat("cluster_generation"), b_generation);
+  // As an operator reads it: the table's header, and a row per host.
+  RunResult text = RunProgram({BinaryPath("membrokerctl"), "--admin-socket", a.admin_socket(), "list", "hosts"});
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_EQ(text.output.rfind("HOST", 0), 0u) << text.output;
+  EXPECT_NE(text.output.find("host-b"), std::string::npos) << text.output;
+  EXPECT_NE(a.Admin("metrics").find("membroker_cluster_up 1"), std::string::npos);
+
+  // SIGKILL: no goodbye, no revoke. Only the lease's end removes the record.
+  b.Kill();
+  ASSERT_TRUE(WaitFor([&] {
+    hosts = Hosts(a);
+    return hosts.is_array() && HostIn(hosts, "host-b") == nullptr;
+  })) << hosts.dump();
+  EXPECT_EQ(a.Stat("cluster_hosts_gone"), 1u);
+
+  // Its replacement registers anew: a new generation, told apart from the old.
+  b.Restart();
+  ASSERT_TRUE(WaitFor([&] {
+    hosts = Hosts(a);
+    return HostIn(hosts, "host-b") != nullptr;
+  })) << hosts.dump();
+  EXPECT_GT((*HostIn(hosts, "host-b"))["generation"].get<uint64_t>(), b_generation);
+  EXPECT_EQ((*HostIn(hosts, "host-b"))["pid"].get<int>(), b.pid());
+
+  // An orderly stop revokes the lease: the record goes without waiting for the TTL.
+  EXPECT_EQ(b.Stop(), 0);
+  EXPECT_EQ(etcd.Ctl({"get", "--prefix", "/membroker/t/hosts/host-b"}).output, "");
+}
+
+TEST(Cluster, AHostListsTheEnginesThatListenAndDropsThemWhenTheyGo) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess b(ClusterArgs(etcd, "host-e"));
+  auto c = Client::Connect({b.socket(), "engines"});
+  ASSERT_TRUE(c.ok());
+  const std::string secret = SecretFile(b.dir(), "cluster-test-secret");
+  std::string address;
+  {
+    TransferEngine engine(*c);
+    Status st = engine.Initialize("decode-0", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}});
+    MB_UCX_OR_SKIP(st);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    NetworkStats ns;
+    ASSERT_TRUE(engine.GetNetworkStats(ns).ok());
+    address = ns.listen_address;
+    json hosts;
+    ASSERT_TRUE(WaitFor([&] {
+      const json* h = HostIn(hosts = Hosts(b), "host-e");
+      return h != nullptr && (*h)["engines"] == "decode-0=" + address;
+    })) << hosts.dump();
+    // As another host's broker reads it, straight from etcd.
+    EXPECT_NE(etcd.Ctl({"get", "/membroker/t/hosts/host-e", "--print-value-only"}).output.find(address),
+              std::string::npos);
+  }
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] {
+    const json* h = HostIn(hosts = Hosts(b), "host-e");
+    return h != nullptr && (*h)["engines"] == "-";
+  })) << hosts.dump();
+}
+
+TEST(Cluster, ABrokerRestartedBeforeItsLeaseEndsTakesBackItsNameAtOnce) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  // A TTL of a minute: a registration within it proves the stale record was
+  // recognised (same boot and pid namespace, its pid gone), not waited out.
+  std::vector<std::string> args = ClusterArgs(etcd, "host-r");
+  args.back() = "60";
+  BrokerProcess b(args);
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1; })) << b.Admin("stats");
+  const uint64_t first = b.Stat("cluster_generation");
+  b.Kill();
+  b.Restart();
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1; }, 30)) << b.Admin("stats");
+  EXPECT_GT(b.Stat("cluster_generation"), first);
+  json hosts = Hosts(b);
+  ASSERT_NE(HostIn(hosts, "host-r"), nullptr) << hosts.dump();
+  EXPECT_EQ((*HostIn(hosts, "host-r"))["pid"].get<int>(), b.pid());
+}
+
+TEST(Cluster, AHostNameHeldByALiveBrokerIsNotTaken) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess first(ClusterArgs(etcd, "same"));
+  ASSERT_TRUE(WaitFor([&] { return first.Stat("cluster_up") == 1; })) << first.Admin("stats");
+  BrokerProcess second(ClusterArgs(etcd, "same"));
+  ASSERT_TRUE(WaitFor([&] { return StatText(second, "cluster") == "waiting"; })) << second.Admin("stats");
+  EXPECT_NE(StatText(second, "cluster_error").find("registered by pid " + std::to_string(first.pid())),
+            std::string::npos)
+      << second.Admin("stats");
+  json hosts = Hosts(first);
+  ASSERT_NE(HostIn(hosts, "same"), nullptr);
+  EXPECT_EQ((*HostIn(hosts, "same"))["pid"].get<int>(), first.pid());
+  // The holder stops (its lease revoked): the waiting broker registers.
+  EXPECT_EQ(first.Stop(), 0);
+  ASSERT_TRUE(WaitFor([&] { return second.Stat("cluster_up") == 1; })) << second.Admin("stats");
+  hosts = Hosts(second);
+  ASSERT_NE(HostIn(hosts, "same"), nullptr);
+  EXPECT_EQ((*HostIn(hosts, "same"))["pid"].get<int>(), second.pid());
+}
+
+TEST(Cluster, EtcdOutOfReachNeverStopsLocalWork) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  etcd.Kill();
+  // Started while etcd is down: it serves, and says why the cluster is not there.
+  BrokerProcess b(ClusterArgs(etcd, "host-u"));
+  ASSERT_TRUE(WaitFor([&] { return StatText(b, "cluster") == "unreachable"; })) << b.Admin("stats");
+  RunResult hosts = RunProgram({BinaryPath("membrokerctl"), "--admin-socket", b.admin_socket(), "list", "hosts"});
+  EXPECT_NE(hosts.exit_code, 0);
+  EXPECT_NE(hosts.output.find("NOT_CONNECTED: etcd is out of reach"), std::string::npos) << hosts.output;
+  const auto local_work = [&] {
+    auto c = Client::Connect({b.socket(), "cluster-test"});
+    if (!c.ok()) return false;
+    AllocationProp prop;
+    auto mem = c->MallocPhysical(1 << 20, prop);
+    return mem.ok() && c->FreePhysical(*mem).ok();
+  };
+  EXPECT_TRUE(local_work());
+
+  etcd.Start();
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1; })) << b.Admin("stats");
+  ASSERT_TRUE(WaitFor([&] { return HostIn(Hosts(b), "host-u") != nullptr; }));
+
+  // etcd dies mid-run and comes back with its data: local work goes on throughout.
+  etcd.Kill();
+  ASSERT_TRUE(WaitFor([&] { return StatText(b, "cluster") == "unreachable"; })) << b.Admin("stats");
+  EXPECT_TRUE(local_work());
+  EXPECT_EQ(b.Admin("check").find("consistent") != std::string::npos, true);
+  etcd.Start();
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1 && HostIn(Hosts(b), "host-u") != nullptr; }))
+      << b.Admin("stats");
+  EXPECT_TRUE(local_work());
+}
+
+TEST(Cluster, HostileRecordsInEtcdAreIgnored) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess b(ClusterArgs(etcd, "host-h"));
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1; })) << b.Admin("stats");
+  const std::string boot = "0123abcd-0123-4567-89ab-0123456789ab";
+  const std::vector<std::pair<std::string, std::string>> hostile = {
+      {"garbage", "not json at all"},
+      {"deep", std::string(60000, '[')},
+      {"wrong-name", R"({"v":1,"host":"other","pid":1,"boot_id":")" + boot + R"(","pid_ns":1,"started":1,"engines":[]})"},
+      {"bad-address", R"({"v":1,"host":"bad-address","pid":1,"boot_id":")" + boot +
+                          R"(","pid_ns":1,"started":1,"engines":[{"name":"e","address":"evil\n:1"}]})"},
+      {"esc\x1b[2J", R"({"v":1})"},
+      {"huge", std::string(70000, ' ') + "{}"},
+  };
+  for (const auto& [name, value] : hostile)
+    ASSERT_EQ(etcd.Ctl({"put", "/membroker/t/hosts/" + name, value}).exit_code, 0);
+  // One good record from "other software", to see that the broker has read past the bad ones.
+  ASSERT_EQ(etcd.Ctl({"put", "/membroker/t/hosts/fine",
+                      R"({"v":1,"host":"fine","pid":7,"boot_id":")" + boot +
+                          R"(","pid_ns":1,"started":1,"engines":[{"name":"decode-0","address":"10.0.0.2:4000"}]})"})
+                .exit_code,
+            0);
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] { return HostIn(hosts = Hosts(b), "fine") != nullptr; })) << hosts.dump();
+  EXPECT_EQ(hosts.size(), 2u) << hosts.dump();  // host-h and fine
+  EXPECT_EQ((*HostIn(hosts, "fine"))["engines"].get<std::string>(), "decode-0=10.0.0.2:4000");
+  EXPECT_EQ(b.Stat("cluster_invalid_records"), hostile.size());
+  // A broker started now reads them all at once (the range, not the watch): the same verdict.
+  BrokerProcess late(ClusterArgs(etcd, "host-late"));
+  ASSERT_TRUE(WaitFor([&] { return HostIn(hosts = Hosts(late), "host-late") != nullptr; })) << hosts.dump();
+  EXPECT_EQ(hosts.size(), 3u) << hosts.dump();
+  EXPECT_EQ(late.Stat("cluster_invalid_records"), hostile.size());
+  EXPECT_NE(b.Admin("check").find("consistent"), std::string::npos);
+}
+
+TEST(Cluster, BadSettingsAreRefusedAtStart) {
+  EXPECT_NE(RunBrokerExpectingExit({"--cluster", "http://127.0.0.1:2379"}).output.find("etcd://HOST:PORT"),
+            std::string::npos);
+  EXPECT_NE(RunBrokerExpectingExit({"--cluster", "etcd://127.0.0.1:2379", "--host-name", "a b"}).output.find(
+                "bad value 'a b' for host-name"),
+            std::string::npos);
+  char tmpl[] = "/tmp/membroker-pw-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "secret\n", 7), 7);
+  ::close(fd);
+  ::chmod(tmpl, 0644);
+  RunResult r = RunBrokerExpectingExit({"--socket", std::string(tmpl) + ".sock", "--cluster", "etcd://127.0.0.1:1", "--cluster-user", "u",
+                                        "--cluster-password-file", tmpl});
+  EXPECT_NE(r.output.find("readable by others than its owner"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("secret"), std::string::npos);
+  ::unlink(tmpl);
+}
+
+}  // namespace
+}  // namespace membroker::testing
