@@ -146,7 +146,9 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (!b->options_.metrics_listen.empty()) MB_RETURN_IF_ERROR(b->metrics_.Listen(b->options_.metrics_listen));
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));
   b->pools_.Fill();  // before READY: a ready broker serves pooled sizes at once
-  MB_RETURN_IF_ERROR(b->cluster_.Start(b->options_.cluster, static_cast<int32_t>(::getpid())));
+  Broker* self = b.get();
+  MB_RETURN_IF_ERROR(b->cluster_.Start(b->options_.cluster, static_cast<int32_t>(::getpid()), &b->loop_,
+                                       [self] { self->OnClusterChanged(); }));
   return b;
 }
 

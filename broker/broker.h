@@ -99,6 +99,7 @@ class Broker {
                const std::string& metadata = "");
   Status ConnectPeer(Session& peer, uint64_t rid, const std::string& name);
   ipc::EngineInfoReply EngineInfo(const Engine& e, uint32_t slot) const;
+  void OnClusterChanged();
   Status GrantNamed(Session& s, uint64_t rid, const std::string& name, const NamedEntry& e);
   void Unpublish(const std::string& name, int32_t pid);
   void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid);

@@ -141,6 +141,10 @@ void Broker::OnWaiterTimeout(const Waiter& w) {
     case Waiter::Kind::kConnect:
       SendError(*s, w.request_id, Status(ErrorCode::kTimeout, "no engine named \"" + w.key + "\" appeared in time"));
       break;
+    case Waiter::Kind::kResolve:
+      SendError(*s, w.request_id,
+                Status(ErrorCode::kTimeout, "no engine named \"" + w.key + "\" appeared on any host of the cluster in time"));
+      break;
     case Waiter::Kind::kLookup:
       SendError(*s, w.request_id,
                 Status(ErrorCode::kTimeout, "nothing was published as \"" + w.key + "\" in time"));

@@ -57,6 +57,10 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineInitRequest& m) {
   MB_INFO("engine_up", "client=%llu engine=\"%s\"%s", static_cast<unsigned long long>(s.id),
           LogText(m.name).c_str(), m.restoring ? " restoring=1" : "");
   if (e.restoring) return Status::Ok();  // peers connect once it is whole
+  AnswerWaiters(Waiter::Kind::kResolve, m.name, [&](Session& peer, uint64_t rid) {
+    Send(peer, rid, ipc::EngineResolveReply{});  // it is this host's
+    return Status::Ok();
+  });
   // Peers that were waiting for this name connect now.
   AnswerWaiters(Waiter::Kind::kConnect, m.name,
                 [&](Session& peer, uint64_t rid) { return ConnectPeer(peer, rid, m.name); });
@@ -145,6 +149,36 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineConnectRequest&
   if (m.timeout_ms == 0)
     return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\"");
   return SentOnSuccess(waiters_.Add({Waiter::Kind::kConnect, s.id, rid, m.remote}, m.timeout_ms));
+}
+
+// Where an engine is: this host's (connect by name here, as without a
+// cluster), or another host's by its cluster record; else it waits for either.
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineResolveRequest& m) {
+  if (engines_.OwnedBy(s.id) == nullptr) return NoEngine();
+  if (!cluster_.started() || engines_.Find(m.remote) != nullptr) return ipc::EngineResolveReply{};
+  if (std::optional<EngineLocation> at = cluster_.FindEngine(m.remote))
+    return ipc::EngineResolveReply{at->host, static_cast<uint64_t>(at->generation), at->address};
+  if (m.timeout_ms == 0) {
+    const ClusterView v = cluster_.View();
+    if (!v.watching)
+      return Status(ErrorCode::kNotConnected, "no engine named \"" + m.remote +
+                                                  "\" here, and etcd is out of reach: " + v.error);
+    return Status(ErrorCode::kNotFound, "no engine named \"" + m.remote + "\" on any host of the cluster");
+  }
+  return SentOnSuccess(waiters_.Add({Waiter::Kind::kResolve, s.id, rid, m.remote}, m.timeout_ms));
+}
+
+// The cluster's table changed: resolves waiting for an engine now listed elsewhere are answered.
+void Broker::OnClusterChanged() {
+  for (const std::string& name : waiters_.Keys(Waiter::Kind::kResolve)) {
+    const std::optional<EngineLocation> at = cluster_.FindEngine(name);
+    if (!at) continue;
+    const ipc::EngineResolveReply reply{at->host, static_cast<uint64_t>(at->generation), at->address};
+    AnswerWaiters(Waiter::Kind::kResolve, name, [&](Session& peer, uint64_t rid) {
+      Send(peer, rid, reply);
+      return Status::Ok();
+    });
+  }
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::EngineRegionsRequest& m) {

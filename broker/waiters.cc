@@ -74,6 +74,14 @@ std::vector<Waiter> Waiters::Take(Waiter::Kind kind, const std::string& key) {
   return TakeIf([&](const Waiter& w) { return w.kind == kind && w.key == key; });
 }
 
+std::vector<std::string> Waiters::Keys(Waiter::Kind kind) const {
+  std::vector<std::string> keys;
+  for (const Entry* e : entries_)
+    if (e->waiter.kind == kind && std::find(keys.begin(), keys.end(), e->waiter.key) == keys.end())
+      keys.push_back(e->waiter.key);
+  return keys;
+}
+
 std::vector<Waiter> Waiters::TakeEvents(uint64_t session_id) {
   return TakeIf([&](const Waiter& w) { return w.kind == Waiter::Kind::kEvents && w.session_id == session_id; });
 }

@@ -1,6 +1,7 @@
 // Waiters: requests that wait in the broker - without polling - for something
-// to happen: a Connect for its remote engine to appear, a Lookup for its name
-// to be published, a WaitEvents for an event. Each has a timer for its
+// to happen: a Connect for its remote engine to appear, a Resolve for an
+// engine to appear on any host of the cluster, a Lookup for its name to be
+// published, a WaitEvents for an event. Each has a timer for its
 // timeout; the session's end cancels it. The component owns the list and the
 // timers; what a waiter is answered with is its caller's business (the
 // answer callbacks), so a Waiter knows nothing of the Broker.
@@ -21,7 +22,7 @@ inline constexpr size_t kMaxWaitersPerClient = 16;
 inline constexpr uint32_t kMaxWaitMs = 10 * 60 * 1000;
 
 struct Waiter {
-  enum class Kind { kConnect, kLookup, kEvents };
+  enum class Kind { kConnect, kResolve, kLookup, kEvents };
   Kind kind = Kind::kConnect;
   uint64_t session_id = 0;
   uint64_t request_id = 0;
@@ -42,6 +43,8 @@ class Waiters {
   Status Add(Waiter w, uint32_t timeout_ms);
   // Removes and returns every waiter of kind for key, in the order they came.
   std::vector<Waiter> Take(Waiter::Kind kind, const std::string& key);
+  // The keys waited for by waiters of kind, each once.
+  std::vector<std::string> Keys(Waiter::Kind kind) const;
   // Removes and returns the events waiters of one session.
   std::vector<Waiter> TakeEvents(uint64_t session_id);
   // At a session's end: its waiters go unanswered.

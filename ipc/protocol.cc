@@ -256,6 +256,15 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const TakeOverSockets&) { return w::CreateTakeOverSockets(b).Union(); }
   fb::Offset<void> operator()(const TakeOverKvDisk&) { return w::CreateTakeOverKvDisk(b).Union(); }
+  fb::Offset<void> operator()(const EngineResolveRequest& m) {
+    auto r = b.CreateString(m.remote);
+    return w::CreateEngineResolveRequest(b, r, m.timeout_ms).Union();
+  }
+  fb::Offset<void> operator()(const EngineResolveReply& m) {
+    auto h = b.CreateString(m.host);
+    auto a = b.CreateString(m.address);
+    return w::CreateEngineResolveReply(b, h, m.generation, a).Union();
+  }
   fb::Offset<void> operator()(const TakeOverAllocations& m) {
     std::vector<fb::Offset<w::TakeOverAllocation>> as;
     for (const auto& a : m.handles)
@@ -736,6 +745,22 @@ Result<Message> Read(const w::RestoreExportRequest* m) {
 Result<Message> Read(const w::TakeOverHello* m) { return Message(TakeOverHello{m->pid()}); }
 Result<Message> Read(const w::TakeOverSockets*) { return Message(TakeOverSockets{}); }
 Result<Message> Read(const w::TakeOverKvDisk*) { return Message(TakeOverKvDisk{}); }
+
+Result<Message> Read(const w::EngineResolveRequest* m) {
+  EngineResolveRequest r;
+  MB_RETURN_IF_ERROR(ReadName(m->remote(), kMaxEngineNameBytes, "remote", &r.remote));
+  r.timeout_ms = m->timeout_ms();
+  return Message(std::move(r));
+}
+
+Result<Message> Read(const w::EngineResolveReply* m) {
+  EngineResolveReply r;
+  MB_RETURN_IF_ERROR(ReadName(m->host(), kMaxHostNameBytes, "host", &r.host));
+  r.generation = m->generation();
+  MB_RETURN_IF_ERROR(ReadName(m->address(), kMaxNetAddressBytes, "address", &r.address));
+  if (r.host.empty() != r.address.empty()) return Malformed("a host without an address, or an address without a host");
+  return Message(std::move(r));
+}
 Result<Message> Read(const w::TakeOverAllocations* m) {
   TakeOverAllocations r;
   if (auto as = m->handles()) {

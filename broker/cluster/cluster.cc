@@ -85,7 +85,7 @@ const char* ClusterStateName(ClusterState s) {
   return "?";
 }
 
-Status Cluster::Start(const ClusterOptions& options, int32_t pid) {
+Status Cluster::Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loop, std::function<void()> on_change) {
   if (!options.enabled() || started_) return Status::Ok();
   options_ = options;
   if (options_.host_name.empty()) {
@@ -112,6 +112,11 @@ Status Cluster::Start(const ClusterOptions& options, int32_t pid) {
   self_.started_s = time(nullptr);
   view_.state = ClusterState::kConnecting;
   view_.endpoint = options_.endpoints[0];
+  on_change_ = std::move(on_change);
+  changed_.data = this;
+  if (int rc = uv_async_init(loop, &changed_, [](uv_async_t* a) { static_cast<Cluster*>(a->data)->on_change_(); });
+      rc != 0)
+    return Status(ErrorCode::kInternal, std::string("uv_async_init: ") + uv_strerror(rc));
   started_ = true;
   registrar_ = std::thread([this] { RunRegistrar(); });
   watcher_ = std::thread([this] { RunWatcher(); });
@@ -139,6 +144,7 @@ void Cluster::Stop() {
   }
   registrar_.join();
   watcher_.join();
+  if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&changed_))) uv_close(reinterpret_cast<uv_handle_t*>(&changed_), nullptr);
   started_ = false;
 }
 
@@ -150,6 +156,16 @@ ClusterView Cluster::View() const {
     v.hosts.back().self = name == options_.host_name && h.generation == view_.generation;
   }
   return v;
+}
+
+std::optional<EngineLocation> Cluster::FindEngine(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [host, h] : hosts_) {
+    if (host == options_.host_name) continue;  // this host's engines are the broker's own
+    for (const HostEngine& e : h.record.engines)
+      if (e.name == name) return EngineLocation{host, h.generation, e.address};
+  }
+  return std::nullopt;
 }
 
 bool Cluster::Pause(std::unique_lock<std::mutex>& lock, uint32_t ms, bool registrar) {
@@ -322,6 +338,7 @@ void Cluster::RunWatcher() {
         for (const EtcdKv& kv : all->kvs) ApplyRecord(kv.key, kv.value, kv.create_revision);
         view_.watching = true;
       }
+      uv_async_send(&changed_);
       backoff = kFirstBackoffMs;
       const auto on_line = [&](const EtcdAnswer& a) -> Status {
         if (a.error_code != 0) return Status(ErrorCode::kNotConnected, "the watch stream failed: " + a.error);
@@ -344,6 +361,7 @@ void Cluster::RunWatcher() {
             wake_.notify_all();
           }
         }
+        if (!a.events.empty()) uv_async_send(&changed_);
         return Status::Ok();
       };
       st = etcd.Watch(prefix_, all->revision + 1, on_line, [this] {

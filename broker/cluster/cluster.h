@@ -8,7 +8,11 @@
 // etcd does can stop local work. docs/CLUSTER.md says it all for users.
 #pragma once
 
+#include <uv.h>
+
 #include <condition_variable>
+#include <functional>
+#include <optional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -43,6 +47,13 @@ struct ClusterView {
   uint64_t registrations = 0, errors = 0, invalid_records = 0, hosts_gone = 0;
 };
 
+// An engine on another host of the cluster, as that host's record lists it.
+struct EngineLocation {
+  std::string host;
+  int64_t generation = 0;
+  std::string address;
+};
+
 class Cluster {
  public:
   Cluster() = default;
@@ -52,7 +63,8 @@ class Cluster {
 
   // Checks the options (host name, password file) and starts the two threads.
   // etcd being unreachable is no error here: the threads keep trying.
-  Status Start(const ClusterOptions& options, int32_t pid);
+  // on_change runs on loop's thread after the table of hosts changed.
+  Status Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loop, std::function<void()> on_change);
   bool started() const { return started_; }
   // The engines this host lists (those that listen for other hosts); the
   // record is updated when they change.
@@ -61,6 +73,8 @@ class Cluster {
   // by the etcd client's timeout.
   void Stop();
   ClusterView View() const;
+  // The engine named so on another host (the first host by name that lists it).
+  std::optional<EngineLocation> FindEngine(const std::string& name) const;
 
  private:
   void RunRegistrar();
@@ -87,6 +101,8 @@ class Cluster {
   std::map<std::string, ClusterHost> hosts_;
   uint64_t pid_ns_ = 0;  // ours: a pid in a record of this boot means something only in the same namespace
   std::thread registrar_, watcher_;
+  uv_async_t changed_{};  // the watcher's word to the loop: the table changed
+  std::function<void()> on_change_;
 };
 
 }  // namespace membroker::broker

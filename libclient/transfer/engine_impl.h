@@ -95,8 +95,10 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
 
  private:
   // Connect to "ip:port": over the network, or through the broker when the
-  // engine answering there is this host's.
-  Status ConnectByAddress(const std::string& address, int32_t timeout_ms);
+  // engine answering there is this host's. With `as` (an engine name the
+  // cluster resolved to that address), the connection is known by that name
+  // and the engine answering must carry it.
+  Status ConnectByAddress(const std::string& address, int32_t timeout_ms, const std::string& as = "");
   // Every descriptor's local range is registered (and writable for READ);
   // device memory only where device_allowed (the same-host path).
   Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs, bool device_allowed);

@@ -169,19 +169,41 @@ Status TransferEngine::Impl::Connect(const std::string& remote, int32_t timeout_
     (void)Disconnect(remote, timeout_ms);  // the old peer went away: start over
   }
   if (by_address) return ConnectByAddress(remote, timeout_ms);
+  // Which host has it (docs/CLUSTER.md): this one's broker, or another host of
+  // the cluster, over the network. Without a cluster it is always this one.
+  const auto deadline = DeadlineAfter(timeout_ms);
+  const auto wait_ms = [&] {
+    return static_cast<int32_t>(
+        std::max<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count(), 0));
+  };
+  auto reply = core_->conn().Call(ipc::EngineResolveRequest{remote, static_cast<uint32_t>(wait_ms())},
+                                  std::chrono::milliseconds(wait_ms()));
+  if (!reply.ok()) return reply.status();
+  const auto* where = std::get_if<ipc::EngineResolveReply>(&reply->body);
+  if (where == nullptr) return Status(ErrorCode::kProtocolError, "EngineResolveRequest got a wrong reply");
+  if (!where->host.empty()) {
+    if (!detail::LooksLikeHostPort(where->address))
+      return Status(ErrorCode::kProtocolError, "the broker resolved engine \"" + remote + "\" to a malformed address");
+    return ConnectByAddress(where->address, wait_ms(), remote);
+  }
   auto c = std::make_shared<Connection>();
   c->transport = same_host_.get();
-  MB_ASSIGN_OR_RETURN(c->id, same_host_->Connect(remote, DeadlineAfter(timeout_ms), &c->peer));
+  MB_ASSIGN_OR_RETURN(c->id, same_host_->Connect(remote, deadline, &c->peer));
   Keep(remote, std::move(c));
   return Status::Ok();
 }
 
-Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_t timeout_ms) {
+Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_t timeout_ms, const std::string& as) {
   const auto deadline = DeadlineAfter(timeout_ms);
   MB_ASSIGN_OR_RETURN(detail::NetTransport * net, Net());
   auto c = std::make_shared<Connection>();
   c->address = address;
   MB_ASSIGN_OR_RETURN(uint64_t net_conn, net->Connect(address, deadline, &c->peer));
+  if (!as.empty() && c->peer.engine != as) {  // the record was stale: another engine listens there now
+    (void)net->Close(net_conn, deadline);
+    return Status(ErrorCode::kNotFound, "the cluster lists engine \"" + as + "\" at " + address + ", but engine \"" +
+                                            ipc::EscapeText(c->peer.engine) + "\" answers there");
+  }
   // Is it this host's? An engine of that name at our broker whose control
   // block holds the identity the network handshake carried: then the bytes
   // go through mapped broker memory, never through the network stack. (Not
@@ -208,7 +230,7 @@ Status TransferEngine::Impl::ConnectByAddress(const std::string& address, int32_
     c->transport = net;
     c->id = net_conn;
   }
-  Keep(address, std::move(c));
+  Keep(as.empty() ? address : as, std::move(c));
   ReportNetwork(/*force=*/true);
   return Status::Ok();
 }

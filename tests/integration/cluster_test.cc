@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -214,6 +215,57 @@ TEST(Cluster, AHostListsTheEnginesThatListenAndDropsThemWhenTheyGo) {
     const json* h = HostIn(hosts = Hosts(b), "host-e");
     return h != nullptr && (*h)["engines"] == "-";
   })) << hosts.dump();
+}
+
+// The first case: a prefill engine on host a finds decode-0 on host b
+// by its name alone and writes KV blocks into it, over the network path.
+TEST(Cluster, AnEngineOnAnotherHostIsConnectedByItsName) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess a(ClusterArgs(etcd, "host-a")), b(ClusterArgs(etcd, "host-b"));
+  auto ca = Client::Connect({a.socket(), "prefill"});
+  auto cb = Client::Connect({b.socket(), "decode"});
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  const std::string secret = SecretFile(a.dir(), "cluster-secret");
+  TransferEngine decode(*cb), prefill(*ca);
+  Status init = decode.Initialize("decode-0", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}});
+  MB_UCX_OR_SKIP(init);
+  ASSERT_TRUE(init.ok()) << init.ToString();
+  constexpr size_t kSize = 1 << 20;
+  Memory remote = Register(*cb, decode, kSize);
+  ASSERT_TRUE(prefill.Initialize("prefill-0", {{"secret_file", secret}}).ok());
+  Memory local = Register(*ca, prefill, kSize);
+
+  // Resolved through host a's table of the cluster; waits (up to the timeout)
+  // for host b's record to list decode-0.
+  Status st = prefill.Connect("decode-0", 60000);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ConnectionInfo info;
+  ASSERT_TRUE(prefill.GetConnectionInfo("decode-0", info).ok());
+  EXPECT_EQ(info.path, "ucx");
+  EXPECT_EQ(info.engine, "decode-0");
+  for (size_t i = 0; i < kSize; ++i) local.data()[i] = static_cast<char>(i * 7 + 3);
+  std::vector<TransferOpDesc> blocks;
+  for (size_t i = 0; i < 64; ++i) blocks.push_back({local.addr() + i * 16384, remote.addr() + i * 16384, 16384});
+  ASSERT_TRUE(prefill.TransferSync("decode-0", WRITE, blocks, 30000).ok());
+  ASSERT_EQ(std::memcmp(remote.data(), local.data(), kSize), 0);
+
+  // A name no host has: NOT_FOUND at once without a wait, TIMEOUT after one.
+  EXPECT_EQ(prefill.Connect("nowhere", 0).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(prefill.Connect("nowhere", 300).code(), ErrorCode::kTimeout);
+
+  // A connect that waits for an engine that appears later on the other host.
+  Status waited = Status(ErrorCode::kInternal, "not run");
+  std::thread connector([&] { waited = prefill.Connect("decode-1", 60000); });
+  auto cb1 = Client::Connect({b.socket(), "decode-1"});
+  ASSERT_TRUE(cb1.ok());
+  TransferEngine decode1(*cb1);
+  ASSERT_TRUE(decode1.Initialize("decode-1", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}}).ok());
+  connector.join();
+  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_TRUE(prefill.GetConnectionInfo("decode-1", info).ok());
+  EXPECT_EQ(prefill.Disconnect("decode-1", 5000).code(), ErrorCode::kOk);
+  EXPECT_EQ(prefill.Disconnect("decode-0", 5000).code(), ErrorCode::kOk);
 }
 
 TEST(Cluster, ABrokerRestartedBeforeItsLeaseEndsTakesBackItsNameAtOnce) {

@@ -79,7 +79,9 @@
   X(KvBlocksReply, Reply, 0)            \
   X(KvDropRequest, Request, 0)         \
   X(TakeOverKvStore, Reply, kOneFdPerEntry) \
-  X(TakeOverKvDisk, Reply, 1)
+  X(TakeOverKvDisk, Reply, 1)           \
+  X(EngineResolveRequest, Request, 0)   \
+  X(EngineResolveReply, Reply, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

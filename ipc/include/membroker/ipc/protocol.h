@@ -376,7 +376,19 @@ struct TakeOverKvDisk {  // + the disk tier's directory, locked
 struct TakeOverAck {
   bool operator==(const TakeOverAck&) const = default;
 };
+struct EngineResolveRequest {
+  std::string remote;
+  uint32_t timeout_ms = 0;
+  bool operator==(const EngineResolveRequest&) const = default;
+};
+struct EngineResolveReply {
+  std::string host;  // empty: this host's broker has it (or has no cluster)
+  uint64_t generation = 0;
+  std::string address;  // "IP:PORT" where it listens, when host is another
+  bool operator==(const EngineResolveReply&) const = default;
+};
 inline constexpr size_t kMaxNetAddressBytes = 64;
+inline constexpr size_t kMaxHostNameBytes = 64;  // a cluster's host names (docs/CLUSTER.md)
 inline constexpr size_t kMaxNetTransportsBytes = 256;
 inline constexpr size_t kMaxNetConnections = 128;
 struct EngineNetConnection {
