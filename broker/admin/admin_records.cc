@@ -466,6 +466,7 @@ Record Broker::ConfigRecord() const {
       .Str("metrics-listen", metrics_.address())
       .Bool("fd-store", options_.fd_store)
       .Str("state-file", options_.state_file);
+  AddClusterConfig(cluster_, options_.cluster, r);
   return r;
 }
 

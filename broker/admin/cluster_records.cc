@@ -14,6 +14,18 @@ void AddClusterStats(const ClusterView& v, Record& r) {
       .Num("cluster_hosts_gone", v.hosts_gone);
 }
 
+void AddClusterConfig(const Cluster& cluster, const ClusterOptions& given, Record& r) {
+  const ClusterOptions& o = cluster.started() ? cluster.options() : given;
+  std::string url;
+  for (const std::string& e : o.endpoints) url += (url.empty() ? "etcd://" : ",") + e.substr(e.find("//") + 2);
+  r.Str("cluster", url)
+      .Str("cluster-namespace", o.ns)
+      .Str("host-name", o.host_name)
+      .Num("cluster-ttl-s", o.ttl_s)
+      .Str("cluster-user", o.user)
+      .Str("cluster-password-file", o.password_file);
+}
+
 Result<std::vector<Record>> HostRecords(const Cluster& cluster) {
   if (!cluster.started())
     return Status(ErrorCode::kUnsupported, "this broker runs without --cluster (docs/CLUSTER.md)");

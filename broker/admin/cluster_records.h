@@ -10,6 +10,8 @@
 namespace membroker::broker {
 
 void AddClusterStats(const ClusterView& v, Record& r);
+// The cluster's settings for `config` (the password file's path, never the password).
+void AddClusterConfig(const Cluster& cluster, const ClusterOptions& given, Record& r);
 // The hosts as etcd has them now; NOT_CONNECTED (with the reason) while the
 // broker's watch of etcd is down, UNSUPPORTED without --cluster.
 Result<std::vector<Record>> HostRecords(const Cluster& cluster);

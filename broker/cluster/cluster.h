@@ -66,6 +66,7 @@ class Cluster {
   // on_change runs on loop's thread after the table of hosts changed.
   Status Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loop, std::function<void()> on_change);
   bool started() const { return started_; }
+  const ClusterOptions& options() const { return options_; }  // as in effect (the host name filled in)
   // The engines this host lists (those that listen for other hosts); the
   // record is updated when they change.
   void SetEngines(std::vector<HostEngine> engines);

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
       EngineInitRequest{"e", 1}, EngineFinalizeRequest{}, EngineRegisterRequest{0x10000, 4096, 1, 0, "kv"},
       EngineRegisterRequest{0x10000, 8192, 0, 0, ""}, EngineDeregisterRequest{1},
       EngineConnectRequest{"e", 0}, EngineConnectRequest{"f", 5}, EngineRegionsRequest{"e"},
+      EngineResolveRequest{"e", 0}, EngineResolveRequest{"f", 5}, EngineResolveReply{"h", 1, "127.0.0.1:1"},
       EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
       EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
       EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false, "kv"}}}, EngineRegisterReply{1},
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> engine{1};
   AddRecord(&engine, Encode({kProtocolVersion, 2, 0, MallocRequest{4096}}));
   AddRecord(&engine, Encode({kProtocolVersion, 3, 0, EngineInitRequest{"e", 1}}));
+  AddRecord(&engine, Encode({kProtocolVersion, 4, 0, EngineResolveRequest{"e", 0}}));
   AddRecord(&engine, Encode({kProtocolVersion, 4, 0, EngineConnectRequest{"e", 0}}));
   AddRecord(&engine, Encode({kProtocolVersion, 5, 0, EngineImportRequest{"e", 1}}));
   AddRecord(&engine, Encode({kProtocolVersion, 6, 0, EngineNotifyRequest{"e", "n", "m"}}));

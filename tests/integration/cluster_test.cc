@@ -98,10 +98,26 @@ class Etcd {
   RunResult Ctl(std::vector<std::string> args) const {
     std::vector<std::string> argv{"/usr/bin/etcdctl", "--endpoints", "127.0.0.1:" + std::to_string(client_port_),
                                   "--command-timeout", "5s"};
+    if (!root_password_.empty()) argv.push_back("--user=root:" + root_password_);
     argv.insert(argv.end(), args.begin(), args.end());
     return RunProgram(argv);
   }
   std::string url() const { return "etcd://127.0.0.1:" + std::to_string(client_port_); }
+  // etcd's authentication on, with a root user and a user `mb` that may read
+  // and write /membroker/t/ only (what an operator gives a broker).
+  void EnableAuth(const std::string& mb_password) {
+    for (std::vector<std::string> step :
+         {std::vector<std::string>{"user", "add", "root", "--new-user-password=root-pw"},
+          {"role", "add", "mb"},
+          {"role", "grant-permission", "mb", "--prefix=true", "readwrite", "/membroker/t/"},
+          {"user", "add", "mb", "--new-user-password=" + mb_password},
+          {"user", "grant-role", "mb", "mb"},
+          {"auth", "enable"}}) {
+      RunResult r = Ctl(step);
+      ASSERT_EQ(r.exit_code, 0) << step[0] << " " << step[1] << ": " << r.output;
+    }
+    root_password_ = "root-pw";
+  }
   std::string Log() const {
     std::ifstream in(dir_ + "/etcd.log");
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -111,7 +127,15 @@ class Etcd {
   std::string dir_;
   uint16_t client_port_ = 0, peer_port_ = 0;
   pid_t pid_ = -1;
+  std::string root_password_;
 };
+
+std::string PasswordFile(const std::string& dir, const std::string& name, const std::string& password) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << password << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
 
 std::vector<std::string> ClusterArgs(const Etcd& etcd, const std::string& host, const std::string& ns = "t") {
   return {"--cluster", etcd.url(), "--cluster-namespace", ns, "--host-name", host, "--cluster-ttl-s", "2"};
@@ -376,6 +400,48 @@ TEST(Cluster, HostileRecordsInEtcdAreIgnored) {
   EXPECT_EQ(hosts.size(), 3u) << hosts.dump();
   EXPECT_EQ(late.Stat("cluster_invalid_records"), hostile.size());
   EXPECT_NE(b.Admin("check").find("consistent"), std::string::npos);
+}
+
+TEST(Cluster, ABrokerAuthenticatesAsAUserThatMayTouchItsNamespaceOnly) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  etcd.EnableAuth("mb-secret-pw");
+  char tmpl[] = "/tmp/membroker-auth-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  std::vector<std::string> args = ClusterArgs(etcd, "host-auth");
+  args.insert(args.end(), {"--cluster-user", "mb", "--cluster-password-file", PasswordFile(dir, "good", "mb-secret-pw")});
+  BrokerProcess b(args, /*log_to_file=*/true);
+  ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1 && HostIn(Hosts(b), "host-auth") != nullptr; }))
+      << b.Admin("stats");
+  EXPECT_NE(etcd.Ctl({"get", "/membroker/t/hosts/host-auth"}).output.find("host-auth"), std::string::npos);
+  const std::string config = b.Admin("config");
+  EXPECT_NE(config.find("cluster-user: mb"), std::string::npos) << config;
+  EXPECT_NE(config.find("cluster-password-file: " + dir + "/good"), std::string::npos) << config;
+
+  // A wrong password: refused by etcd, said in the stats; the broker serves on.
+  std::vector<std::string> wrong = ClusterArgs(etcd, "host-wrong");
+  wrong.insert(wrong.end(), {"--cluster-user", "mb", "--cluster-password-file", PasswordFile(dir, "bad", "not-it")});
+  BrokerProcess w(wrong, /*log_to_file=*/true);
+  ASSERT_TRUE(WaitFor([&] { return StatText(w, "cluster_error").find("authentication failed") != std::string::npos; }))
+      << w.Admin("stats");
+  EXPECT_EQ(w.Stat("cluster_up"), 0u);
+  EXPECT_EQ(w.Stat("clients_connected"), 0u);  // it answers
+  // A namespace the user may not touch: refused, and said.
+  std::vector<std::string> other = ClusterArgs(etcd, "host-other", "elsewhere");
+  other.insert(other.end(), {"--cluster-user", "mb", "--cluster-password-file", PasswordFile(dir, "good2", "mb-secret-pw")});
+  BrokerProcess o(other, /*log_to_file=*/true);
+  ASSERT_TRUE(WaitFor([&] { return StatText(o, "cluster_error").find("permission denied") != std::string::npos; }))
+      << o.Admin("stats");
+  // No password in a log line or a stat.
+  for (const BrokerProcess* p : {&b, &w, &o}) {
+    std::ifstream in(p->log_path());
+    const std::string log(std::istreambuf_iterator<char>(in), {});
+    EXPECT_EQ(log.find("mb-secret-pw"), std::string::npos);
+    EXPECT_EQ(log.find("not-it"), std::string::npos);
+    EXPECT_EQ(p->Admin("stats").find("secret"), std::string::npos);
+    EXPECT_EQ(p->Admin("config").find("secret"), std::string::npos);
+  }
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(Cluster, BadSettingsAreRefusedAtStart) {
