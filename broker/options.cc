@@ -63,7 +63,10 @@ const char kUsage[] =
     "                           directory, made mode 0700 if absent\n"
     "  --kv-disk-bytes SIZE     the disk tier's capacity; past it the oldest blocks go (default 4G)\n"
     "  --cluster etcd://HOST:PORT[,HOST:PORT]  join a cluster kept in etcd: register this host and\n"
-    "                           see the others (docs/CLUSTER.md); off by default\n"
+    "                           see the others (docs/CLUSTER.md); off by default; etcds:// for TLS\n"
+    "  --cluster-ca FILE        etcds://: the CA that signed etcd's certificate (default: the system's)\n"
+    "  --cluster-cert FILE      etcds://: this broker's client certificate, with its key in\n"
+    "  --cluster-key FILE       (mode 0600)\n"
     "  --cluster-namespace NS   the cluster's name in etcd: keys under /membroker/NS/ (default membroker)\n"
     "  --host-name NAME         this host's name in the cluster; default: the machine's host name\n"
     "  --cluster-ttl-s N        the lease on this host's records: how long they outlive a dead\n"
@@ -215,6 +218,9 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "cluster-password-file") {
     if (value.empty()) return Bad(key, value, "a file");
     o->cluster.password_file = value;
+  } else if (key == "cluster-ca" || key == "cluster-cert" || key == "cluster-key") {
+    if (value.empty()) return Bad(key, value, "a file");
+    (key == "cluster-ca" ? o->cluster.ca_file : key == "cluster-cert" ? o->cluster.cert_file : o->cluster.key_file) = value;
   } else if (key == "log-format") {
     if (value != "text" && value != "json") return Bad(key, value, "text or json");
     o->log_json = value == "json";

@@ -7,7 +7,7 @@ MB_PACKAGES=(cmake ninja-build g++ pkg-config libuv1-dev libflatbuffers-dev flat
              python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch
              libsystemd-dev systemd libucx-dev libsodium-dev ucx-utils iproute2 util-linux
              libmicrohttpd-dev prometheus tmux man-db libcurl4-openssl-dev nlohmann-json3-dev
-             etcd-server etcd-client)
+             etcd-server etcd-client openssl)
 
 mb_install_packages() {
   local missing=()

@@ -17,13 +17,17 @@ void AddClusterStats(const ClusterView& v, Record& r) {
 void AddClusterConfig(const Cluster& cluster, const ClusterOptions& given, Record& r) {
   const ClusterOptions& o = cluster.started() ? cluster.options() : given;
   std::string url;
-  for (const std::string& e : o.endpoints) url += (url.empty() ? "etcd://" : ",") + e.substr(e.find("//") + 2);
+  for (const std::string& e : o.endpoints)
+    url += (url.empty() ? (e.rfind("https", 0) == 0 ? "etcds://" : "etcd://") : ",") + e.substr(e.find("//") + 2);
   r.Str("cluster", url)
       .Str("cluster-namespace", o.ns)
       .Str("host-name", o.host_name)
       .Num("cluster-ttl-s", o.ttl_s)
       .Str("cluster-user", o.user)
-      .Str("cluster-password-file", o.password_file);
+      .Str("cluster-password-file", o.password_file)
+      .Str("cluster-ca", o.ca_file)
+      .Str("cluster-cert", o.cert_file)
+      .Str("cluster-key", o.key_file);
 }
 
 Result<std::vector<Record>> HostRecords(const Cluster& cluster) {

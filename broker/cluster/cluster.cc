@@ -36,13 +36,19 @@ bool ProcessGone(int32_t pid) {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
 }
 
-Result<std::string> ReadPasswordFile(const std::string& path) {
+// A secret's file: readable, and by its owner only.
+Status CheckSecretFile(const char* option, const std::string& path) {
   struct stat st{};
-  if (stat(path.c_str(), &st) != 0)
-    return Status(ErrorCode::kNotFound, "cannot read --cluster-password-file " + path);
+  if (stat(path.c_str(), &st) != 0 || access(path.c_str(), R_OK) != 0)
+    return Status(ErrorCode::kNotFound, std::string("cannot read ") + option + " " + path);
   if ((st.st_mode & 077) != 0)
     return Status(ErrorCode::kPermissionDenied,
-                  "--cluster-password-file " + path + " is readable by others than its owner (chmod 600 it)");
+                  std::string(option) + " " + path + " is readable by others than its owner (chmod 600 it)");
+  return Status::Ok();
+}
+
+Result<std::string> ReadPasswordFile(const std::string& path) {
+  MB_RETURN_IF_ERROR(CheckSecretFile("--cluster-password-file", path));
   std::ifstream in(path);
   std::string password;
   std::getline(in, password);
@@ -54,10 +60,11 @@ Result<std::string> ReadPasswordFile(const std::string& path) {
 }  // namespace
 
 Status ParseClusterUrl(const std::string& url, std::vector<std::string>* endpoints) {
-  const std::string scheme = "etcd://";
-  if (url.rfind(scheme, 0) != 0) return Status(ErrorCode::kParamInvalid, "the cluster is etcd://HOST:PORT[,HOST:PORT...]");
+  const bool tls = url.rfind("etcds://", 0) == 0;
+  if (!tls && url.rfind("etcd://", 0) != 0)
+    return Status(ErrorCode::kParamInvalid, "the cluster is etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS)");
   endpoints->clear();
-  std::stringstream in(url.substr(scheme.size()));
+  std::stringstream in(url.substr(tls ? 8 : 7));
   for (std::string hostport; std::getline(in, hostport, ',');) {
     const size_t colon = hostport.rfind(':');
     bool ok = colon != std::string::npos && colon > 0 && colon + 1 < hostport.size() && hostport.size() - colon <= 6;
@@ -68,7 +75,7 @@ Status ParseClusterUrl(const std::string& url, std::vector<std::string>* endpoin
                         c == '.' || c == '-' || c == ':' || c == '[' || c == ']');
     }
     if (!ok) return Status(ErrorCode::kParamInvalid, "'" + hostport + "' is not HOST:PORT");
-    endpoints->push_back("http://" + hostport);
+    endpoints->push_back((tls ? "https://" : "http://") + hostport);
   }
   if (endpoints->empty()) return Status(ErrorCode::kParamInvalid, "the cluster names no etcd endpoint");
   return Status::Ok();
@@ -101,6 +108,15 @@ Status Cluster::Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loo
       return Status(ErrorCode::kParamInvalid, "--cluster-user needs --cluster-password-file");
     MB_ASSIGN_OR_RETURN(password_, ReadPasswordFile(options_.password_file));
   }
+  const bool tls = options_.endpoints[0].rfind("https://", 0) == 0;
+  if (!tls && !(options_.ca_file.empty() && options_.cert_file.empty() && options_.key_file.empty()))
+    return Status(ErrorCode::kParamInvalid, "--cluster-ca, --cluster-cert and --cluster-key need an etcds:// cluster");
+  if (options_.cert_file.empty() != options_.key_file.empty())
+    return Status(ErrorCode::kParamInvalid, "--cluster-cert and --cluster-key go together");
+  for (const auto& [option, path] : {std::pair{"--cluster-ca", options_.ca_file}, {"--cluster-cert", options_.cert_file}})
+    if (!path.empty() && access(path.c_str(), R_OK) != 0)
+      return Status(ErrorCode::kNotFound, std::string("cannot read ") + option + " " + path);
+  if (!options_.key_file.empty()) MB_RETURN_IF_ERROR(CheckSecretFile("--cluster-key", options_.key_file));
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return Status(ErrorCode::kInternal, "curl_global_init failed");
   prefix_ = "/membroker/" + options_.ns + "/hosts/";
   self_key_ = prefix_ + options_.host_name;
@@ -168,6 +184,10 @@ std::optional<EngineLocation> Cluster::FindEngine(const std::string& name) const
   return std::nullopt;
 }
 
+EtcdConfig Cluster::EtcdSettings() const {
+  return {options_.endpoints, options_.user, password_, options_.ca_file, options_.cert_file, options_.key_file, 2000};
+}
+
 bool Cluster::Pause(std::unique_lock<std::mutex>& lock, uint32_t ms, bool registrar) {
   wake_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_ || (registrar && record_changed_); });
   return !stopping_;
@@ -222,7 +242,7 @@ Status Cluster::Register(EtcdClient& etcd, int64_t* lease) {
 }
 
 void Cluster::RunRegistrar() {
-  EtcdClient etcd({options_.endpoints, options_.user, password_, 2000});
+  EtcdClient etcd(EtcdSettings());
   uint32_t backoff = kFirstBackoffMs;
   std::unique_lock lock(mu_);
   while (!stopping_) {
@@ -324,7 +344,7 @@ void Cluster::ApplyRecord(const std::string& key, const std::string& value, int6
 }
 
 void Cluster::RunWatcher() {
-  EtcdClient etcd({options_.endpoints, options_.user, password_, 2000});
+  EtcdClient etcd(EtcdSettings());
   uint32_t backoff = kFirstBackoffMs;
   std::unique_lock lock(mu_);
   while (!stopping_) {

@@ -27,6 +27,7 @@
 namespace membroker::broker {
 
 class EtcdClient;
+struct EtcdConfig;
 
 enum class ClusterState { kOff, kConnecting, kWaiting, kRegistered, kUnreachable };
 const char* ClusterStateName(ClusterState s);
@@ -78,6 +79,7 @@ class Cluster {
   std::optional<EngineLocation> FindEngine(const std::string& name) const;
 
  private:
+  EtcdConfig EtcdSettings() const;  // what each thread's client is made with
   void RunRegistrar();
   void RunWatcher();
   Status Register(EtcdClient& etcd, int64_t* lease);

@@ -74,6 +74,25 @@ EtcdClient::EtcdClient(EtcdConfig config) : config_(std::move(config)), curl_(cu
 
 EtcdClient::~EtcdClient() { curl_easy_cleanup(static_cast<CURL*>(curl_)); }
 
+// libcurl's own words for a failure, with its detail when it has one
+// ("SSL routines::tlsv13 alert certificate required", not "Failure when receiving data").
+std::string EtcdClient::Failure(int rc) const {
+  const std::string detail = error_;
+  return "etcd at " + endpoint() + ": " + (detail.empty() ? curl_easy_strerror(static_cast<CURLcode>(rc)) : detail);
+}
+
+void EtcdClient::SetTls() {
+  CURL* c = static_cast<CURL*>(curl_);
+  error_[0] = '\0';
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_);
+  // Peer and host verification are libcurl's defaults; they stay on.
+  if (!config_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, config_.ca_file.c_str());
+  if (!config_.cert_file.empty()) {
+    curl_easy_setopt(c, CURLOPT_SSLCERT, config_.cert_file.c_str());
+    curl_easy_setopt(c, CURLOPT_SSLKEY, config_.key_file.c_str());
+  }
+}
+
 Result<EtcdAnswer> EtcdClient::CallOnce(const std::string& path, const std::string& body) {
   CURL* c = static_cast<CURL*>(curl_);
   if (c == nullptr) return Status(ErrorCode::kResourceExhausted, "curl_easy_init failed");
@@ -84,6 +103,7 @@ Result<EtcdAnswer> EtcdClient::CallOnce(const std::string& path, const std::stri
   const std::string url = endpoint() + path;
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  SetTls();
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
@@ -94,8 +114,7 @@ Result<EtcdAnswer> EtcdClient::CallOnce(const std::string& path, const std::stri
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &answer);
   const CURLcode rc = curl_easy_perform(c);
   curl_slist_free_all(headers);
-  if (rc != CURLE_OK)
-    return Status(ErrorCode::kNotConnected, "etcd at " + endpoint() + ": " + curl_easy_strerror(rc));
+  if (rc != CURLE_OK) return Status(ErrorCode::kNotConnected, Failure(rc));
   long http = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
   Result<EtcdAnswer> a = ParseEtcdAnswer(answer);
@@ -221,6 +240,7 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision,
   WatchState w{{}, &on_line, &keep_going, Status::Ok()};
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  SetTls();
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
@@ -240,7 +260,7 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision,
   if (!w.failed.ok()) return w.failed;
   if (rc == CURLE_ABORTED_BY_CALLBACK) return Status::Ok();
   if (rc != CURLE_OK) {
-    const Status st(ErrorCode::kNotConnected, "etcd at " + endpoint() + ": " + curl_easy_strerror(rc));
+    const Status st(ErrorCode::kNotConnected, Failure(rc));
     current_ = (current_ + 1) % config_.endpoints.size();
     return st;
   }

@@ -20,6 +20,7 @@ namespace membroker::broker {
 struct EtcdConfig {
   std::vector<std::string> endpoints;  // "http://HOST:PORT"
   std::string user, password;          // etcd's authentication, when a user is set
+  std::string ca_file, cert_file, key_file;  // https: etcd's CA (else the system's), our certificate
   uint32_t timeout_ms = 2000;          // each call, connecting included
 };
 
@@ -67,12 +68,15 @@ class EtcdClient {
   // One POST of body to path, at each endpoint in turn until one answers.
   Result<EtcdAnswer> Call(const std::string& path, const std::string& body);
   Result<EtcdAnswer> CallOnce(const std::string& path, const std::string& body);
+  void SetTls();  // on the handle, after a reset (and the error buffer)
+  std::string Failure(int rc) const;
   Status Authenticate();
 
   EtcdConfig config_;
   size_t current_ = 0;
   void* curl_ = nullptr;  // CURL*
   std::string token_;
+  char error_[256] = {};  // CURL_ERROR_SIZE: libcurl's detail of the last failure
 };
 
 }  // namespace membroker::broker
