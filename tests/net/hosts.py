@@ -129,10 +129,12 @@ class Host:
     def spawn(self, argv, **kw):
         return subprocess.Popen(["nsenter", "-t", str(self.init_pid), "-n", "-i", "-p", "-m", "-u", "--"] + argv, **kw)
 
-    def start_broker(self):
+    def start_broker(self, extra=()):
+        """Starts this host's membrokerd (extra: more flags; kept for later starts)."""
+        self.broker_args = list(extra) or getattr(self, "broker_args", [])
         r, w = os.pipe()
         self.broker = self.spawn([self.build + "/broker/membrokerd", "--socket", self.socket, "--ready-fd", str(w),
-                                  "--log-level", "warn"], pass_fds=(w,))
+                                  "--log-level", "warn"] + self.broker_args, pass_fds=(w,))
         os.close(w)
         with os.fdopen(r) as f:
             line = f.readline()
@@ -188,7 +190,7 @@ class Host:
 class Hosts:
     """Hosts a (10.213.N.1) and b (10.213.N.2), each with a broker."""
 
-    def __init__(self, build, agent_path=None):
+    def __init__(self, build, agent_path=None, start_brokers=True):
         self.agent_path = agent_path or os.path.join(build, "tests", "engine_agent")
         if os.geteuid() != 0:
             raise HostsUnavailable("needs root to make network namespaces")
@@ -223,8 +225,9 @@ class Hosts:
         self.hosts.append(self.a)
         self.b = Host(self, "b", self.ip["b"], self.dev["b"])
         self.hosts.append(self.b)
-        for h in self.hosts:
-            h.start_broker()
+        if start_brokers:
+            for h in self.hosts:
+                h.start_broker()
 
     def write_secret(self, text, name="engine.secret"):
         """The same secret in a file of mode 0600 in each host's directory; {tag: path}."""
