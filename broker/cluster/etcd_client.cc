@@ -81,8 +81,21 @@ std::string EtcdClient::Failure(int rc) const {
   return "etcd at " + endpoint() + ": " + (detail.empty() ? curl_easy_strerror(static_cast<CURLcode>(rc)) : detail);
 }
 
-void EtcdClient::SetTls() {
+// The handle, reset, set to POST body to path at the current endpoint: TLS
+// as configured, the token if any. Returns the headers to free after the transfer.
+curl_slist* EtcdClient::Prepare(const std::string& path, const std::string& body) {
   CURL* c = static_cast<CURL*>(curl_);
+  curl_easy_reset(c);
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (!token_.empty()) headers = curl_slist_append(headers, ("Authorization: " + token_).c_str());
+  url_ = endpoint() + path;
+  curl_easy_setopt(c, CURLOPT_URL, url_.c_str());
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config_.timeout_ms));
   error_[0] = '\0';
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_);
   // Peer and host verification are libcurl's defaults; they stay on.
@@ -91,25 +104,15 @@ void EtcdClient::SetTls() {
     curl_easy_setopt(c, CURLOPT_SSLCERT, config_.cert_file.c_str());
     curl_easy_setopt(c, CURLOPT_SSLKEY, config_.key_file.c_str());
   }
+  return headers;
 }
 
 Result<EtcdAnswer> EtcdClient::CallOnce(const std::string& path, const std::string& body) {
   CURL* c = static_cast<CURL*>(curl_);
   if (c == nullptr) return Status(ErrorCode::kResourceExhausted, "curl_easy_init failed");
-  curl_easy_reset(c);
   std::string answer;
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  if (!token_.empty()) headers = curl_slist_append(headers, ("Authorization: " + token_).c_str());
-  const std::string url = endpoint() + path;
-  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  SetTls();
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_slist* headers = Prepare(path, body);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(config_.timeout_ms));
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config_.timeout_ms));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, Collect);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &answer);
   const CURLcode rc = curl_easy_perform(c);
@@ -228,23 +231,13 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision,
   if (!config_.user.empty() && token_.empty()) MB_RETURN_IF_ERROR(Authenticate());
   CURL* c = static_cast<CURL*>(curl_);
   if (c == nullptr) return Status(ErrorCode::kResourceExhausted, "curl_easy_init failed");
-  curl_easy_reset(c);
   const std::string body = json{{"create_request",
                                  {{"key", Base64Encode(prefix)},
                                   {"range_end", Base64Encode(PrefixEnd(prefix))},
                                   {"start_revision", std::to_string(start_revision)}}}}
                                .dump();
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  if (!token_.empty()) headers = curl_slist_append(headers, ("Authorization: " + token_).c_str());
-  const std::string url = endpoint() + "/v3/watch";
   WatchState w{{}, &on_line, &keep_going, Status::Ok()};
-  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  SetTls();
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config_.timeout_ms));
+  curl_slist* headers = Prepare("/v3/watch", body);
   // A stream idles for as long as nothing changes: a peer gone silent is found
   // by TCP keep-alive probes (about 11 s), not by a timeout on the stream.
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);

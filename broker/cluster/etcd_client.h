@@ -15,6 +15,8 @@
 #include "cluster/etcd_json.h"
 #include "membroker/status.h"
 
+struct curl_slist;
+
 namespace membroker::broker {
 
 struct EtcdConfig {
@@ -68,7 +70,7 @@ class EtcdClient {
   // One POST of body to path, at each endpoint in turn until one answers.
   Result<EtcdAnswer> Call(const std::string& path, const std::string& body);
   Result<EtcdAnswer> CallOnce(const std::string& path, const std::string& body);
-  void SetTls();  // on the handle, after a reset (and the error buffer)
+  ::curl_slist* Prepare(const std::string& path, const std::string& body);
   std::string Failure(int rc) const;
   Status Authenticate();
 
@@ -76,6 +78,7 @@ class EtcdClient {
   size_t current_ = 0;
   void* curl_ = nullptr;  // CURL*
   std::string token_;
+  std::string url_;       // the transfer's, alive while it runs
   char error_[256] = {};  // CURL_ERROR_SIZE: libcurl's detail of the last failure
 };
 
