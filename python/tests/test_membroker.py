@@ -594,6 +594,79 @@ def test_transfer_engine_by_address_between_two_brokers(tmp_path):
         eng.finalize()
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
+    """Two brokers in one cluster (docs/CLUSTER.md, a real etcd on loopback): an
+    engine in a child process on host b; this process, on host a, connects to it
+    by its name alone and writes into it over the network path."""
+    import shutil
+    import time
+    from membroker.testing import broker
+    if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
+        pytest.skip("etcd-server and etcd-client are not installed (scripts/test installs them)")
+    client_port, peer_port = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{client_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    etcd = subprocess.Popen(["etcd", "--name", "py", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url,
+                             "--advertise-client-urls", url, "--listen-peer-urls", peer,
+                             "--initial-advertise-peer-urls", peer, "--initial-cluster", "py=" + peer],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60  # a bound on a readiness poll, not a verdict
+        while subprocess.run(["etcdctl", "--endpoints", url, "endpoint", "health"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL).returncode != 0:
+            assert time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.05)
+        secret = tmp_path / "secret"
+        secret.write_text("py-cluster-secret\n")
+        os.chmod(secret, 0o600)
+        cluster = ["--cluster", f"etcd://127.0.0.1:{client_port}", "--cluster-namespace", "py", "--cluster-ttl-s", "2"]
+        with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
+            p = child("""
+                import sys, membroker
+                c = membroker.connect(sys.argv[1], "decode")
+                dst = c.new_tensor((1 << 16,), "uint8")
+                try:
+                    eng = membroker.TransferEngine(c, "py-decode-0", {"listen_address": "127.0.0.1:0", "secret_file": sys.argv[2]})
+                except membroker.Unsupported:
+                    print("unsupported", flush=True)
+                    sys.exit(0)
+                eng.register_mem(dst.mapping)
+                print(dst.mapping.address, flush=True)
+                sys.stdin.readline()
+                assert (dst.numpy() == 7).all()
+                eng.finalize()
+            """, b.socket, str(secret), stdin=subprocess.PIPE)
+            first = p.stdout.readline().split()
+            if first == ["unsupported"]:
+                finish(p)
+                pytest.skip("libmembroker built without UCX")
+            remote = int(first[0])
+            c = membroker.connect(a.socket, "prefill")
+            src = c.tensor_from(np.full(1 << 16, 7, dtype=np.uint8))
+            eng = membroker.TransferEngine(c, "py-prefill-0", {"secret_file": str(secret)})
+            eng.register_mem(src.mapping)
+            eng.connect("py-decode-0", 60000)  # waits until host b's record lists it
+            info = eng.connection_info("py-decode-0")
+            assert info["path"] == "ucx" and info["engine"] == "py-decode-0", info
+            eng.transfer_sync("py-decode-0", "write", [(src.mapping.address, remote, 1 << 16)], 10000)
+            with pytest.raises(membroker.NotFound):
+                eng.connect("py-nowhere", 0)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            finish(p)
+            eng.finalize()
+    finally:
+        etcd.kill()
+        etcd.wait()
+
+
 def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):
     """import membroker and a transfer engine on this host only load no UCX (its
     signal handlers would replace Python's faulthandler): a crash of the user's
