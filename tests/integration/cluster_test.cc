@@ -340,6 +340,27 @@ TEST(Cluster, ABrokerRestartedBeforeItsLeaseEndsTakesBackItsNameAtOnce) {
   EXPECT_EQ((*HostIn(hosts, "host-r"))["pid"].get<int>(), b.pid());
 }
 
+// A take-over: the old broker revokes its lease as it hands over; the new one
+// registers the host again, its own pid under a larger generation.
+TEST(Cluster, ATakeOverRegistersTheHostAgainUnderTheNewBroker) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess watcher(ClusterArgs(etcd, "host-w"));
+  BrokerProcess b(ClusterArgs(etcd, "host-t"));
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] { return HostIn(hosts = Hosts(watcher), "host-t") != nullptr; })) << hosts.dump();
+  const uint64_t before = (*HostIn(hosts, "host-t"))["generation"].get<uint64_t>();
+  const pid_t old_pid = b.pid();
+  EXPECT_EQ(b.TakeOver(), 0);
+  ASSERT_NE(b.pid(), old_pid);
+  ASSERT_TRUE(WaitFor([&] {
+    const json* h = HostIn(hosts = Hosts(watcher), "host-t");
+    return h != nullptr && (*h)["pid"].get<int>() == b.pid();
+  })) << hosts.dump();
+  EXPECT_GT((*HostIn(hosts, "host-t"))["generation"].get<uint64_t>(), before);
+  EXPECT_EQ(b.Stat("cluster_up"), 1u);
+}
+
 TEST(Cluster, AHostNameHeldByALiveBrokerIsNotTaken) {
   SKIP_WITHOUT_ETCD();
   Etcd etcd;
