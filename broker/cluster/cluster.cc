@@ -194,7 +194,6 @@ bool Cluster::Pause(std::unique_lock<std::mutex>& lock, uint32_t ms, bool regist
 }
 
 void Cluster::Failed(ClusterState state, const Status& why, bool registrar) {
-  std::lock_guard lock(mu_);
   ++view_.errors;
   if (registrar) view_.state = state;
   if (why.message() != view_.error)
@@ -251,10 +250,12 @@ void Cluster::RunRegistrar() {
     Status st = Register(etcd, &lease);
     lock.lock();
     if (!st.ok()) {
-      lock.unlock();
       Failed(st.code() == ErrorCode::kBusy ? ClusterState::kWaiting : ClusterState::kUnreachable, st, true);
-      if (lease != 0) (void)etcd.Revoke(lease);
-      lock.lock();
+      if (lease != 0) {
+        lock.unlock();
+        (void)etcd.Revoke(lease);
+        lock.lock();
+      }
       Pause(lock, backoff, true);
       backoff = std::min(backoff * 2, kMaxBackoffMs);
       continue;
@@ -296,15 +297,11 @@ void Cluster::KeepRegistered(EtcdClient& etcd, int64_t lease) {
     Result<int64_t> ttl = etcd.KeepAlive(lease);
     lock.lock();
     if (ttl.ok() && *ttl == 0) {
-      lock.unlock();
       Failed(ClusterState::kConnecting, Status(ErrorCode::kNotFound, "etcd no longer has this broker's lease"), true);
-      lock.lock();
       break;
     }
     if (!ttl.ok()) {
-      lock.unlock();
       Failed(ClusterState::kUnreachable, ttl.status(), true);
-      lock.lock();
       // Past the TTL since the last keep-alive, etcd has let the lease go: start over.
       if (Clock::now() - alive > std::chrono::seconds(options_.ttl_s)) break;
       wait_ms = std::min<uint32_t>(500, period_ms);
@@ -392,9 +389,7 @@ void Cluster::RunWatcher() {
     lock.lock();
     view_.watching = false;
     if (stopping_) break;
-    lock.unlock();
     Failed(ClusterState::kUnreachable, st, false);
-    lock.lock();
     Pause(lock, backoff, false);
     backoff = std::min(backoff * 2, kMaxBackoffMs);
   }

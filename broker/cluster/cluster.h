@@ -85,6 +85,7 @@ class Cluster {
   Status Register(EtcdClient& etcd, int64_t* lease);
   void KeepRegistered(EtcdClient& etcd, int64_t lease);
   void ApplyRecord(const std::string& key, const std::string& value, int64_t generation);  // mu_ held
+  // Counts and logs a failure (mu_ held); the registrar's also set the state.
   void Failed(ClusterState state, const Status& why, bool registrar);
   // Waits up to ms, or until stopping (or, for the registrar, the record
   // changed); false once stopping.
