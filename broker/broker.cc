@@ -112,6 +112,8 @@ Broker::~Broker() {
 
 Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   std::unique_ptr<Broker> b(new Broker(std::move(options)));
+  // First: a bad cluster setting is a failed start that has made nothing.
+  MB_RETURN_IF_ERROR(b->cluster_.Configure(b->options_.cluster, static_cast<int32_t>(::getpid())));
   if (int rc = uv_loop_init(&b->loop_); rc != 0)
     return Status(ErrorCode::kInternal, std::string("uv_loop_init: ") + uv_strerror(rc));
   b->loop_.data = b.get();
@@ -147,8 +149,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));
   b->pools_.Fill();  // before READY: a ready broker serves pooled sizes at once
   Broker* self = b.get();
-  MB_RETURN_IF_ERROR(b->cluster_.Start(b->options_.cluster, static_cast<int32_t>(::getpid()), &b->loop_,
-                                       [self] { self->OnClusterChanged(); }));
+  MB_RETURN_IF_ERROR(b->cluster_.Start(&b->loop_, [self] { self->OnClusterChanged(); }));
   return b;
 }
 

@@ -92,7 +92,7 @@ const char* ClusterStateName(ClusterState s) {
   return "?";
 }
 
-Status Cluster::Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loop, std::function<void()> on_change) {
+Status Cluster::Configure(const ClusterOptions& options, int32_t pid) {
   if (!options.enabled() || started_) return Status::Ok();
   options_ = options;
   if (options_.host_name.empty()) {
@@ -128,6 +128,12 @@ Status Cluster::Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loo
   self_.started_s = time(nullptr);
   view_.state = ClusterState::kConnecting;
   view_.endpoint = options_.endpoints[0];
+  configured_ = true;
+  return Status::Ok();
+}
+
+Status Cluster::Start(uv_loop_t* loop, std::function<void()> on_change) {
+  if (!configured_ || started_) return Status::Ok();
   on_change_ = std::move(on_change);
   changed_.data = this;
   if (int rc = uv_async_init(loop, &changed_, [](uv_async_t* a) { static_cast<Cluster*>(a->data)->on_change_(); });

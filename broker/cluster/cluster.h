@@ -62,10 +62,14 @@ class Cluster {
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
 
-  // Checks the options (host name, password file) and starts the two threads.
-  // etcd being unreachable is no error here: the threads keep trying.
-  // on_change runs on loop's thread after the table of hosts changed.
-  Status Start(const ClusterOptions& options, int32_t pid, uv_loop_t* loop, std::function<void()> on_change);
+  // Checks the options (host name, password file, TLS files) and reads the
+  // password, before the broker makes anything: a bad setting is a failed
+  // start that leaves nothing behind. Nothing without --cluster.
+  Status Configure(const ClusterOptions& options, int32_t pid);
+  // Starts the two threads, once the broker serves. etcd being unreachable is
+  // no error here: they keep trying. on_change runs on loop's thread after the
+  // table of hosts changed.
+  Status Start(uv_loop_t* loop, std::function<void()> on_change);
   bool started() const { return started_; }
   const ClusterOptions& options() const { return options_; }  // as in effect (the host name filled in)
   // The engines this host lists (those that listen for other hosts); the
@@ -94,7 +98,7 @@ class Cluster {
   ClusterOptions options_;
   std::string password_;
   std::string prefix_, self_key_;  // /membroker/NS/hosts/ and that + our name
-  bool started_ = false;
+  bool configured_ = false, started_ = false;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

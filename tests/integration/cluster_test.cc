@@ -542,16 +542,16 @@ TEST(Cluster, BadSettingsAreRefusedAtStart) {
                 "bad value 'a b' for host-name"),
             std::string::npos);
   char tmpl[] = "/tmp/membroker-pw-XXXXXX";
-  const int fd = ::mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::write(fd, "secret\n", 7), 7);
-  ::close(fd);
-  ::chmod(tmpl, 0644);
-  RunResult r = RunBrokerExpectingExit({"--socket", std::string(tmpl) + ".sock", "--cluster", "etcd://127.0.0.1:1", "--cluster-user", "u",
-                                        "--cluster-password-file", tmpl});
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string password = PasswordFile(dir, "pw", "secret");
+  ASSERT_EQ(::chmod(password.c_str(), 0644), 0);
+  RunResult r = RunBrokerExpectingExit({"--socket", dir + "/b.sock", "--cluster", "etcd://127.0.0.1:1",
+                                        "--cluster-user", "u", "--cluster-password-file", password});
   EXPECT_NE(r.output.find("readable by others than its owner"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("secret"), std::string::npos);
-  ::unlink(tmpl);
+  // Refused before the broker made anything: no socket, no state file.
+  EXPECT_EQ(RunProgram({"/bin/ls", "-A", dir}).output, "pw\n");
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
