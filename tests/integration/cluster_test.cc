@@ -166,8 +166,11 @@ std::string PasswordFile(const std::string& dir, const std::string& name, const 
   return path;
 }
 
-std::vector<std::string> ClusterArgs(const Etcd& etcd, const std::string& host, const std::string& ns = "t") {
-  return {"--cluster", etcd.url(), "--cluster-namespace", ns, "--host-name", host, "--cluster-ttl-s", "2"};
+// A lease of 10 s unless a test needs records to go sooner: a loaded machine
+// that stalls a broker's keep-alives for less than that changes no verdict.
+std::vector<std::string> ClusterArgs(const Etcd& etcd, const std::string& host, const std::string& ns = "t",
+                                     const std::string& ttl_s = "10") {
+  return {"--cluster", etcd.url(), "--cluster-namespace", ns, "--host-name", host, "--cluster-ttl-s", ttl_s};
 }
 
 // `membrokerctl list hosts --json` through the binary; null when it answered an error.
@@ -197,7 +200,7 @@ TEST(Cluster, HostsFindEachOtherAndADeadHostsRecordVanishes) {
   SKIP_WITHOUT_ETCD();
   Etcd etcd;
   BrokerProcess a(ClusterArgs(etcd, "host-a"));
-  BrokerProcess b(ClusterArgs(etcd, "host-b"));
+  BrokerProcess b(ClusterArgs(etcd, "host-b", "t", "2"));  // its record goes 2 s after its SIGKILL
   json hosts;
   ASSERT_TRUE(WaitFor([&] {
     hosts = Hosts(a);
@@ -222,7 +225,7 @@ TEST(Cluster, HostsFindEachOtherAndADeadHostsRecordVanishes) {
     hosts = Hosts(a);
     return hosts.is_array() && HostIn(hosts, "host-b") == nullptr;
   })) << hosts.dump();
-  EXPECT_EQ(a.Stat("cluster_hosts_gone"), 1u);
+  EXPECT_GE(a.Stat("cluster_hosts_gone"), 1u);
 
   // Its replacement registers anew: a new generation, told apart from the old.
   b.Restart();
@@ -308,15 +311,22 @@ TEST(Cluster, AnEngineOnAnotherHostIsConnectedByItsName) {
   EXPECT_EQ(prefill.Connect("nowhere", 300).code(), ErrorCode::kTimeout);
 
   // A connect that waits for an engine that appears later on the other host.
-  Status waited = Status(ErrorCode::kInternal, "not run");
-  std::thread connector([&] { waited = prefill.Connect("decode-1", 60000); });
   auto cb1 = Client::Connect({b.socket(), "decode-1"});
   ASSERT_TRUE(cb1.ok());
+  Status waited = Status(ErrorCode::kInternal, "not run");
+  std::thread connector([&] { waited = prefill.Connect("decode-1", 60000); });
   TransferEngine decode1(*cb1);
-  ASSERT_TRUE(decode1.Initialize("decode-1", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}}).ok());
-  connector.join();
-  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  Status init1 = decode1.Initialize("decode-1", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}});
+  connector.join();  // before any ASSERT: a joinable thread must not outlive the test body
+  ASSERT_TRUE(init1.ok()) << init1.ToString();
+  ASSERT_TRUE(waited.ok()) << waited.ToString();
   EXPECT_TRUE(prefill.GetConnectionInfo("decode-1", info).ok());
+  // A transfer completes the connection's wire-up on both sides before it is
+  // torn down: UCX (1.13, Debian's) asserts when a listener's worker is
+  // destroyed with its wire-up reply still queued (docs/CLUSTER.md).
+  Memory remote1 = Register(*cb1, decode1, 4096);
+  ASSERT_TRUE(prefill.TransferSync("decode-1", WRITE, {{local.addr(), remote1.addr(), 4096}}, 30000).ok());
+  ASSERT_EQ(std::memcmp(remote1.data(), local.data(), 4096), 0);
   EXPECT_EQ(prefill.Disconnect("decode-1", 5000).code(), ErrorCode::kOk);
   EXPECT_EQ(prefill.Disconnect("decode-0", 5000).code(), ErrorCode::kOk);
 }
@@ -335,9 +345,12 @@ TEST(Cluster, ABrokerRestartedBeforeItsLeaseEndsTakesBackItsNameAtOnce) {
   b.Restart();
   ASSERT_TRUE(WaitFor([&] { return b.Stat("cluster_up") == 1; }, 30)) << b.Admin("stats");
   EXPECT_GT(b.Stat("cluster_generation"), first);
-  json hosts = Hosts(b);
-  ASSERT_NE(HostIn(hosts, "host-r"), nullptr) << hosts.dump();
-  EXPECT_EQ((*HostIn(hosts, "host-r"))["pid"].get<int>(), b.pid());
+  // Its own table follows from the watch: the old record's deletion and the new one arrive as events.
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] {
+    const json* h = HostIn(hosts = Hosts(b), "host-r");
+    return h != nullptr && (*h)["pid"].get<int>() == b.pid();
+  })) << hosts.dump();
 }
 
 // A take-over: the old broker revokes its lease as it hands over; the new one
@@ -371,15 +384,18 @@ TEST(Cluster, AHostNameHeldByALiveBrokerIsNotTaken) {
   EXPECT_NE(StatText(second, "cluster_error").find("registered by pid " + std::to_string(first.pid())),
             std::string::npos)
       << second.Admin("stats");
-  json hosts = Hosts(first);
-  ASSERT_NE(HostIn(hosts, "same"), nullptr);
-  EXPECT_EQ((*HostIn(hosts, "same"))["pid"].get<int>(), first.pid());
+  json hosts;
+  ASSERT_TRUE(WaitFor([&] {
+    const json* h = HostIn(hosts = Hosts(first), "same");
+    return h != nullptr && (*h)["pid"].get<int>() == first.pid();
+  })) << hosts.dump();
   // The holder stops (its lease revoked): the waiting broker registers.
   EXPECT_EQ(first.Stop(), 0);
   ASSERT_TRUE(WaitFor([&] { return second.Stat("cluster_up") == 1; })) << second.Admin("stats");
-  hosts = Hosts(second);
-  ASSERT_NE(HostIn(hosts, "same"), nullptr);
-  EXPECT_EQ((*HostIn(hosts, "same"))["pid"].get<int>(), second.pid());
+  ASSERT_TRUE(WaitFor([&] {
+    const json* h = HostIn(hosts = Hosts(second), "same");
+    return h != nullptr && (*h)["pid"].get<int>() == second.pid();
+  })) << hosts.dump();
 }
 
 TEST(Cluster, EtcdOutOfReachNeverStopsLocalWork) {
