@@ -65,7 +65,7 @@ unshare -m --propagation private bash -euo pipefail -c '
   done
   MANPATH=/usr/share/man man -w membrokerd membrokerctl >/dev/null
   systemd-analyze verify --man=no /usr/lib/systemd/system/membrokerd.socket /usr/lib/systemd/system/membrokerd.service
-  membrokerd --help | grep -q -- --supervise
+  membrokerd --help | grep -- --supervise >/dev/null  # not -q: an early exit would SIGPIPE the writer (pipefail)
   "$here/../consumer/check_prefix.sh" /usr
 ' bash "$root" "$here" "$etc"
 
