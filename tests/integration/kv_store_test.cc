@@ -706,14 +706,15 @@ TEST(KvStore, ABrokerThatStartsFindsTheDiskTiersBlocks) {
 // broker serves) or after, every key is there, byte for byte.
 TEST(KvStore, RequestsForAStoreBeingMadeAgainWaitForIt) {
   BrokerProcess broker;
-  auto c = *Client::Connect({broker.socket(), "engine"});
   constexpr int kBlocks = 16000;
-  KvStore store = Made(c, "big/kv", 20000);
-  for (int at = 0; at < kBlocks; at += 250)
-    for (ErrorCode code : PutAll(store, Keys(at, 250))) ASSERT_EQ(code, ErrorCode::kOk);
-  ASSERT_EQ(broker.TakeOver(), 0);
   // Named by id (this client's store) and by name (a new client's open).
+  // The reader is forked before this process has a client, so before its
+  // reattach thread exists: a fork while that thread allocates can leave the
+  // child stuck on an allocator lock (ASan's takes no care of fork).
+  Channel ch;
   pid_t child = ForkChild([&] {
+    ch.AsChild();
+    if (ch.Receive() != "go") return 9;
     auto r = Client::Connect({broker.socket(), "reader"});
     if (!r.ok()) return 10;
     auto s = KvStore::Open(*r, "big/kv");
@@ -724,6 +725,13 @@ TEST(KvStore, RequestsForAStoreBeingMadeAgainWaitForIt) {
       if (!Holds(got->data(i), Key(kBlocks - 10 + static_cast<int>(i)))) return 13;
     return 0;
   });
+  ch.AsParent();
+  auto c = *Client::Connect({broker.socket(), "engine"});
+  KvStore store = Made(c, "big/kv", 20000);
+  for (int at = 0; at < kBlocks; at += 250)
+    for (ErrorCode code : PutAll(store, Keys(at, 250))) ASSERT_EQ(code, ErrorCode::kOk);
+  ASSERT_EQ(broker.TakeOver(), 0);
+  ch.Send("go");
   for (int at = 0; at < kBlocks; at += 250) {
     auto got = store.Get(Keys(at, 250));
     ASSERT_TRUE(got.ok()) << got.status().ToString();

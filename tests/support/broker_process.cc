@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -255,6 +256,21 @@ pid_t ForkChild(const std::function<int()>& fn) {
 }
 
 int WaitChild(pid_t pid) {
+  // Bounded: a child stuck for 100 s (far past anything a test asks of one,
+  // however loaded the machine) is killed and reported, so the test fails
+  // with its name rather than by ctest's timeout.
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    int ready;
+    do ready = ::poll(&p, 1, 100'000);
+    while (ready < 0 && errno == EINTR);
+    ::close(pidfd);
+    if (ready == 0) {
+      ADD_FAILURE() << "child " << pid << " did not end within 100 s; killed";
+      ::kill(pid, SIGKILL);
+    }
+  }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return -1;

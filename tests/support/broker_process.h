@@ -71,7 +71,8 @@ RunResult RunProgram(const std::vector<std::string>& argv);
 
 // Runs fn in a forked child that exits with fn's return value.
 pid_t ForkChild(const std::function<int()>& fn);
-// Waits for a child; returns its exit code, or 128+signal.
+// Waits for a child; returns its exit code, or 128+signal. A child still
+// running after 100 s is killed and the test fails.
 int WaitChild(pid_t pid);
 
 // A pipe for a parent and one child to exchange short lines.
