@@ -149,6 +149,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));
   b->pools_.Fill();  // before READY: a ready broker serves pooled sizes at once
   Broker* self = b.get();
+  b->cluster_.SetNames(b->ListedForCluster());  // those a take-over or the fd store brought back
   MB_RETURN_IF_ERROR(b->cluster_.Start(&b->loop_, [self] { self->OnClusterChanged(); }));
   return b;
 }

@@ -149,6 +149,10 @@ void Broker::OnWaiterTimeout(const Waiter& w) {
       SendError(*s, w.request_id,
                 Status(ErrorCode::kTimeout, "nothing was published as \"" + w.key + "\" in time"));
       break;
+    case Waiter::Kind::kClusterLookup:
+      SendError(*s, w.request_id, Status(ErrorCode::kTimeout, "nothing was published as \"" + w.key +
+                                                                  "\" on any host of the cluster in time"));
+      break;
     case Waiter::Kind::kEvents:
       SendEvents(*s, w.request_id);  // an empty list: the wait ended
       break;

@@ -168,8 +168,19 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineResolveRequest&
   return SentOnSuccess(waiters_.Add({Waiter::Kind::kResolve, s.id, rid, m.remote}, m.timeout_ms));
 }
 
-// The cluster's table changed: resolves waiting for an engine now listed elsewhere are answered.
+// The cluster's table changed: resolves waiting for an engine, and lookups
+// waiting for a name, now listed elsewhere are answered.
 void Broker::OnClusterChanged() {
+  for (const std::string& name : waiters_.Keys(Waiter::Kind::kClusterLookup)) {
+    const std::optional<NameLocation> at = cluster_.FindName(name);
+    if (!at) continue;
+    const ipc::ClusterLookupReply reply{at->host, static_cast<uint64_t>(at->generation), at->name.size,
+                                        at->name.read_only, at->name.metadata};
+    AnswerWaiters(Waiter::Kind::kClusterLookup, name, [&](Session& peer, uint64_t rid) {
+      Send(peer, rid, reply);
+      return Status::Ok();
+    });
+  }
   for (const std::string& name : waiters_.Keys(Waiter::Kind::kResolve)) {
     const std::optional<EngineLocation> at = cluster_.FindEngine(name);
     if (!at) continue;

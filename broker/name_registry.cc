@@ -33,6 +33,19 @@ uint64_t NameRegistry::Remove(const std::string& name) {
   return allocation;
 }
 
+std::vector<HostName> NameRegistry::ForCluster(const std::function<uint64_t(uint64_t)>& size_of) const {
+  std::vector<HostName> out;
+  for (const auto& [name, e] : names_)
+    if (e.cluster) out.push_back({name, size_of(e.allocation), e.read_only, e.metadata});
+  return out;
+}
+
+size_t NameRegistry::CountForCluster() const {
+  size_t n = 0;
+  for (const auto& [name, e] : names_) n += e.cluster ? 1 : 0;
+  return n;
+}
+
 std::vector<std::string> NameRegistry::NamesWhere(const std::function<bool(const NamedEntry&)>& pick) const {
   std::vector<std::string> out;
   for (const auto& [name, e] : names_)

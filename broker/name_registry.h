@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/host_record.h"
 #include "membroker/ipc/protocol.h"
 #include "membroker/ipc/unique_fd.h"
 #include "membroker/status.h"
@@ -30,6 +31,7 @@ struct NamedEntry {
   uid_t uid = 0;
   bool read_only = false;
   bool persist = false;
+  bool cluster = false;  // listed in this host's cluster record (kPublishCluster)
   ipc::UniqueFd read_only_fd;  // what lookups of a read-only object get
   std::string metadata;        // the publisher's, given to every lookup
   // Handed over, not persistent: goes when the reattach grace ends unless its
@@ -54,6 +56,10 @@ class NameRegistry {
   std::vector<std::pair<std::string, const NamedEntry*>> List(const std::string& prefix, const std::string& after,
                                                               size_t limit, bool* truncated) const;
   const Names& all() const { return names_; }
+  // The names published for the cluster, as this host's record lists them
+  // (size_of gives an allocation's bytes), and how many.
+  std::vector<HostName> ForCluster(const std::function<uint64_t(uint64_t)>& size_of) const;
+  size_t CountForCluster() const;
   size_t size() const { return names_.size(); }
   bool empty() const { return names_.empty(); }
 

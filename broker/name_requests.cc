@@ -10,12 +10,23 @@ namespace membroker::broker {
 
 namespace {
 Status CheckName(const std::string& name) { return ipc::CheckName(name, ipc::kMaxObjectNameBytes, "a name"); }
+
 }  // namespace
+
+std::vector<HostName> Broker::ListedForCluster() const {
+  return names_.ForCluster([this](uint64_t allocation) {
+    const Allocation* a = holdings_.Find(allocation);
+    return a != nullptr ? a->size : 0;
+  });
+}
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   MB_RETURN_IF_ERROR(CheckName(m.name));
   if (m.flags & ~ipc::kPublishKnownFlags)
     return Status(ErrorCode::kParamInvalid, "unknown publish flags " + std::to_string(m.flags));
+  const bool cluster = m.flags & ipc::kPublishCluster;
+  if (cluster && !cluster_.started())
+    return Status(ErrorCode::kUnsupported, "this broker is not in a cluster (membrokerd --cluster)");
   const Allocation* a = holdings_.Find(m.allocation);
   if (!s.ledger.Holds(m.allocation) || a == nullptr)
     return Status(ErrorCode::kInvalidHandle,
@@ -29,6 +40,10 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
     e->awaiting_publisher = false;
     return Status::Ok();
   }
+  const NamedEntry* taken = names_.Find(m.name);
+  if (cluster && !(taken != nullptr && taken->cluster) && names_.CountForCluster() >= kHostNamesMax)
+    return Status(ErrorCode::kResourceExhausted, "this host already lists " + std::to_string(kHostNamesMax) +
+                                                     " names for the cluster (docs/CLUSTER.md)");
   // A name taken: replaced where asked and the user is its own (the old
   // allocation's readers keep their pages), else ALREADY_EXISTS unless its
   // publisher has exited.
@@ -54,6 +69,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   e.uid = s.cred.uid;
   e.read_only = read_only;
   e.persist = m.flags & ipc::kPublishPersist;
+  e.cluster = cluster;
   e.metadata = m.metadata;
   holdings_.AddReference(m.allocation);  // the publication's own (before the one it replaces goes)
   if (replaced != 0) holdings_.DropReference(names_.Remove(m.name));
@@ -64,12 +80,22 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   }
   NamedEntry* entry = *added;
   fd_store_.StateChanged();
+  if (cluster || replaced != 0) cluster_.SetNames(ListedForCluster());
   MB_DEBUG("publish", "client=%llu name=\"%s\" allocation=%llu persist=%d replaced=%llu",
            static_cast<unsigned long long>(s.id), LogText(m.name).c_str(), static_cast<unsigned long long>(m.allocation),
            entry->persist ? 1 : 0, static_cast<unsigned long long>(replaced));
   PostEvent(ipc::NameEventKind::kPublished, m.name, m.allocation, s.cred.pid);
   AnswerWaiters(Waiter::Kind::kLookup, m.name,
                 [&](Session& waiting, uint64_t rid) { return GrantNamed(waiting, rid, m.name, *entry); });
+  if (cluster) {
+    const Allocation* published = holdings_.Find(m.allocation);
+    const ipc::ClusterLookupReply here{cluster_.options().host_name, static_cast<uint64_t>(cluster_.View().generation),
+                                       published ? published->size : 0, entry->read_only, entry->metadata};
+    AnswerWaiters(Waiter::Kind::kClusterLookup, m.name, [&](Session& waiting, uint64_t rid) {
+      Send(waiting, rid, here);
+      return Status::Ok();
+    });
+  }
   return Status::Ok();
 }
 
@@ -91,8 +117,11 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::LookupRequest& m) {
 }
 
 void Broker::Unpublish(const std::string& name, int32_t pid) {
+  const NamedEntry* e = names_.Find(name);
+  const bool cluster = e != nullptr && e->cluster;
   const uint64_t allocation = names_.Remove(name);
   fd_store_.StateChanged();
+  if (cluster) cluster_.SetNames(ListedForCluster());
   holdings_.DropReference(allocation);
   PostEvent(ipc::NameEventKind::kUnpublished, name, allocation, pid);
 }
@@ -103,6 +132,30 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::UnpublishRequest& m) {
   if (e->uid != s.cred.uid) return Status(ErrorCode::kPermissionDenied, "\"" + m.name + "\" belongs to another user");
   Unpublish(m.name, s.cred.pid);
   return Status::Ok();
+}
+
+// Where a name published for the cluster lives: here (answered from this
+// broker's own table, not etcd's echo of it), or on another host by its
+// record; else it waits for either.
+Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ClusterLookupRequest& m) {
+  MB_RETURN_IF_ERROR(CheckName(m.name));
+  if (!cluster_.started()) return Status(ErrorCode::kUnsupported, "this broker is not in a cluster (membrokerd --cluster)");
+  if (const NamedEntry* e = names_.Find(m.name); e != nullptr && e->cluster) {
+    const Allocation* a = holdings_.Find(e->allocation);
+    return ipc::ClusterLookupReply{cluster_.options().host_name, static_cast<uint64_t>(cluster_.View().generation),
+                                   a ? a->size : 0, e->read_only, e->metadata};
+  }
+  if (std::optional<NameLocation> at = cluster_.FindName(m.name))
+    return ipc::ClusterLookupReply{at->host, static_cast<uint64_t>(at->generation), at->name.size,
+                                   at->name.read_only, at->name.metadata};
+  if (m.timeout_ms == 0) {
+    const ClusterView v = cluster_.View();
+    if (!v.watching)
+      return Status(ErrorCode::kNotConnected,
+                    "\"" + m.name + "\" is not published here, and etcd is out of reach: " + v.error);
+    return Status(ErrorCode::kNotFound, "nothing is published as \"" + m.name + "\" on any host of the cluster");
+  }
+  return SentOnSuccess(waiters_.Add({Waiter::Kind::kClusterLookup, s.id, rid, m.name}, m.timeout_ms));
 }
 
 Answer Broker::Handle(Session&, uint64_t, const ipc::ListNamesRequest& m) {

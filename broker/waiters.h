@@ -1,7 +1,7 @@
 // Waiters: requests that wait in the broker - without polling - for something
 // to happen: a Connect for its remote engine to appear, a Resolve for an
 // engine to appear on any host of the cluster, a Lookup for its name to be
-// published, a WaitEvents for an event. Each has a timer for its
+// published (here, or on any host of the cluster), a WaitEvents for an event. Each has a timer for its
 // timeout; the session's end cancels it. The component owns the list and the
 // timers; what a waiter is answered with is its caller's business (the
 // answer callbacks), so a Waiter knows nothing of the Broker.
@@ -22,7 +22,7 @@ inline constexpr size_t kMaxWaitersPerClient = 16;
 inline constexpr uint32_t kMaxWaitMs = 10 * 60 * 1000;
 
 struct Waiter {
-  enum class Kind { kConnect, kResolve, kLookup, kEvents };
+  enum class Kind { kConnect, kResolve, kLookup, kClusterLookup, kEvents };
   Kind kind = Kind::kConnect;
   uint64_t session_id = 0;
   uint64_t request_id = 0;

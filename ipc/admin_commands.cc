@@ -59,6 +59,12 @@ constexpr AdminCommand kCommands[] = {
      "since when it is registered, whether it is this broker, and its engines that listen for other "
      "hosts, as name=address. Without --cluster, or while etcd is out of reach, an error says why.",
      "host generation pid since self engines"},
+    {kListClusterNames, "list names --cluster", AdminArg::kNone, true, "names published for the cluster (--cluster)",
+     "The names published with the cluster flag on every host of the cluster (docs/CLUSTER.md), one "
+     "row each, as the hosts' records in etcd have them now: the name, the host and its "
+     "generation, the size, whether lookups get it read-only, and the bytes of metadata. Without "
+     "--cluster, or while etcd is out of reach, an error says why.",
+     "name host generation size read_only metadata_bytes"},
     {kShowClient, "show client", AdminArg::kId, true, "one client and what it holds",
      "One client, with the ids of the allocations it holds."},
     {kShowAllocation, "show allocation", AdminArg::kId, true, "one allocation and its holders",

@@ -32,7 +32,8 @@ static_assert(kMallocPinned == w::MallocFlags_PINNED && kMallocSameAddress == w:
 static_assert(kExportNoPidCheck == w::ExportFlags_NO_PID_CHECK && kExportReadOnly == w::ExportFlags_READ_ONLY &&
               kExportKnownFlags == w::ExportFlags_ANY);
 static_assert(kPublishReadOnly == w::PublishFlags_READ_ONLY && kPublishPersist == w::PublishFlags_PERSIST &&
-              kPublishReplace == w::PublishFlags_REPLACE && kPublishKnownFlags == w::PublishFlags_ANY);
+              kPublishReplace == w::PublishFlags_REPLACE && kPublishCluster == w::PublishFlags_CLUSTER &&
+              kPublishKnownFlags == w::PublishFlags_ANY);
 static_assert(kFlagNoReplyOnSuccess == w::EnvelopeFlags_NO_REPLY_ON_SUCCESS);
 
 namespace {
@@ -264,6 +265,15 @@ struct Encoder {
     auto h = b.CreateString(m.host);
     auto a = b.CreateString(m.address);
     return w::CreateEngineResolveReply(b, h, m.generation, a).Union();
+  }
+  fb::Offset<void> operator()(const ClusterLookupRequest& m) {
+    auto n = b.CreateString(m.name);
+    return w::CreateClusterLookupRequest(b, n, m.timeout_ms).Union();
+  }
+  fb::Offset<void> operator()(const ClusterLookupReply& m) {
+    auto h = b.CreateString(m.host);
+    auto meta = b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()), m.metadata.size());
+    return w::CreateClusterLookupReply(b, h, m.generation, m.size, m.read_only, meta).Union();
   }
   fb::Offset<void> operator()(const TakeOverAllocations& m) {
     std::vector<fb::Offset<w::TakeOverAllocation>> as;
@@ -759,6 +769,22 @@ Result<Message> Read(const w::EngineResolveReply* m) {
   r.generation = m->generation();
   MB_RETURN_IF_ERROR(ReadName(m->address(), kMaxNetAddressBytes, "address", &r.address));
   if (r.host.empty() != r.address.empty()) return Malformed("a host without an address, or an address without a host");
+  return Message(std::move(r));
+}
+Result<Message> Read(const w::ClusterLookupRequest* m) {
+  ClusterLookupRequest r;
+  MB_RETURN_IF_ERROR(ReadName(m->name(), kMaxObjectNameBytes, "name", &r.name));
+  r.timeout_ms = m->timeout_ms();
+  return Message(std::move(r));
+}
+
+Result<Message> Read(const w::ClusterLookupReply* m) {
+  ClusterLookupReply r;
+  MB_RETURN_IF_ERROR(ReadName(m->host(), kMaxHostNameBytes, "host", &r.host));
+  r.generation = m->generation();
+  r.size = m->size();
+  r.read_only = m->read_only();
+  MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
   return Message(std::move(r));
 }
 Result<Message> Read(const w::TakeOverAllocations* m) {

@@ -82,6 +82,11 @@ std::string Broker::AdminCommand(const std::string& line) {
       if (!hosts.ok()) return RenderError(hosts.status().ToString(), json);
       return Table(*hosts, req, "no hosts");
     }
+    case ipc::AdminCommandId::kListClusterNames: {
+      Result<std::vector<Record>> cluster_names = ClusterNameRecords(cluster_);
+      if (!cluster_names.ok()) return RenderError(cluster_names.status().ToString(), json);
+      return Table(*cluster_names, req, "no names published for the cluster");
+    }
     case ipc::AdminCommandId::kUnpublish: {
       if (names_.Find(req.arg) == nullptr) return RenderError("no named object '" + req.arg + "'", json);
       Unpublish(req.arg, 0);

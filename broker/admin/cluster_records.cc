@@ -1,5 +1,7 @@
 #include "admin/cluster_records.h"
 
+#include <algorithm>
+
 namespace membroker::broker {
 
 void AddClusterStats(const ClusterView& v, Record& r) {
@@ -30,13 +32,44 @@ void AddClusterConfig(const Cluster& cluster, const ClusterOptions& given, Recor
       .Str("cluster-key", o.key_file);
 }
 
-Result<std::vector<Record>> HostRecords(const Cluster& cluster) {
+namespace {
+
+// The cluster's table, if there is one to show.
+Result<ClusterView> Watched(const Cluster& cluster) {
   if (!cluster.started())
     return Status(ErrorCode::kUnsupported, "this broker runs without --cluster (docs/CLUSTER.md)");
-  const ClusterView v = cluster.View();
+  ClusterView v = cluster.View();
   if (!v.watching)
     return Status(ErrorCode::kNotConnected,
                   "etcd is out of reach" + (v.error.empty() ? std::string() : ": " + v.error));
+  return v;
+}
+
+}  // namespace
+
+Result<std::vector<Record>> ClusterNameRecords(const Cluster& cluster) {
+  MB_ASSIGN_OR_RETURN(const ClusterView v, Watched(cluster));
+  std::vector<std::pair<std::pair<std::string, std::string>, Record>> rows;
+  for (const ClusterHost& h : v.hosts) {
+    for (const HostName& n : h.record.names) {
+      Record r;
+      r.Str("name", n.name)
+          .Str("host", h.record.host)
+          .Num("generation", static_cast<uint64_t>(h.generation))
+          .Num("size", n.size)
+          .Bool("read_only", n.read_only)
+          .Num("metadata_bytes", n.metadata.size());
+      rows.push_back({{n.name, h.record.host}, std::move(r)});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Record> out;
+  for (auto& [key, r] : rows) out.push_back(std::move(r));
+  return out;
+}
+
+Result<std::vector<Record>> HostRecords(const Cluster& cluster) {
+  MB_ASSIGN_OR_RETURN(const ClusterView v, Watched(cluster));
   std::vector<Record> rows;
   for (const ClusterHost& h : v.hosts) {
     std::string engines;

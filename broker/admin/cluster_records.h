@@ -1,5 +1,5 @@
 // What the admin socket says of the cluster (cluster/cluster.h): the stats'
-// cluster_* fields and `list hosts`.
+// cluster_* fields, `list hosts` and `list names --cluster`.
 #pragma once
 
 #include <vector>
@@ -15,5 +15,7 @@ void AddClusterConfig(const Cluster& cluster, const ClusterOptions& given, Recor
 // The hosts as etcd has them now; NOT_CONNECTED (with the reason) while the
 // broker's watch of etcd is down, UNSUPPORTED without --cluster.
 Result<std::vector<Record>> HostRecords(const Cluster& cluster);
+// The names every host lists for the cluster, by name then host; the same errors.
+Result<std::vector<Record>> ClusterNameRecords(const Cluster& cluster);
 
 }  // namespace membroker::broker

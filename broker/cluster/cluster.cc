@@ -157,6 +157,15 @@ void Cluster::SetEngines(std::vector<HostEngine> engines) {
   wake_.notify_all();
 }
 
+void Cluster::SetNames(std::vector<HostName> names) {
+  if (!configured_) return;  // (before Start too: the names a restart brought back)
+  std::lock_guard lock(mu_);
+  if (names == self_.names) return;
+  self_.names = std::move(names);
+  record_changed_ = true;
+  wake_.notify_all();
+}
+
 void Cluster::Stop() {
   if (!started_) return;
   {
@@ -186,6 +195,16 @@ std::optional<EngineLocation> Cluster::FindEngine(const std::string& name) const
     if (host == options_.host_name) continue;  // this host's engines are the broker's own
     for (const HostEngine& e : h.record.engines)
       if (e.name == name) return EngineLocation{host, h.generation, e.address};
+  }
+  return std::nullopt;
+}
+
+std::optional<NameLocation> Cluster::FindName(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [host, h] : hosts_) {
+    if (host == options_.host_name) continue;  // this host's names are the broker's own
+    for (const HostName& n : h.record.names)
+      if (n.name == name) return NameLocation{host, h.generation, n};
   }
   return std::nullopt;
 }

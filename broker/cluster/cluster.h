@@ -55,6 +55,13 @@ struct EngineLocation {
   std::string address;
 };
 
+// A name published on a host of the cluster, as that host's record lists it.
+struct NameLocation {
+  std::string host;
+  int64_t generation = 0;
+  HostName name;
+};
+
 class Cluster {
  public:
   Cluster() = default;
@@ -75,12 +82,17 @@ class Cluster {
   // The engines this host lists (those that listen for other hosts); the
   // record is updated when they change.
   void SetEngines(std::vector<HostEngine> engines);
+  // The names this host's clients published for the cluster; the record is
+  // updated when they change.
+  void SetNames(std::vector<HostName> names);
   // Revokes the lease (its records go at once) and joins the threads; bounded
   // by the etcd client's timeout.
   void Stop();
   ClusterView View() const;
   // The engine named so on another host (the first host by name that lists it).
   std::optional<EngineLocation> FindEngine(const std::string& name) const;
+  // The name published on another host (the first host by name that lists it).
+  std::optional<NameLocation> FindName(const std::string& name) const;
 
  private:
   EtcdConfig EtcdSettings() const;  // what each thread's client is made with

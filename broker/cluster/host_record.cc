@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/etcd_json.h"
 #include "membroker/ipc/escape.h"
+#include "membroker/ipc/protocol.h"
 
 namespace membroker::broker {
 
@@ -62,9 +64,13 @@ bool ValidListenAddress(std::string_view a) {
 std::string EncodeHostRecord(const HostRecord& r) {
   json engines = json::array();
   for (const HostEngine& e : r.engines) engines.push_back({{"name", e.name}, {"address", e.address}});
-  const json doc = {{"v", 1},       {"host", r.host},           {"pid", r.pid},
-                    {"boot_id", r.boot_id}, {"pid_ns", r.pid_ns}, {"started", r.started_s}, {"engines", engines}};
-  // Engine names are checked UTF-8 (ipc::CheckName), so dump cannot throw.
+  json names = json::array();
+  for (const HostName& n : r.names)
+    names.push_back({{"name", n.name}, {"size", n.size}, {"read_only", n.read_only}, {"meta", Base64Encode(n.metadata)}});
+  const json doc = {{"v", 1},           {"host", r.host},       {"pid", r.pid},
+                    {"boot_id", r.boot_id}, {"pid_ns", r.pid_ns}, {"started", r.started_s},
+                    {"engines", engines},   {"names", names}};
+  // Engine and object names are checked UTF-8 (ipc::CheckName), so dump cannot throw.
   return doc.dump();
 }
 
@@ -112,6 +118,26 @@ Result<HostRecord> DecodeHostRecord(std::string_view host, std::string_view valu
     if (!ipc::CheckName(he.name, 128, "an engine name").ok()) return Bad(host, "an engine name");
     if (!ValidListenAddress(he.address)) return Bad(host, "an engine address");
     r.engines.push_back(std::move(he));
+  }
+  const json* names = field("names");
+  if (names != nullptr && (!names->is_array() || names->size() > kHostNamesMax))
+    return Bad(host, "its names are not a list of at most 128");
+  for (const json& n : names != nullptr ? *names : json::array()) {
+    if (!n.is_object()) return Bad(host, "a name is not an object");
+    auto name = n.find("name");
+    auto size = n.find("size");
+    auto ro = n.find("read_only");
+    auto meta = n.find("meta");
+    if (name == n.end() || size == n.end() || ro == n.end() || meta == n.end() || !name->is_string() ||
+        !size->is_number_unsigned() || !ro->is_boolean() || !meta->is_string())
+      return Bad(host, "a name without its name, size, read_only or meta");
+    HostName hn{name->get<std::string>(), size->get<uint64_t>(), ro->get<bool>(), {}};
+    if (!ipc::CheckName(hn.name, ipc::kMaxObjectNameBytes, "a name").ok()) return Bad(host, "an object name");
+    const std::string& text = meta->get_ref<const std::string&>();
+    if (text.size() > (ipc::kMaxObjectMetadataBytes + 2) / 3 * 4 || !Base64Decode(text, &hn.metadata) ||
+        hn.metadata.size() > ipc::kMaxObjectMetadataBytes)
+      return Bad(host, "the metadata of name '" + ipc::EscapeText(hn.name) + "'");
+    r.names.push_back(std::move(hn));
   }
   return r;
 }

@@ -145,7 +145,8 @@ std::vector<ipc::Message> Broker::StateRecords() const {
   }
   for (const auto& [name, e] : names_.all()) {
     if (!kept(e.allocation)) continue;
-    const uint32_t flags = (e.read_only ? ipc::kPublishReadOnly : 0) | (e.persist ? ipc::kPublishPersist : 0);
+    const uint32_t flags = (e.read_only ? ipc::kPublishReadOnly : 0) | (e.persist ? ipc::kPublishPersist : 0) |
+                           (e.cluster ? ipc::kPublishCluster : 0);
     out.push_back(ipc::TakeOverName{name, e.allocation, flags, static_cast<uint32_t>(e.uid), e.publisher_pid, e.metadata});
     ++names;
   }
@@ -247,6 +248,7 @@ Status Broker::RestoreName(const ipc::TakeOverName& m) {
   e.uid = m.uid;
   e.read_only = m.flags & ipc::kPublishReadOnly;
   e.persist = m.flags & ipc::kPublishPersist;
+  e.cluster = m.flags & ipc::kPublishCluster;
   e.awaiting_publisher = !e.persist;
   e.metadata = m.metadata;
   if (e.read_only) {

@@ -45,7 +45,8 @@ MEMBROKER_ERROR_CODES(MB_C_ERROR_MATCHES)
 #undef MB_C_ERROR_MATCHES
 static_assert(MB_EXPORT_NO_PID_CHECK == kExportNoPidCheck && MB_EXPORT_READ_ONLY == kExportReadOnly);
 static_assert(MB_PUBLISH_READ_ONLY == kPublishReadOnly && MB_PUBLISH_PERSIST == kPublishPersist &&
-              MB_PUBLISH_REPLACE == kPublishReplace);
+              MB_PUBLISH_REPLACE == kPublishReplace && MB_PUBLISH_CLUSTER == kPublishCluster);
+static_assert(sizeof(mb_cluster_name::host) == ipc::kMaxHostNameBytes + 1);
 static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
 static_assert(MB_TRANSFER_FAILED == static_cast<int>(TransferStatus::FAILED) &&
@@ -229,6 +230,19 @@ int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** o
     auto h = client->client.Lookup(name, timeout_ms);
     if (!h.ok()) return Fail(h.status());
     *out = new mb_handle{std::move(*h)};
+    return MB_OK;
+  });
+}
+
+int mb_lookup_cluster(mb_client* client, const char* name, int timeout_ms, mb_cluster_name* out) {
+  return Guard([&]() -> int {
+    MB_NEED(client && name && out, "client, name and out must not be NULL");
+    auto at = client->client.LookupCluster(name, timeout_ms);
+    if (!at.ok()) return Fail(at.status());
+    CopyOut(at->host, out->host, sizeof(out->host));
+    out->generation = at->generation;
+    out->size = at->size;
+    out->read_only = at->read_only ? 1 : 0;
     return MB_OK;
   });
 }

@@ -18,7 +18,7 @@ using detail::ClientCore;
 // checks against the schema): the values cross the wire as they are.
 static_assert(kExportNoPidCheck == ipc::kExportNoPidCheck && kExportReadOnly == ipc::kExportReadOnly);
 static_assert(kPublishReadOnly == ipc::kPublishReadOnly && kPublishPersist == ipc::kPublishPersist &&
-              kPublishReplace == ipc::kPublishReplace);
+              kPublishReplace == ipc::kPublishReplace && kPublishCluster == ipc::kPublishCluster);
 static_assert(static_cast<int>(PagePolicy::kNormalOnly) == static_cast<int>(ipc::PagePolicy::kNormalOnly) &&
               static_cast<int>(PagePolicy::kHugeFirst) == static_cast<int>(ipc::PagePolicy::kHugeFirst) &&
               static_cast<int>(PagePolicy::kHugeOnly) == static_cast<int>(ipc::PagePolicy::kHugeOnly) &&

@@ -41,6 +41,17 @@ Result<PhysicalHandle> Client::Lookup(const std::string& name, int timeout_ms) {
   return h;
 }
 
+Result<ClusterNameInfo> Client::LookupCluster(const std::string& name, int timeout_ms) {
+  if (!core_) return detail::NotConnectedClient();
+  MB_RETURN_IF_ERROR(CheckName(name));
+  MB_ASSIGN_OR_RETURN(detail::Reply r, core_->conn().Call(ipc::ClusterLookupRequest{name, Millis(timeout_ms)},
+                                                             std::chrono::milliseconds(Millis(timeout_ms))));
+  auto* m = std::get_if<ipc::ClusterLookupReply>(&r.body);
+  if (m == nullptr || m->host.empty()) return Status(ErrorCode::kProtocolError, "ClusterLookupRequest got a wrong reply");
+  return ClusterNameInfo{std::move(m->host), m->generation, static_cast<size_t>(m->size), m->read_only,
+                         std::move(m->metadata)};
+}
+
 Status Client::Unpublish(const std::string& name) {
   if (!core_) return detail::NotConnectedClient();
   MB_RETURN_IF_ERROR(CheckName(name));

@@ -151,17 +151,26 @@ class Client:
 
     # -- named objects ---------------------------------------------------------------------------------
     def publish(self, name: str, handle, read_only: bool = False, persist: bool = False,
-                metadata: bytes = b"", replace: bool = False) -> None:
+                metadata: bytes = b"", replace: bool = False, cluster: bool = False) -> None:
         """Publishes handle's allocation under name. replace: a name this user
         already published is swapped to it in one step (lookups from then on
         get the new one; holders of the old keep theirs). persist: the name
         outlives this process until unpublished (and a broker crash only where
-        something keeps the broker's memory: docs/RESTART.md)."""
-        self.native.publish(handle, name, read_only, persist, metadata, replace)
+        something keeps the broker's memory: docs/RESTART.md). cluster: every
+        host of the broker's cluster finds it with lookup_cluster
+        (docs/CLUSTER.md; membroker.Unsupported without one)."""
+        self.native.publish(handle, name, read_only, persist, metadata, replace, cluster)
 
     def lookup(self, name: str, timeout_ms: int = 0):
         """The handle published as name, waiting up to timeout_ms (membroker.Timeout after)."""
         return self.native.lookup(name, timeout_ms)
+
+    def lookup_cluster(self, name: str, timeout_ms: int = 0) -> dict:
+        """Where a name published with cluster=True lives, on any host of the
+        cluster: {"host", "generation", "size", "read_only", "metadata"};
+        waits up to timeout_ms (membroker.Timeout after; 0: membroker.NotFound
+        at once); membroker.NotConnected while etcd is out of reach."""
+        return self.native.lookup_cluster(name, timeout_ms)
 
     def unpublish(self, name: str) -> None:
         self.native.unpublish(name)
@@ -202,11 +211,11 @@ class Client:
         return t
 
     def publish_tensor(self, name: str, tensor: Tensor, read_only: bool = False, persist: bool = False,
-                       metadata: dict | None = None, replace: bool = False) -> None:
+                       metadata: dict | None = None, replace: bool = False, cluster: bool = False) -> None:
         """Publishes the tensor's memory under name with its dtype, shape and
         strides, and metadata (a dict of JSON values, given back as
         .user_metadata by lookup_tensor; all of it at most 4 KiB)."""
-        self.publish(name, tensor.handle, read_only, persist, tensor.metadata(metadata), replace)
+        self.publish(name, tensor.handle, read_only, persist, tensor.metadata(metadata), replace, cluster)
 
     def lookup_tensor(self, name: str, timeout_ms: int = 0) -> Tensor:
         """The tensor published as name, mapped here (read-only if published so)."""

@@ -125,14 +125,28 @@ void BindClient(py::module_& mod) {
       .def(
           "publish",
           [](PyClient& c, PyHandle& h, const std::string& name, bool read_only, bool persist, py::bytes metadata,
-             bool replace) {
-            uint32_t flags =
-                (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0) | (replace ? kPublishReplace : 0);
+             bool replace, bool cluster) {
+            uint32_t flags = (read_only ? kPublishReadOnly : 0) | (persist ? kPublishPersist : 0) |
+                             (replace ? kPublishReplace : 0) | (cluster ? kPublishCluster : 0);
             std::string meta = metadata;
             Check(Unlocked([&] { return c.client.Publish(name, h.handle, flags, meta); }));
           },
           py::arg("handle"), py::arg("name"), py::arg("read_only") = false, py::arg("persist") = false,
-          py::arg("metadata") = py::bytes(), py::arg("replace") = false)
+          py::arg("metadata") = py::bytes(), py::arg("replace") = false, py::arg("cluster") = false)
+      .def(
+          "lookup_cluster",
+          [](PyClient& c, const std::string& name, int timeout_ms) {
+            Result<ClusterNameInfo> r = Unlocked([&] { return c.client.LookupCluster(name, timeout_ms); });
+            ClusterNameInfo at = Take(std::move(r));
+            py::dict d;
+            d["host"] = at.host;
+            d["generation"] = at.generation;
+            d["size"] = at.size;
+            d["read_only"] = at.read_only;
+            d["metadata"] = py::bytes(at.metadata);
+            return d;
+          },
+          py::arg("name"), py::arg("timeout_ms") = 0)
       .def(
           "lookup",
           [](std::shared_ptr<PyClient> c, const std::string& name, int timeout_ms) {

@@ -1,4 +1,5 @@
 """The Python package against a real broker, with real child processes."""
+import contextlib
 import gc
 import os
 import signal
@@ -601,13 +602,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
-    """Two brokers in one cluster (docs/CLUSTER.md, a real etcd on loopback): an
-    engine in a child process on host b; this process, on host a, connects to it
-    by its name alone and writes into it over the network path."""
+@contextlib.contextmanager
+def _etcd(tmp_path):
+    """A real etcd on loopback ports of its own (skips without Debian's etcd);
+    yields the --cluster arguments of a broker in namespace "py"."""
     import shutil
     import time
-    from membroker.testing import broker
     if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
         pytest.skip("etcd-server and etcd-client are not installed (scripts/test installs them)")
     client_port, peer_port = _free_port(), _free_port()
@@ -623,10 +623,21 @@ def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
                              stderr=subprocess.DEVNULL).returncode != 0:
             assert time.monotonic() < deadline, "etcd did not start"
             time.sleep(0.05)
+        yield ["--cluster", f"etcd://127.0.0.1:{client_port}", "--cluster-namespace", "py", "--cluster-ttl-s", "2"]
+    finally:
+        etcd.kill()
+        etcd.wait()
+
+
+def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
+    """Two brokers in one cluster (docs/CLUSTER.md, a real etcd on loopback): an
+    engine in a child process on host b; this process, on host a, connects to it
+    by its name alone and writes into it over the network path."""
+    from membroker.testing import broker
+    with _etcd(tmp_path) as cluster:
         secret = tmp_path / "secret"
         secret.write_text("py-cluster-secret\n")
         os.chmod(secret, 0o600)
-        cluster = ["--cluster", f"etcd://127.0.0.1:{client_port}", "--cluster-namespace", "py", "--cluster-ttl-s", "2"]
         with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
             p = child("""
                 import sys, membroker
@@ -662,9 +673,44 @@ def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
             p.stdin.flush()
             finish(p)
             eng.finalize()
-    finally:
-        etcd.kill()
-        etcd.wait()
+
+
+def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path):
+    """publish_tensor(..., cluster=True) in a child process on host b;
+    lookup_cluster on host a waits for it and reads where it lives, its size and
+    its metadata; the child's exit unpublishes it everywhere."""
+    import json
+    from membroker.testing import broker
+    with _etcd(tmp_path) as cluster:
+        with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
+            c = membroker.connect(a.socket, "reader")
+            with pytest.raises(membroker.NotFound):
+                c.lookup_cluster("py/weights", 0)
+            p = child("""
+                import sys, membroker
+                c = membroker.connect(sys.argv[1], "publisher")
+                t = c.new_tensor((256, 4), "float32")
+                c.publish_tensor("py/weights", t, read_only=True, metadata={"layer": 3}, cluster=True)
+                print("published", flush=True)
+                sys.stdin.readline()
+            """, b.socket, stdin=subprocess.PIPE)
+            at = c.lookup_cluster("py/weights", 60000)  # waits until host b's record lists it
+            assert p.stdout.readline().strip() == "published"
+            assert at["host"] == "py-b" and at["size"] == 4096 and at["read_only"], at
+            assert at["generation"] > 0
+            assert json.loads(at["metadata"])["user"] == {"layer": 3}, at["metadata"]
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            finish(p)
+            import time
+            deadline = time.monotonic() + 60  # a bound on a poll, not a verdict
+            while True:
+                try:
+                    c.lookup_cluster("py/weights", 0)
+                except membroker.NotFound:
+                    break
+                assert time.monotonic() < deadline, "the name outlived its publisher"
+                time.sleep(0.02)
 
 
 def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):

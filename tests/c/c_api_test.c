@@ -486,6 +486,9 @@ int main(int argc, char** argv) {
   CHECK(mb_malloc_physical(c, 4096, 9, 0, &bad) == MB_PARAM_INVALID);
   CHECK(mb_import(c, "00000000000000000000000000000000", &bad) == MB_NOT_FOUND);
   CHECK(mb_lookup(c, "c-api/absent", 50, &bad) == MB_TIMEOUT);
+  mb_cluster_name where;
+  CHECK(mb_lookup_cluster(c, "c-api/absent", 0, &where) == MB_UNSUPPORTED); /* a broker without --cluster */
+  CHECK(mb_lookup_cluster(c, "c-api/absent", 0, NULL) == MB_PARAM_INVALID);
   CHECK(strcmp(mb_error_name(MB_TIMEOUT), "TIMEOUT") == 0);
   mb_client* none = NULL;
   CHECK(mb_connect("/nonexistent/membroker.sock", "x", 0, &none) == MB_NOT_CONNECTED);
@@ -558,6 +561,7 @@ int main(int argc, char** argv) {
 
   mb_handle* small = NULL;
   MUST(mb_malloc_physical(c, 8192, MB_NORMAL_ONLY, 0, &small) == MB_OK);
+  CHECK(mb_publish(c, "c-api/named", small, MB_PUBLISH_CLUSTER) == MB_UNSUPPORTED); /* no --cluster here */
   MUST(mb_publish(c, "c-api/named", small, MB_PUBLISH_READ_ONLY) == MB_OK);
 
   int to_child[2], to_parent[2];

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
       EngineRegisterRequest{0x10000, 8192, 0, 0, ""}, EngineDeregisterRequest{1},
       EngineConnectRequest{"e", 0}, EngineConnectRequest{"f", 5}, EngineRegionsRequest{"e"},
       EngineResolveRequest{"e", 0}, EngineResolveRequest{"f", 5}, EngineResolveReply{"h", 1, "127.0.0.1:1"},
+      ClusterLookupRequest{"p/a", 0}, ClusterLookupReply{"h", 1, 4096, false, "m"},
       EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
       EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
       EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false, "kv"}}}, EngineRegisterReply{1},

@@ -158,7 +158,7 @@ TEST(Cli, EveryListsColumnsAreTheTablesInHelpAndInTheDocs) {
         << "docs/OPERATIONS.md does not show `" << ipc::AdminUsage(c) << "`: `" << columns << "`";
     EXPECT_NE(help.find("columns: " + columns), std::string::npos) << help;
   }
-  EXPECT_EQ(lists, 9u);
+  EXPECT_EQ(lists, 10u);
 }
 
 TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
@@ -246,9 +246,10 @@ TEST(Cli, EveryCommandRunsThroughTheCliAsTextAndJson) {
     }
     ++ran;
   }
-  // `list hosts` needs --cluster: here it says so, in both forms (Cluster.* runs it against etcd).
+  // `list hosts` and `list names --cluster` need --cluster: here they say
+  // so, in both forms (Cluster.* runs them against etcd).
   for (const ipc::AdminCommand& cmd : ipc::AdminCommands()) {
-    if (cmd.id != ipc::AdminCommandId::kListHosts) continue;
+    if (cmd.id != ipc::AdminCommandId::kListHosts && cmd.id != ipc::AdminCommandId::kListClusterNames) continue;
     Output text = run(cmd, "", false), json = run(cmd, "", true);
     EXPECT_EQ(text.code, 1);
     EXPECT_NE(text.err.find("UNSUPPORTED: this broker runs without --cluster"), std::string::npos) << text.err;

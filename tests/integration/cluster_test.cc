@@ -331,6 +331,98 @@ TEST(Cluster, AnEngineOnAnotherHostIsConnectedByItsName) {
   EXPECT_EQ(prefill.Disconnect("decode-0", 5000).code(), ErrorCode::kOk);
 }
 
+// `membrokerctl list names --cluster --json` through the binary; null on an error.
+json ClusterNames(const BrokerProcess& b) {
+  RunResult r = RunProgram(
+      {BinaryPath("membrokerctl"), "--admin-socket", b.admin_socket(), "--json", "list", "names", "--cluster"});
+  if (r.exit_code != 0) return nullptr;
+  json j = json::parse(r.output, nullptr, false);
+  return j.is_array() ? j : json(nullptr);
+}
+
+// A name published for the cluster on host b is found from host a: at once,
+// or by a lookup that waits for it; it goes when it is unpublished, when b's
+// broker is SIGKILLed (within the lease's TTL) and comes back with a larger
+// generation when b's replacement publishes it again; a take-over keeps it.
+TEST(Cluster, ANamePublishedForTheClusterIsFoundFromEveryHost) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess a(ClusterArgs(etcd, "host-a")), b(ClusterArgs(etcd, "host-b", "t", "2"));
+  auto ca = Client::Connect({a.socket(), "reader"});
+  auto cb = Client::Connect({b.socket(), "publisher"});
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  ASSERT_TRUE(WaitFor([&] { return HostIn(Hosts(a), "host-b") != nullptr; }));
+  EXPECT_EQ(ca->LookupCluster("models/w", 0).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(ca->LookupCluster("models/w", 100).status().code(), ErrorCode::kTimeout);
+
+  // A lookup on a that waits, answered when b's record lists the name.
+  Result<ClusterNameInfo> waited = Status(ErrorCode::kInternal, "not run");
+  std::thread looker([&] { waited = ca->LookupCluster("models/w", 60000); });
+  AllocationProp prop;
+  auto h = cb->MallocPhysical(1 << 20, prop);
+  Status published = h.ok() ? cb->Publish("models/w", *h, kPublishCluster | kPublishReadOnly, "dtype=bf16")
+                            : h.status();
+  looker.join();  // before any ASSERT: a joinable thread must not outlive the test body
+  ASSERT_TRUE(published.ok()) << published.ToString();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_EQ(waited->host, "host-b");
+  EXPECT_EQ(waited->generation, b.Stat("cluster_generation"));
+  EXPECT_EQ(waited->size, size_t{1} << 20);
+  EXPECT_TRUE(waited->read_only);
+  EXPECT_EQ(waited->metadata, "dtype=bf16");
+  // On its own host, from the broker's own table.
+  auto here = cb->LookupCluster("models/w");
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  EXPECT_EQ(here->host, "host-b");
+  // A name published without the flag stays this host's.
+  ASSERT_TRUE(cb->Publish("local/only", *h).ok());
+  EXPECT_EQ(ca->LookupCluster("local/only").status().code(), ErrorCode::kNotFound);
+  // As an operator reads it on host a.
+  json names;
+  ASSERT_TRUE(WaitFor([&] {
+    names = ClusterNames(a);
+    return names.is_array() && names.size() == 1;
+  })) << names.dump();
+  EXPECT_EQ(names[0]["name"], "models/w");
+  EXPECT_EQ(names[0]["host"], "host-b");
+  EXPECT_EQ(names[0]["metadata_bytes"], 10);
+
+  // Unpublished: gone from every host.
+  ASSERT_TRUE(cb->Unpublish("models/w").ok());
+  ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
+
+  // A take-over keeps it listed, under the new broker's generation.
+  ASSERT_TRUE(cb->Publish("models/w", *h, kPublishCluster).ok());
+  ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").ok(); }));
+  const uint64_t before = ca->LookupCluster("models/w")->generation;
+  ASSERT_EQ(b.TakeOver(), 0);
+  ASSERT_TRUE(WaitFor([&] {
+    auto at = ca->LookupCluster("models/w");
+    return at.ok() && at->generation > before;
+  }));
+
+  // b's broker SIGKILLed: its record, and the name with it, vanish within the TTL.
+  b.Kill();
+  ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
+  names = ClusterNames(a);
+  EXPECT_TRUE(names.is_array() && names.empty()) << names.dump();
+}
+
+// Without --cluster, the flag and the lookup say so.
+TEST(Cluster, ANameForTheClusterNeedsACluster) {
+  BrokerProcess b;
+  auto c = Client::Connect({b.socket(), "no-cluster"});
+  ASSERT_TRUE(c.ok());
+  AllocationProp prop;
+  auto h = c->MallocPhysical(4096, prop);
+  ASSERT_TRUE(h.ok());
+  Status st = c->Publish("models/w", *h, kPublishCluster);
+  EXPECT_EQ(st.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(st.message().find("--cluster"), std::string::npos) << st.ToString();
+  EXPECT_EQ(c->LookupCluster("models/w").status().code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(b.Stat("named_objects"), 0u);
+}
+
 TEST(Cluster, ABrokerRestartedBeforeItsLeaseEndsTakesBackItsNameAtOnce) {
   SKIP_WITHOUT_ETCD();
   Etcd etcd;

@@ -19,6 +19,7 @@ HostRecord Sample() {
   r.pid_ns = 4026531836;
   r.started_s = 1764800000;
   r.engines = {{"decode-0", "10.0.0.2:4000"}, {"prefill", "[fe80::1]:9"}};
+  r.names = {{"models/llama", 1 << 30, true, std::string("\0\xff meta", 7)}, {"kv/pool", 4096, false, ""}};
   return r;
 }
 
@@ -79,6 +80,7 @@ TEST(HostRecord, RoundTripsAndEachCheckRefuses) {
   EXPECT_EQ(back->pid_ns, r.pid_ns);
   ASSERT_EQ(back->engines.size(), 2u);
   EXPECT_EQ(back->engines[1].address, "[fe80::1]:9");
+  EXPECT_EQ(back->names, r.names);  // metadata's bytes, any of them, through base64
 
   EXPECT_FALSE(DecodeHostRecord("node-2", EncodeHostRecord(r)).ok());  // its key names another host
   EXPECT_FALSE(DecodeHostRecord("bad name", EncodeHostRecord(r)).ok());
@@ -95,6 +97,23 @@ TEST(HostRecord, RoundTripsAndEachCheckRefuses) {
   EXPECT_TRUE(refuses([](HostRecord& x) { x.engines[0].name = "a\x1b[2Jb"; }));
   EXPECT_TRUE(refuses([](HostRecord& x) { x.engines[0].name = ""; }));
   EXPECT_TRUE(refuses([](HostRecord& x) { x.engines.resize(kHostEnginesMax + 1, x.engines[0]); }));
+  EXPECT_TRUE(refuses([](HostRecord& x) { x.names[0].name = "a\nb"; }));
+  EXPECT_TRUE(refuses([](HostRecord& x) { x.names[0].name = ""; }));
+  EXPECT_TRUE(refuses([](HostRecord& x) { x.names[0].metadata = std::string(4097, 'm'); }));
+  EXPECT_TRUE(refuses([](HostRecord& x) { x.names.resize(kHostNamesMax + 1, x.names[1]); }));
+  // A record of a broker before names (no "names") has none; a malformed list is refused.
+  std::string old = EncodeHostRecord(Sample());
+  old = old.substr(0, old.find(",\"names\"")) + old.substr(old.find(",\"pid\""));
+  auto without = DecodeHostRecord("node-1", old);
+  ASSERT_TRUE(without.ok()) << old << without.status().ToString();
+  EXPECT_TRUE(without->names.empty());
+  for (const char* names : {R"("names":7)", R"("names":[{"name":"a","size":-1,"read_only":false,"meta":""}])",
+                            R"("names":[{"name":"a","size":1,"read_only":0,"meta":""}])",
+                            R"("names":[{"name":"a","size":1,"read_only":false,"meta":"!!"}])"}) {
+    std::string bad = EncodeHostRecord(Sample());
+    bad = bad.substr(0, bad.find("\"names\"")) + names + bad.substr(bad.find(",\"pid\""));
+    EXPECT_FALSE(DecodeHostRecord("node-1", bad).ok()) << bad;
+  }
   for (const char* bad : {"", "null", "[]", R"({"v":2})", R"({"v":1,"host":"node-1"})"})
     EXPECT_FALSE(DecodeHostRecord("node-1", bad).ok()) << bad;
 }

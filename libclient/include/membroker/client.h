@@ -106,6 +106,19 @@ inline constexpr uint32_t kPublishPersist = 1u << 1;   // outlives this process 
 // A name this user already published is swapped to this handle's allocation
 // in one step: lookups from then on get the new one, holders of the old keep it.
 inline constexpr uint32_t kPublishReplace = 1u << 2;
+// The name is listed in this host's record of the cluster (membrokerd
+// --cluster): LookupCluster on any host finds it. UNSUPPORTED without a
+// cluster; at most 128 such names per host (docs/CLUSTER.md).
+inline constexpr uint32_t kPublishCluster = 1u << 3;
+
+// Where a name published with kPublishCluster lives (LookupCluster).
+struct ClusterNameInfo {
+  std::string host;         // the host whose broker has it (this host's own name included)
+  uint64_t generation = 0;  // that host's registration: a host that came back has a larger one
+  size_t size = 0;
+  bool read_only = false;
+  std::string metadata;     // the publisher's (Publish)
+};
 
 struct NamedObjectInfo {
   std::string name;
@@ -325,6 +338,12 @@ class MEMBROKER_API Client {
   // A handle to the named allocation, as an import. Waits in the broker up to
   // timeout_ms for the name to be published (TIMEOUT); 0: NOT_FOUND at once.
   Result<PhysicalHandle> Lookup(const std::string& name, int timeout_ms = 0);
+  // Where a name published with kPublishCluster lives, on this host or any
+  // other of the cluster (docs/CLUSTER.md). Waits in the broker up to
+  // timeout_ms for it to appear (TIMEOUT); 0: NOT_FOUND at once. UNSUPPORTED
+  // where the broker has no --cluster; NOT_CONNECTED, with the reason, while
+  // etcd is out of reach and the name is not this host's.
+  Result<ClusterNameInfo> LookupCluster(const std::string& name, int timeout_ms = 0);
   // Removes the name (and its reference); holders keep their handles.
   Status Unpublish(const std::string& name);
   // Every name starting with prefix, sorted (asked for in pages of 128).

@@ -118,11 +118,22 @@ MB_C_API int mb_set_pids(mb_client* client, const char* token, const pid_t* pids
 MB_C_API int mb_import(mb_client* client, const char* token, mb_handle** out);
 
 /* --- named objects ------------------------------------------------------------ */
-enum mb_publish_flags { MB_PUBLISH_READ_ONLY = 1, MB_PUBLISH_PERSIST = 2, MB_PUBLISH_REPLACE = 4 };
+/* MB_PUBLISH_CLUSTER: listed for the whole cluster (membrokerd --cluster; docs/CLUSTER.md). */
+enum mb_publish_flags { MB_PUBLISH_READ_ONLY = 1, MB_PUBLISH_PERSIST = 2, MB_PUBLISH_REPLACE = 4, MB_PUBLISH_CLUSTER = 8 };
 MB_C_API int mb_publish(mb_client* client, const char* name, const mb_handle* handle, uint32_t flags);
 /* Waits up to timeout_ms for the name (MB_TIMEOUT); 0: MB_NOT_FOUND at once. */
 MB_C_API int mb_lookup(mb_client* client, const char* name, int timeout_ms, mb_handle** out);
 MB_C_API int mb_unpublish(mb_client* client, const char* name);
+/* Where a name published with MB_PUBLISH_CLUSTER lives, on any host of the
+ * cluster. Waits up to timeout_ms (MB_TIMEOUT); 0: MB_NOT_FOUND at once.
+ * MB_UNSUPPORTED without a cluster; MB_NOT_CONNECTED while etcd is out of reach. */
+typedef struct mb_cluster_name {
+  char host[65];       /* NUL-terminated */
+  uint64_t generation; /* the host's registration: larger for a host that came back */
+  uint64_t size;
+  int read_only;
+} mb_cluster_name;
+MB_C_API int mb_lookup_cluster(mb_client* client, const char* name, int timeout_ms, mb_cluster_name* out);
 /* Events for names starting with prefix ("" for all), queued in the broker
  * (1024 at most per client). */
 #define MB_MAX_OBJECT_NAME_BYTES 256

@@ -26,6 +26,7 @@ enum class AdminCommandId {
   kListChannels,
   kListStores,
   kListHosts,
+  kListClusterNames,
   kShowClient,
   kShowAllocation,
   kKickClient,

@@ -81,7 +81,9 @@
   X(TakeOverKvStore, Reply, kOneFdPerEntry) \
   X(TakeOverKvDisk, Reply, 1)           \
   X(EngineResolveRequest, Request, 0)   \
-  X(EngineResolveReply, Reply, 0)
+  X(EngineResolveReply, Reply, 0)       \
+  X(ClusterLookupRequest, Request, 0)   \
+  X(ClusterLookupReply, Reply, 0)
 
 // MEMBROKER_IF_##Direction(...): its arguments for requests, nothing for
 // replies; so a list walk can declare something for requests only.

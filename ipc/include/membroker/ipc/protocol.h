@@ -42,7 +42,8 @@ inline constexpr size_t kMaxKvBatch = 256;  // keys, seals or refs in one reques
 inline constexpr uint32_t kPublishReadOnly = 1u << 0;
 inline constexpr uint32_t kPublishPersist = 1u << 1;
 inline constexpr uint32_t kPublishReplace = 1u << 2;
-inline constexpr uint32_t kPublishKnownFlags = kPublishReadOnly | kPublishPersist | kPublishReplace;
+inline constexpr uint32_t kPublishCluster = 1u << 3;  // listed in the host's cluster record
+inline constexpr uint32_t kPublishKnownFlags = kPublishReadOnly | kPublishPersist | kPublishReplace | kPublishCluster;
 
 // Envelope flag: the sender does not wait; the broker answers only on failure.
 inline constexpr uint32_t kFlagNoReplyOnSuccess = 1u << 0;
@@ -386,6 +387,19 @@ struct EngineResolveReply {
   uint64_t generation = 0;
   std::string address;  // "IP:PORT" where it listens, when host is another
   bool operator==(const EngineResolveReply&) const = default;
+};
+struct ClusterLookupRequest {
+  std::string name;
+  uint32_t timeout_ms = 0;
+  bool operator==(const ClusterLookupRequest&) const = default;
+};
+struct ClusterLookupReply {
+  std::string host;
+  uint64_t generation = 0;
+  uint64_t size = 0;
+  bool read_only = false;
+  std::string metadata;
+  bool operator==(const ClusterLookupReply&) const = default;
 };
 inline constexpr size_t kMaxNetAddressBytes = 64;
 inline constexpr size_t kMaxHostNameBytes = 64;  // a cluster's host names (docs/CLUSTER.md)
