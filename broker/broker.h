@@ -103,7 +103,8 @@ class Broker {
   Status GrantNamed(Session& s, uint64_t rid, const std::string& name, const NamedEntry& e);
   void Unpublish(const std::string& name, int32_t pid);
   std::vector<HostName> ListedForCluster() const;  // this host's names for its cluster record
-  void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid);
+  void PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid,
+                 const std::string& host = "");
   void SendEvents(Session& s, uint64_t rid);
   // Answers and closes every waiter of kind for key: answer() sends the reply, or returns the error to send.
   void AnswerWaiters(Waiter::Kind kind, const std::string& key, const std::function<Status(Session&, uint64_t)>& answer);

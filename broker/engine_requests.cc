@@ -168,9 +168,11 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::EngineResolveRequest&
   return SentOnSuccess(waiters_.Add({Waiter::Kind::kResolve, s.id, rid, m.remote}, m.timeout_ms));
 }
 
-// The cluster's table changed: resolves waiting for an engine, and lookups
-// waiting for a name, now listed elsewhere are answered.
+// The cluster's table changed: other hosts' name events go to cluster
+// subscribers, and resolves waiting for an engine and lookups waiting for a
+// name now listed elsewhere are answered.
 void Broker::OnClusterChanged() {
+  for (const ClusterNameEvent& e : cluster_.TakeNameEvents()) PostEvent(e.kind, e.name, 0, 0, e.host);
   for (const std::string& name : waiters_.Keys(Waiter::Kind::kClusterLookup)) {
     const std::optional<NameLocation> at = cluster_.FindName(name);
     if (!at) continue;

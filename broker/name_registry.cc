@@ -69,11 +69,11 @@ std::vector<std::pair<std::string, const NamedEntry*>> NameRegistry::List(const 
   return out;
 }
 
-Status NameRegistry::Subscribe(uint64_t session_id, const std::string& prefix) {
+Status NameRegistry::Subscribe(uint64_t session_id, const std::string& prefix, bool cluster) {
   Subscriber& sub = subscribers_[session_id];
   if (sub.prefixes.size() >= kMaxSubscriptionsPerClient)
     return Status(ErrorCode::kResourceExhausted, "a client subscribes to at most 64 prefixes");
-  sub.prefixes.push_back(prefix);
+  sub.prefixes.push_back({prefix, cluster});
   return Status::Ok();
 }
 
@@ -86,7 +86,7 @@ std::vector<uint64_t> NameRegistry::Post(const ipc::NameEvent& event) {
   std::vector<uint64_t> got;
   for (auto& [sid, sub] : subscribers_) {
     bool wanted = false;
-    for (const auto& p : sub.prefixes) wanted |= HasPrefix(event.name, p);
+    for (const auto& p : sub.prefixes) wanted |= (p.cluster || event.host.empty()) && HasPrefix(event.name, p.prefix);
     if (!wanted) continue;
     if (sub.queue.size() >= kMaxQueuedEvents) {
       ++sub.dropped;

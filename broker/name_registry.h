@@ -63,8 +63,9 @@ class NameRegistry {
   size_t size() const { return names_.size(); }
   bool empty() const { return names_.empty(); }
 
-  // Events. A subscriber is a session with at least one prefix ("" is every name).
-  Status Subscribe(uint64_t session_id, const std::string& prefix);
+  // Events. A subscriber is a session with at least one prefix ("" is every
+  // name); a cluster subscription also gets other hosts' events (those with a host).
+  Status Subscribe(uint64_t session_id, const std::string& prefix, bool cluster = false);
   bool Subscribed(uint64_t session_id) const { return subscribers_.count(session_id) == 1; }
   bool HasEvents(uint64_t session_id) const;
   // Queues the event for every subscriber of a matching prefix (counted as
@@ -80,8 +81,12 @@ class NameRegistry {
   Status Check(const std::function<bool(uint64_t)>& session_alive) const;
 
  private:
+  struct Subscription {
+    std::string prefix;
+    bool cluster = false;
+  };
   struct Subscriber {
-    std::vector<std::string> prefixes;
+    std::vector<Subscription> prefixes;
     std::deque<ipc::NameEvent> queue;
     uint64_t dropped = 0;
   };

@@ -168,12 +168,15 @@ Answer Broker::Handle(Session&, uint64_t, const ipc::ListNamesRequest& m) {
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::SubscribeRequest& m) {
-  return names_.Subscribe(s.id, m.prefix);  // "" subscribes to every name
+  if (m.cluster && !cluster_.started())
+    return Status(ErrorCode::kUnsupported, "this broker is not in a cluster (membrokerd --cluster)");
+  return names_.Subscribe(s.id, m.prefix, m.cluster);  // "" subscribes to every name
 }
 
-void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid) {
+void Broker::PostEvent(ipc::NameEventKind kind, const std::string& name, uint64_t allocation, int32_t pid,
+                       const std::string& host) {
   // Every subscriber that got it and waits for events is answered now.
-  for (uint64_t id : names_.Post(ipc::NameEvent{kind, name, allocation, pid})) {
+  for (uint64_t id : names_.Post(ipc::NameEvent{kind, name, allocation, pid, host})) {
     Session* s = sessions_.Find(id);
     if (s == nullptr) continue;
     const std::vector<Waiter> waiting = waiters_.TakeEvents(id);

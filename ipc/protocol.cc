@@ -24,8 +24,9 @@ static_assert(static_cast<int>(w::ErrorCode_MAX) + 1 == 0 MEMBROKER_ERROR_CODES(
 #undef MEMBROKER_ERROR_COUNT
 static_assert(static_cast<int>(w::PagePolicy_MAX) == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(w::PagePolicy_HUGE_FIRST) == static_cast<int>(PagePolicy::kHugeFirst));
-static_assert(static_cast<int>(w::NameEventKind_MAX) == static_cast<int>(NameEventKind::kHolderDied));
+static_assert(static_cast<int>(w::NameEventKind_MAX) == static_cast<int>(NameEventKind::kHostGone));
 static_assert(static_cast<int>(w::NameEventKind_UNPUBLISHED) == static_cast<int>(NameEventKind::kUnpublished));
+static_assert(static_cast<int>(w::NameEventKind_HOST_GONE) == static_cast<int>(NameEventKind::kHostGone));
 // The flag constants of protocol.h are the schema's bits.
 static_assert(kMallocPinned == w::MallocFlags_PINNED && kMallocSameAddress == w::MallocFlags_SAME_ADDRESS &&
               kMallocExport == w::MallocFlags_EXPORT && kMallocKnownFlags == w::MallocFlags_ANY);
@@ -204,7 +205,7 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const SubscribeRequest& m) {
     auto p = b.CreateString(m.prefix);
-    return w::CreateSubscribeRequest(b, p).Union();
+    return w::CreateSubscribeRequest(b, p, m.cluster).Union();
   }
   fb::Offset<void> operator()(const WaitEventsRequest& m) {
     return w::CreateWaitEventsRequest(b, m.timeout_ms).Union();
@@ -213,7 +214,8 @@ struct Encoder {
     std::vector<fb::Offset<w::NameEvent>> es;
     for (const auto& e : m.events) {
       auto n = b.CreateString(e.name);
-      es.push_back(w::CreateNameEvent(b, static_cast<w::NameEventKind>(e.kind), n, e.allocation, e.pid));
+      auto h = e.host.empty() ? fb::Offset<fb::String>() : b.CreateString(e.host);
+      es.push_back(w::CreateNameEvent(b, static_cast<w::NameEventKind>(e.kind), n, e.allocation, e.pid, h));
     }
     auto vec = b.CreateVector(es);
     return w::CreateEventsReply(b, vec, m.dropped).Union();
@@ -651,6 +653,7 @@ Result<Message> Read(const w::ListNamesReply* m) {
 Result<Message> Read(const w::SubscribeRequest* m) {
   SubscribeRequest r;
   MB_RETURN_IF_ERROR(ReadName(m->prefix(), kMaxObjectNameBytes, "prefix", &r.prefix));
+  r.cluster = m->cluster();
   return Message(std::move(r));
 }
 
@@ -665,8 +668,9 @@ Result<Message> Read(const w::EventsReply* m) {
     if (es->size() > kMaxEventsPerReply) return Malformed("too many events");
     for (const auto* e : *es) {
       if (e->kind() > w::NameEventKind_MAX) return Malformed("unknown event kind");
-      NameEvent n{static_cast<NameEventKind>(e->kind()), "", e->allocation(), e->pid()};
+      NameEvent n{static_cast<NameEventKind>(e->kind()), "", e->allocation(), e->pid(), ""};
       MB_RETURN_IF_ERROR(ReadName(e->name(), kMaxObjectNameBytes, "name", &n.name));
+      MB_RETURN_IF_ERROR(ReadName(e->host(), kMaxHostNameBytes, "host", &n.host));
       r.events.push_back(std::move(n));
     }
   }

@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <fstream>
+#include <set>
+#include <utility>
 #include <sstream>
 
 #include "cluster/etcd_client.h"
@@ -209,6 +212,11 @@ std::optional<NameLocation> Cluster::FindName(const std::string& name) const {
   return std::nullopt;
 }
 
+std::vector<ClusterNameEvent> Cluster::TakeNameEvents() {
+  std::lock_guard lock(mu_);
+  return std::exchange(name_events_, {});
+}
+
 EtcdConfig Cluster::EtcdSettings() const {
   return {options_.endpoints, options_.user, password_, options_.ca_file, options_.cert_file, options_.key_file, 2000};
 }
@@ -351,16 +359,36 @@ void Cluster::KeepRegistered(EtcdClient& etcd, int64_t lease) {
   }
 }
 
+void Cluster::HostGone(const std::string& name) {
+  auto it = hosts_.find(name);
+  if (it == hosts_.end()) return;
+  if (name != options_.host_name)  // this host's names have their own events
+    for (const HostName& n : it->second.record.names)
+      name_events_.push_back({ipc::NameEventKind::kHostGone, name, n.name});
+  hosts_.erase(it);
+}
+
 void Cluster::ApplyRecord(const std::string& key, const std::string& value, int64_t generation) {
   const std::string name = key.substr(prefix_.size());
   Result<HostRecord> r = DecodeHostRecord(name, value);
   if (!r.ok()) {
     ++view_.invalid_records;
     MB_WARN("cluster_record", "key=\"%s\" error=\"%s\"", LogText(key).c_str(), LogText(r.status().message()).c_str());
-    hosts_.erase(name);
+    HostGone(name);
     return;
   }
+  // Another broker of that host: the old one's names went with it.
+  if (auto it = hosts_.find(name); it != hosts_.end() && it->second.generation != generation) HostGone(name);
   ClusterHost& h = hosts_[name];
+  if (name != options_.host_name) {
+    const auto in = [](const std::vector<HostName>& names, const HostName& n, bool whole) {
+      return std::any_of(names.begin(), names.end(), [&](const HostName& x) { return whole ? x == n : x.name == n.name; });
+    };
+    for (const HostName& n : r->names)
+      if (!in(h.record.names, n, true)) name_events_.push_back({ipc::NameEventKind::kPublished, name, n.name});
+    for (const HostName& n : h.record.names)
+      if (!in(r->names, n, false)) name_events_.push_back({ipc::NameEventKind::kUnpublished, name, n.name});
+  }
   h.record = std::move(*r);
   h.generation = generation;
 }
@@ -376,8 +404,18 @@ void Cluster::RunWatcher() {
     if (all.ok()) {
       {
         std::lock_guard hold(mu_);
-        hosts_.clear();
-        for (const EtcdKv& kv : all->kvs) ApplyRecord(kv.key, kv.value, kv.create_revision);
+        // Read whole again (after a start, or a stream that ended): what
+        // changed meanwhile becomes events, as the stream's would have.
+        std::set<std::string> listed;
+        for (const EtcdKv& kv : all->kvs) {
+          if (kv.key.size() <= prefix_.size() || kv.key.compare(0, prefix_.size(), prefix_) != 0) continue;
+          ApplyRecord(kv.key, kv.value, kv.create_revision);
+          listed.insert(kv.key.substr(prefix_.size()));
+        }
+        for (auto it = hosts_.begin(); it != hosts_.end();) {
+          const std::string name = (it++)->first;
+          if (listed.count(name) == 0) HostGone(name);
+        }
         view_.watching = true;
       }
       uv_async_send(&changed_);
@@ -394,7 +432,9 @@ void Cluster::RunWatcher() {
             continue;
           }
           const std::string name = e.kv.key.substr(prefix_.size());
-          if (hosts_.erase(name) != 0 && e.kv.key != self_key_) {
+          const bool known = hosts_.count(name) != 0;
+          HostGone(name);
+          if (known && e.kv.key != self_key_) {
             ++view_.hosts_gone;
             MB_INFO("cluster_host_gone", "host=\"%s\"", LogText(name).c_str());
           }

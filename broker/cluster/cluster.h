@@ -22,6 +22,7 @@
 
 #include "cluster/cluster_options.h"
 #include "cluster/host_record.h"
+#include "membroker/ipc/protocol.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
@@ -62,6 +63,15 @@ struct NameLocation {
   HostName name;
 };
 
+// A change to another host's names for the cluster, as the watcher saw it:
+// published, unpublished (its record changed), or kHostGone (its record went,
+// or another broker of that host registered), one per name it listed.
+struct ClusterNameEvent {
+  ipc::NameEventKind kind = ipc::NameEventKind::kPublished;
+  std::string host;
+  std::string name;
+};
+
 class Cluster {
  public:
   Cluster() = default;
@@ -93,6 +103,8 @@ class Cluster {
   std::optional<EngineLocation> FindEngine(const std::string& name) const;
   // The name published on another host (the first host by name that lists it).
   std::optional<NameLocation> FindName(const std::string& name) const;
+  // The name events since the last call, oldest first (on_change says when).
+  std::vector<ClusterNameEvent> TakeNameEvents();
 
  private:
   EtcdConfig EtcdSettings() const;  // what each thread's client is made with
@@ -101,6 +113,7 @@ class Cluster {
   Status Register(EtcdClient& etcd, int64_t* lease);
   void KeepRegistered(EtcdClient& etcd, int64_t lease);
   void ApplyRecord(const std::string& key, const std::string& value, int64_t generation);  // mu_ held
+  void HostGone(const std::string& name);  // mu_ held: its names' events; it leaves the table
   // Counts and logs a failure (mu_ held); the registrar's also set the state.
   void Failed(ClusterState state, const Status& why, bool registrar);
   // Waits up to ms, or until stopping (or, for the registrar, the record
@@ -119,6 +132,7 @@ class Cluster {
   HostRecord self_;
   ClusterView view_;
   std::map<std::string, ClusterHost> hosts_;
+  std::vector<ClusterNameEvent> name_events_;  // for the loop to take
   uint64_t pid_ns_ = 0;  // ours: a pid in a record of this boot means something only in the same namespace
   std::thread registrar_, watcher_;
   uv_async_t changed_{};  // the watcher's word to the loop: the table changed

@@ -51,7 +51,8 @@ static_assert(MB_HUGE1G_ONLY == static_cast<int>(PagePolicy::kHuge1GOnly));
 static_assert(static_cast<int>(MB_READ) == static_cast<int>(READ) && static_cast<int>(MB_WRITE) == static_cast<int>(WRITE));
 static_assert(MB_TRANSFER_FAILED == static_cast<int>(TransferStatus::FAILED) &&
               MB_TRANSFER_WAITING == static_cast<int>(TransferStatus::WAITING));
-static_assert(MB_EVENT_HOLDER_DIED == static_cast<int>(NameEventKind::kHolderDied));
+static_assert(MB_EVENT_HOLDER_DIED == static_cast<int>(NameEventKind::kHolderDied) &&
+              MB_EVENT_HOST_GONE == static_cast<int>(NameEventKind::kHostGone));
 static_assert(MB_MAX_ENGINE_NAME_BYTES >= ipc::kMaxEngineNameBytes && MB_MAX_NOTIFY_NAME_BYTES == ipc::kMaxNotifyNameBytes &&
               MB_MAX_NOTIFY_MESSAGE_BYTES == ipc::kMaxNotifyMessageBytes && MB_MAX_OBJECT_NAME_BYTES == ipc::kMaxObjectNameBytes);
 
@@ -254,6 +255,13 @@ int mb_subscribe(mb_client* client, const char* prefix) {
   });
 }
 
+int mb_subscribe_cluster(mb_client* client, const char* prefix) {
+  return Guard([&]() -> int {
+    MB_NEED(client && prefix, "client and prefix must not be NULL");
+    return Done(client->client.SubscribeCluster(prefix));
+  });
+}
+
 int mb_client_wake_fd(mb_client* client, int* fd) {
   return Guard([&]() -> int {
     MB_NEED(client && fd, "client and fd must not be NULL");
@@ -289,6 +297,7 @@ int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out) {
     out->allocation = e.allocation;
     out->pid = e.pid;
     out->dropped = client->events_dropped;
+    CopyOut(e.host, out->host, sizeof(out->host));
     client->events.pop_front();
     return MB_OK;
   });

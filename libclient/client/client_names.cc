@@ -83,11 +83,14 @@ Result<std::vector<NamedObjectInfo>> Client::ListNames(const std::string& prefix
   }
 }
 
-Status Client::Subscribe(const std::string& prefix) {
+Status Client::Subscribe(const std::string& prefix) { return Subscribe(prefix, false); }
+Status Client::SubscribeCluster(const std::string& prefix) { return Subscribe(prefix, true); }
+
+Status Client::Subscribe(const std::string& prefix, bool cluster) {
   if (!core_) return detail::NotConnectedClient();
   if (prefix.size() > ipc::kMaxObjectNameBytes) return Status(ErrorCode::kParamInvalid, "prefix too long");
-  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::SubscribeRequest{prefix}).status());
-  core_->journal().RecordSubscription(prefix);
+  MB_RETURN_IF_ERROR(core_->conn().Call(ipc::SubscribeRequest{prefix, cluster}).status());
+  core_->journal().RecordSubscription(prefix, cluster);
   return Status::Ok();
 }
 
@@ -100,7 +103,7 @@ Result<NameEvents> Client::WaitEvents(int timeout_ms) {
   NameEvents out;
   out.dropped = m->dropped;
   for (auto& e : m->events)
-    out.events.push_back({static_cast<NameEventKind>(e.kind), std::move(e.name), e.allocation, e.pid});
+    out.events.push_back({static_cast<NameEventKind>(e.kind), std::move(e.name), e.allocation, e.pid, std::move(e.host)});
   return out;
 }
 

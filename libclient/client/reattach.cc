@@ -201,7 +201,8 @@ Status ClientCore::Reattach(ipc::UniqueFd sock, std::chrono::steady_clock::time_
   for (const auto& [name, p] : journal.publications)
     if (taken.count(p.handle))
       Note(report, fresh.Call(ipc::PublishRequest{name, p.handle, p.flags, p.metadata}).status());
-  for (const std::string& prefix : journal.subscriptions) Note(report, fresh.Call(ipc::SubscribeRequest{prefix}).status());
+  for (const auto& [prefix, cluster] : journal.subscriptions)
+    Note(report, fresh.Call(ipc::SubscribeRequest{prefix, cluster}).status());
   for (const auto& [addr, size] : host_regs)
     Note(report, fresh.Call(ipc::RegisterHostRequest{addr, size, 0}).status());
   const std::map<uintptr_t, uint64_t> regions = ReattachEngine(fresh, taken, report);

@@ -34,7 +34,7 @@ class ReattachJournal {
   struct Entries {
     std::map<std::string, ExportRecord> exports;            // by token
     std::map<std::string, PublicationRecord> publications;  // by name
-    std::set<std::string> subscriptions;                    // prefixes
+    std::set<std::pair<std::string, bool>> subscriptions;  // prefixes, and whether for the cluster
     std::string engine_name;                                // "" without an engine
     uint64_t engine_control = 0;                            // its control block's handle
   };
@@ -55,9 +55,9 @@ class ReattachJournal {
     std::lock_guard<std::mutex> lk(mu_);
     entries_.publications.erase(name);
   }
-  void RecordSubscription(const std::string& prefix) {
+  void RecordSubscription(const std::string& prefix, bool cluster) {
     std::lock_guard<std::mutex> lk(mu_);
-    entries_.subscriptions.insert(prefix);
+    entries_.subscriptions.insert({prefix, cluster});
   }
   // The transfer engine of this client (one at most), registered again at a
   // reattach with its ranges.

@@ -119,9 +119,12 @@ class Client:
         self._registered.pop(address, None)
 
     # -- events ----------------------------------------------------------------------------------------
-    def subscribe(self, prefix: str = "") -> None:
-        """Events for names under prefix: published, unpublished, holder_died."""
-        self.native.subscribe(prefix)
+    def subscribe(self, prefix: str = "", cluster: bool = False) -> None:
+        """Events for names under prefix: published, unpublished, holder_died.
+        cluster=True: also those of names other hosts publish for the cluster
+        (published, unpublished, host_gone; each event's "host" says whose;
+        docs/CLUSTER.md). membroker.Unsupported without a cluster."""
+        self.native.subscribe(prefix, cluster)
 
     def wait_events(self, timeout_ms: int = 0):
         """(events, dropped): each event a dict with kind, name, allocation, pid; waits in the broker

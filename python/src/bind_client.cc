@@ -205,20 +205,25 @@ void BindClient(py::module_& mod) {
            [](PyClient& c, uintptr_t address) {
              Check(Unlocked([&] { return c.client.HostUnregister(reinterpret_cast<void*>(address)); }));
            })
-      .def("subscribe",
-           [](PyClient& c, const std::string& prefix) { Check(Unlocked([&] { return c.client.Subscribe(prefix); })); })
+      .def(
+          "subscribe",
+          [](PyClient& c, const std::string& prefix, bool cluster) {
+            Check(Unlocked([&] { return cluster ? c.client.SubscribeCluster(prefix) : c.client.Subscribe(prefix); }));
+          },
+          py::arg("prefix"), py::arg("cluster") = false)
       .def(
           "wait_events",
           [](PyClient& c, int timeout_ms) {
             NameEvents ev = Take(Unlocked([&] { return c.client.WaitEvents(timeout_ms); }));
-            static const char* kKinds[] = {"published", "unpublished", "holder_died"};
+            static const char* kKinds[] = {"published", "unpublished", "holder_died", "host_gone"};
             py::list out;
             for (const NameEvent& e : ev.events) {
               py::dict d;
-              d["kind"] = kKinds[static_cast<int>(e.kind) % 3];
+              d["kind"] = kKinds[static_cast<int>(e.kind) % 4];
               d["name"] = e.name;
               d["allocation"] = e.allocation;
               d["pid"] = e.pid;
+              d["host"] = e.host;
               out.append(d);
             }
             return py::make_tuple(out, ev.dropped);

@@ -678,7 +678,8 @@ def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
 def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path):
     """publish_tensor(..., cluster=True) in a child process on host b;
     lookup_cluster on host a waits for it and reads where it lives, its size and
-    its metadata; the child's exit unpublishes it everywhere."""
+    its metadata; a cluster subscriber on a hears it published and, when the
+    child exits, unpublished."""
     import json
     from membroker.testing import broker
     with _etcd(tmp_path) as cluster:
@@ -686,6 +687,8 @@ def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path)
             c = membroker.connect(a.socket, "reader")
             with pytest.raises(membroker.NotFound):
                 c.lookup_cluster("py/weights", 0)
+            events = membroker.connect(a.socket, "events")
+            events.subscribe("py/", cluster=True)
             p = child("""
                 import sys, membroker
                 c = membroker.connect(sys.argv[1], "publisher")
@@ -711,6 +714,12 @@ def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path)
                     break
                 assert time.monotonic() < deadline, "the name outlived its publisher"
                 time.sleep(0.02)
+            seen = []
+            while len(seen) < 2:
+                got, dropped = events.wait_events(60000)
+                assert got and dropped == 0, (got, dropped)
+                seen += [(e["kind"], e["host"], e["name"]) for e in got]
+            assert seen == [("published", "py-b", "py/weights"), ("unpublished", "py-b", "py/weights")], seen
 
 
 def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):

@@ -489,6 +489,7 @@ int main(int argc, char** argv) {
   mb_cluster_name where;
   CHECK(mb_lookup_cluster(c, "c-api/absent", 0, &where) == MB_UNSUPPORTED); /* a broker without --cluster */
   CHECK(mb_lookup_cluster(c, "c-api/absent", 0, NULL) == MB_PARAM_INVALID);
+  CHECK(mb_subscribe_cluster(c, "c-api/") == MB_UNSUPPORTED);
   CHECK(strcmp(mb_error_name(MB_TIMEOUT), "TIMEOUT") == 0);
   mb_client* none = NULL;
   CHECK(mb_connect("/nonexistent/membroker.sock", "x", 0, &none) == MB_NOT_CONNECTED);

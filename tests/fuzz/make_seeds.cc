@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
       LookupRequest{"p/a", 0}, LookupRequest{"p/b", 5}, UnpublishRequest{"p/a"},
       ListNamesRequest{"p/", ""}, SubscribeRequest{"p/"}, WaitEventsRequest{0}, WaitEventsRequest{5}, WakeRequest{},
       ListNamesReply{{{"p/a", 1, 4096, false, true, 1}}, false},
-      EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2}}, 0},
+      EventsReply{{{NameEventKind::kHolderDied, "p/a", 1, 2, ""}}, 0},
+      EventsReply{{{NameEventKind::kHostGone, "p/a", 0, 0, "h"}}, 0}, SubscribeRequest{"p/", true},
       KvOpenRequest{"kv", true, 4096, 16384}, KvSlabRequest{1, 0}, KvReserveRequest{1, {"a", "b"}},
       KvSealRequest{1, {{0, 1, 1, 0, 4096}}}, KvAbortRequest{1, {{1, 1}}}, KvGetRequest{1, {"a", "c"}, true},
       KvReleaseRequest{1, {{0, 1}}}, KvDropRequest{"kv"}, KvBlocksReply{{{membroker::ErrorCode::kOk, 0, 1, 4096}}, 1}};

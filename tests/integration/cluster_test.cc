@@ -340,6 +340,21 @@ json ClusterNames(const BrokerProcess& b) {
   return j.is_array() ? j : json(nullptr);
 }
 
+// The next `want` events of a subscriber, read as they come (the bound only
+// keeps a broken build from hanging). As "kind@host", e.g. "published@host-b".
+std::vector<std::string> NextEvents(Client& c, size_t want) {
+  static const char* kKinds[] = {"published", "unpublished", "holder_died", "host_gone"};
+  std::vector<std::string> got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
+    auto ev = c.WaitEvents(1000);
+    if (!ev.ok()) break;
+    for (const NameEvent& e : ev->events)
+      got.push_back(std::string(kKinds[static_cast<int>(e.kind) % 4]) + "@" + e.host + ":" + e.name);
+  }
+  return got;
+}
+
 // A name published for the cluster on host b is found from host a: at once,
 // or by a lookup that waits for it; it goes when it is unpublished, when b's
 // broker is SIGKILLed (within the lease's TTL) and comes back with a larger
@@ -352,6 +367,12 @@ TEST(Cluster, ANamePublishedForTheClusterIsFoundFromEveryHost) {
   auto cb = Client::Connect({b.socket(), "publisher"});
   ASSERT_TRUE(ca.ok() && cb.ok());
   ASSERT_TRUE(WaitFor([&] { return HostIn(Hosts(a), "host-b") != nullptr; }));
+  // Subscribers on a: one to the cluster's events under models/, one to this host's only.
+  auto cluster_events = Client::Connect({a.socket(), "cluster-events"});
+  auto local_events = Client::Connect({a.socket(), "local-events"});
+  ASSERT_TRUE(cluster_events.ok() && local_events.ok());
+  ASSERT_TRUE(cluster_events->SubscribeCluster("models/").ok());
+  ASSERT_TRUE(local_events->Subscribe("models/").ok());
   EXPECT_EQ(ca->LookupCluster("models/w", 0).status().code(), ErrorCode::kNotFound);
   EXPECT_EQ(ca->LookupCluster("models/w", 100).status().code(), ErrorCode::kTimeout);
 
@@ -370,6 +391,7 @@ TEST(Cluster, ANamePublishedForTheClusterIsFoundFromEveryHost) {
   EXPECT_EQ(waited->size, size_t{1} << 20);
   EXPECT_TRUE(waited->read_only);
   EXPECT_EQ(waited->metadata, "dtype=bf16");
+  EXPECT_EQ(NextEvents(*cluster_events, 1), std::vector<std::string>{"published@host-b:models/w"});
   // On its own host, from the broker's own table.
   auto here = cb->LookupCluster("models/w");
   ASSERT_TRUE(here.ok()) << here.status().ToString();
@@ -390,22 +412,32 @@ TEST(Cluster, ANamePublishedForTheClusterIsFoundFromEveryHost) {
   // Unpublished: gone from every host.
   ASSERT_TRUE(cb->Unpublish("models/w").ok());
   ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
+  EXPECT_EQ(NextEvents(*cluster_events, 1), std::vector<std::string>{"unpublished@host-b:models/w"});
 
   // A take-over keeps it listed, under the new broker's generation.
   ASSERT_TRUE(cb->Publish("models/w", *h, kPublishCluster).ok());
   ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").ok(); }));
   const uint64_t before = ca->LookupCluster("models/w")->generation;
+  EXPECT_EQ(NextEvents(*cluster_events, 1), std::vector<std::string>{"published@host-b:models/w"});
   ASSERT_EQ(b.TakeOver(), 0);
   ASSERT_TRUE(WaitFor([&] {
     auto at = ca->LookupCluster("models/w");
     return at.ok() && at->generation > before;
   }));
+  // The old broker's record went (its lease revoked), the new one's came.
+  EXPECT_EQ(NextEvents(*cluster_events, 2),
+            (std::vector<std::string>{"host_gone@host-b:models/w", "published@host-b:models/w"}));
 
   // b's broker SIGKILLed: its record, and the name with it, vanish within the TTL.
   b.Kill();
   ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
   names = ClusterNames(a);
   EXPECT_TRUE(names.is_array() && names.empty()) << names.dump();
+  EXPECT_EQ(NextEvents(*cluster_events, 1), std::vector<std::string>{"host_gone@host-b:models/w"});
+  // Other hosts' events reach cluster subscriptions only.
+  auto none = local_events->WaitEvents(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->events.empty());
 }
 
 // Without --cluster, the flag and the lookup say so.
@@ -420,6 +452,7 @@ TEST(Cluster, ANameForTheClusterNeedsACluster) {
   EXPECT_EQ(st.code(), ErrorCode::kUnsupported);
   EXPECT_NE(st.message().find("--cluster"), std::string::npos) << st.ToString();
   EXPECT_EQ(c->LookupCluster("models/w").status().code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(c->SubscribeCluster("models/").code(), ErrorCode::kUnsupported);
   EXPECT_EQ(b.Stat("named_objects"), 0u);
 }
 

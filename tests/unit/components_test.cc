@@ -119,15 +119,19 @@ TEST(NameRegistry, EventsGoToMatchingSubscribersWithinTheirQueue) {
   NameRegistry n;
   ASSERT_TRUE(n.Subscribe(1, "model/").ok());
   ASSERT_TRUE(n.Subscribe(2, "").ok());  // every name
-  EXPECT_EQ(n.Post({ipc::NameEventKind::kPublished, "other", 1, 0}), std::vector<uint64_t>{2});
-  EXPECT_EQ(n.Post({ipc::NameEventKind::kPublished, "model/x", 2, 0}), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(n.Post({ipc::NameEventKind::kPublished, "other", 1, 0, ""}), std::vector<uint64_t>{2});
+  EXPECT_EQ(n.Post({ipc::NameEventKind::kPublished, "model/x", 2, 0, ""}), (std::vector<uint64_t>{1, 2}));
+  // Another host's event (it names its host) goes to cluster subscriptions only.
+  ASSERT_TRUE(n.Subscribe(4, "model/", /*cluster=*/true).ok());
+  EXPECT_EQ(n.Post({ipc::NameEventKind::kHostGone, "model/x", 0, 0, "gpu-07"}), std::vector<uint64_t>{4});
+  EXPECT_EQ(n.TakeEvents(4).events.size(), 1u);
   EXPECT_TRUE(n.HasEvents(1));
   ipc::EventsReply r = n.TakeEvents(1);
   ASSERT_EQ(r.events.size(), 1u);
   EXPECT_EQ(r.events[0].name, "model/x");
   EXPECT_FALSE(n.HasEvents(1));
   // A full queue drops and counts what it cannot hold.
-  for (size_t i = 0; i < kMaxQueuedEvents + 5; ++i) n.Post({ipc::NameEventKind::kPublished, "model/y", 3, 0});
+  for (size_t i = 0; i < kMaxQueuedEvents + 5; ++i) n.Post({ipc::NameEventKind::kPublished, "model/y", 3, 0, ""});
   r = n.TakeEvents(1);
   EXPECT_EQ(r.dropped, 5u);
   EXPECT_LE(r.events.size(), ipc::kMaxEventsPerReply);

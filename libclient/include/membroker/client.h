@@ -129,12 +129,15 @@ struct NamedObjectInfo {
   pid_t publisher_pid = 0;
 };
 
-enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2 };
+// kHostGone: the host that listed the name for the cluster is gone (its
+// broker died, was cut off past its lease, or another broker registered there).
+enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2, kHostGone = 3 };
 struct NameEvent {
   NameEventKind kind = NameEventKind::kPublished;
   std::string name;
   uint64_t allocation = 0;
   pid_t pid = 0;  // the publisher, or the process that died holding the object
+  std::string host;  // another host's name for the cluster (SubscribeCluster; allocation and pid 0); empty: this host's
 };
 struct NameEvents {
   std::vector<NameEvent> events;
@@ -352,6 +355,10 @@ class MEMBROKER_API Client {
   // unpublished, holder died (a process holding the object ended without
   // closing its client). Queued in the broker, 1024 at most per client.
   Status Subscribe(const std::string& prefix);
+  // The same, and the events of names other hosts publish for the cluster
+  // (kPublishCluster): published, unpublished, host gone, each with its host
+  // (docs/CLUSTER.md). UNSUPPORTED where the broker has no --cluster.
+  Status SubscribeCluster(const std::string& prefix);
   // Waits up to timeout_ms for at least one event; an empty list on timeout.
   Result<NameEvents> WaitEvents(int timeout_ms);
   // An fd for an event loop (epoll, asyncio's add_reader): readable when
@@ -380,6 +387,7 @@ class MEMBROKER_API Client {
   friend class KvStore;
   friend struct detail::KvStoreState;
   explicit Client(std::shared_ptr<detail::ClientCore> core) : core_(std::move(core)) {}
+  Status Subscribe(const std::string& prefix, bool cluster);
   // Records an fd the broker sent and wraps it in a handle.
   PhysicalHandle AdoptHandle(uint64_t id, ipc::UniqueFd fd, uint64_t size, uint64_t page_size, bool read_only,
                              bool pinned, uint64_t fixed_address, bool created, int device);

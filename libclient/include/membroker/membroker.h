@@ -137,15 +137,19 @@ MB_C_API int mb_lookup_cluster(mb_client* client, const char* name, int timeout_
 /* Events for names starting with prefix ("" for all), queued in the broker
  * (1024 at most per client). */
 #define MB_MAX_OBJECT_NAME_BYTES 256
-enum mb_event_kind { MB_EVENT_PUBLISHED = 0, MB_EVENT_UNPUBLISHED = 1, MB_EVENT_HOLDER_DIED = 2 };
+enum mb_event_kind { MB_EVENT_PUBLISHED = 0, MB_EVENT_UNPUBLISHED = 1, MB_EVENT_HOLDER_DIED = 2, MB_EVENT_HOST_GONE = 3 };
 typedef struct mb_name_event {
   int kind;                                /* enum mb_event_kind */
   char name[MB_MAX_OBJECT_NAME_BYTES + 1]; /* NUL-terminated */
   uint64_t allocation;
   pid_t pid;        /* the publisher, or the process that died holding the object */
   uint64_t dropped; /* events lost to a full queue since mb_subscribe */
+  char host[65];    /* another host's name for the cluster (mb_subscribe_cluster); "" for this host's */
 } mb_name_event;
 MB_C_API int mb_subscribe(mb_client* client, const char* prefix);
+/* The same, and other hosts' events for names published with MB_PUBLISH_CLUSTER
+ * (MB_EVENT_HOST_GONE when their host goes). MB_UNSUPPORTED without a cluster. */
+MB_C_API int mb_subscribe_cluster(mb_client* client, const char* prefix);
 /* The oldest event; waits up to timeout_ms for one (MB_TIMEOUT). */
 MB_C_API int mb_wait_event(mb_client* client, int timeout_ms, mb_name_event* out);
 /* An fd for an event loop (epoll, libuv): readable when a name event or a notify

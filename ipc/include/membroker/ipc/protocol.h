@@ -258,18 +258,20 @@ struct ListNamesReply {
 };
 struct SubscribeRequest {
   std::string prefix;
+  bool cluster = false;
   bool operator==(const SubscribeRequest&) const = default;
 };
 struct WaitEventsRequest {
   uint32_t timeout_ms = 0;
   bool operator==(const WaitEventsRequest&) const = default;
 };
-enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2 };
+enum class NameEventKind : uint8_t { kPublished = 0, kUnpublished = 1, kHolderDied = 2, kHostGone = 3 };
 struct NameEvent {
   NameEventKind kind = NameEventKind::kPublished;
   std::string name;
   uint64_t allocation = 0;
   int32_t pid = 0;
+  std::string host;  // another host's, for a cluster subscription; empty: this host's
   bool operator==(const NameEvent&) const = default;
 };
 struct EventsReply {
