@@ -176,8 +176,7 @@ void Broker::OnClusterChanged() {
   for (const std::string& name : waiters_.Keys(Waiter::Kind::kClusterLookup)) {
     const std::optional<NameLocation> at = cluster_.FindName(name);
     if (!at) continue;
-    const ipc::ClusterLookupReply reply{at->host, static_cast<uint64_t>(at->generation), at->name.size,
-                                        at->name.read_only, at->name.metadata};
+    const ipc::ClusterLookupReply reply = at->Reply();
     AnswerWaiters(Waiter::Kind::kClusterLookup, name, [&](Session& peer, uint64_t rid) {
       Send(peer, rid, reply);
       return Status::Ok();

@@ -89,8 +89,8 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
                 [&](Session& waiting, uint64_t rid) { return GrantNamed(waiting, rid, m.name, *entry); });
   if (cluster) {
     const Allocation* published = holdings_.Find(m.allocation);
-    const ipc::ClusterLookupReply here{cluster_.options().host_name, static_cast<uint64_t>(cluster_.View().generation),
-                                       published ? published->size : 0, entry->read_only, entry->metadata};
+    const ipc::ClusterLookupReply here =
+        cluster_.Here({m.name, published ? published->size : 0, entry->read_only, entry->metadata}).Reply();
     AnswerWaiters(Waiter::Kind::kClusterLookup, m.name, [&](Session& waiting, uint64_t rid) {
       Send(waiting, rid, here);
       return Status::Ok();
@@ -142,12 +142,10 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ClusterLookupRequest&
   if (!cluster_.started()) return Status(ErrorCode::kUnsupported, "this broker is not in a cluster (membrokerd --cluster)");
   if (const NamedEntry* e = names_.Find(m.name); e != nullptr && e->cluster) {
     const Allocation* a = holdings_.Find(e->allocation);
-    return ipc::ClusterLookupReply{cluster_.options().host_name, static_cast<uint64_t>(cluster_.View().generation),
-                                   a ? a->size : 0, e->read_only, e->metadata};
+    return cluster_.Here({m.name, a ? a->size : 0, e->read_only, e->metadata}).Reply();
   }
   if (std::optional<NameLocation> at = cluster_.FindName(m.name))
-    return ipc::ClusterLookupReply{at->host, static_cast<uint64_t>(at->generation), at->name.size,
-                                   at->name.read_only, at->name.metadata};
+    return at->Reply();
   if (m.timeout_ms == 0) {
     const ClusterView v = cluster_.View();
     if (!v.watching)

@@ -5,13 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <algorithm>
 #include <fstream>
 #include <set>
-#include <utility>
 #include <sstream>
+#include <utility>
 
 #include "cluster/etcd_client.h"
 #include "log.h"
@@ -210,6 +210,11 @@ std::optional<NameLocation> Cluster::FindName(const std::string& name) const {
       if (n.name == name) return NameLocation{host, h.generation, n};
   }
   return std::nullopt;
+}
+
+NameLocation Cluster::Here(HostName name) const {
+  std::lock_guard lock(mu_);
+  return {options_.host_name, view_.generation, std::move(name)};
 }
 
 std::vector<ClusterNameEvent> Cluster::TakeNameEvents() {

@@ -61,6 +61,9 @@ struct NameLocation {
   std::string host;
   int64_t generation = 0;
   HostName name;
+  ipc::ClusterLookupReply Reply() const {
+    return {host, static_cast<uint64_t>(generation), name.size, name.read_only, name.metadata};
+  }
 };
 
 // A change to another host's names for the cluster, as the watcher saw it:
@@ -103,6 +106,8 @@ class Cluster {
   std::optional<EngineLocation> FindEngine(const std::string& name) const;
   // The name published on another host (the first host by name that lists it).
   std::optional<NameLocation> FindName(const std::string& name) const;
+  // A name of this host's, as FindName answers for another host's.
+  NameLocation Here(HostName name) const;
   // The name events since the last call, oldest first (on_change says when).
   std::vector<ClusterNameEvent> TakeNameEvents();
 
