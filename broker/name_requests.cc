@@ -10,7 +10,6 @@ namespace membroker::broker {
 
 namespace {
 Status CheckName(const std::string& name) { return ipc::CheckName(name, ipc::kMaxObjectNameBytes, "a name"); }
-
 }  // namespace
 
 std::vector<HostName> Broker::ListedForCluster() const {
