@@ -9,7 +9,7 @@ gateway, the one write the publish makes (the watch's delivery comes on top).
 
 Prints the median and the worst of N publishes (default 50) and of N
 unpublishes (until a lookup on a says NOT_FOUND), and the ratio to the floor.
-Not part of bench/run's goals: etcd's fsync sets most of it.
+Not part of bench/run's goals.
 """
 import base64
 import http.client
