@@ -110,7 +110,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
     MB_INFO("client_reattaching", "client=%llu pid=%d name=\"%s\"", static_cast<unsigned long long>(s.id),
             static_cast<int>(s.cred.pid), LogText(s.name).c_str());
   }
-  ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}};
+  ipc::HelloReply reply{s.id, ipc::kProtocolVersion, 0, {}, cluster_.started() ? cluster_.options().host_name : ""};
   for (auto p : {ipc::PagePolicy::kNormalOnly, ipc::PagePolicy::kHugeFirst, ipc::PagePolicy::kHugeOnly,
                  ipc::PagePolicy::kHuge1GOnly})
     reply.granularities.push_back(holdings_.backend().Granularity(p));

@@ -52,7 +52,8 @@ struct Encoder {
       gs.push_back(w::CreateGranularity(b, static_cast<w::PagePolicy>(g.policy), g.minimum,
                                         g.recommended));
     auto vec = b.CreateVector(gs);
-    return w::CreateHelloReply(b, m.client_id, m.protocol_version, m.features, vec).Union();
+    auto host = b.CreateString(m.host);
+    return w::CreateHelloReply(b, m.client_id, m.protocol_version, m.features, vec, host).Union();
   }
   fb::Offset<void> operator()(const MallocRequest& m) {
     return w::CreateMallocRequest(b, m.size, static_cast<w::PagePolicy>(m.policy),
@@ -432,7 +433,9 @@ Result<Message> Read(const w::HelloRequest* m) {
 }
 
 Result<Message> Read(const w::HelloReply* m) {
-  HelloReply r{m->client_id(), m->protocol_version(), m->features(), {}};
+  HelloReply r{m->client_id(), m->protocol_version(), m->features(), {}, {}};
+  if (m->host() != nullptr && m->host()->size() > 0)
+    MB_RETURN_IF_ERROR(ReadName(m->host(), kMaxHostNameBytes, "host", &r.host));
   if (auto gs = m->granularities()) {
     if (gs->size() > 16) return Malformed("too many granularities");
     for (const auto* g : *gs) {

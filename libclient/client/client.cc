@@ -34,6 +34,7 @@ Status ClientCore::Handshake() {
   if (hello == nullptr) return Status(ErrorCode::kProtocolError, "handshake got no HelloReply");
   client_id_ = hello->client_id;
   granularities_ = hello->granularities;
+  cluster_host_ = hello->host;
   return Status::Ok();
 }
 }  // namespace detail
@@ -68,6 +69,7 @@ Result<Client> Client::Connect(const ConnectOptions& options) {
 }
 
 uint64_t Client::client_id() const { return core_ ? core_->client_id() : 0; }
+std::string Client::cluster_host() const { return core_ ? core_->cluster_host() : ""; }
 
 Result<size_t> Client::GetAllocationGranularity(const AllocationProp& prop,
                                                 GranularityOption option) const {

@@ -105,6 +105,7 @@ class ClientCore {
 
   Connection& conn() { return conn_; }
   uint64_t client_id() const { return client_id_; }
+  const std::string& cluster_host() const { return cluster_host_; }
   Result<size_t> Granularity(PagePolicy policy, GranularityOption option) const;
 
   // Records a handle the broker just gave this client.
@@ -183,6 +184,7 @@ class ClientCore {
   ReattachJournal journal_;
   WakeSocket wake_;
   std::vector<ipc::Granularity> granularities_;
+  std::string cluster_host_;  // the broker's host name in its cluster (HelloReply), set once at connect
   std::mutex mu_;
   std::unordered_map<uint64_t, HeldAllocation> handles_;
   std::map<uintptr_t, ReservationState> reservations_;  // by base address

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       SetPidRequest{"0123456789abcdef0123456789abcdef", {1, 2}}, ImportRequest{"abc"},
       PingRequest{}, GoodbyeRequest{}, OkReply{}, ErrorReply{membroker::ErrorCode::kBusy, "x"},
       MallocReply{1, 4096, 4096}, ImportReply{1, 4096, 4096, true}, ExportReply{"t"},
-      HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}},
+      HelloReply{1, 1, 0, {{PagePolicy::kNormalOnly, 4096, 4096}}, "host-a"},
       MallocRequest{8192, PagePolicy::kNormalOnly, kMallocPinned | kMallocSameAddress},
       MallocRequest{4096, PagePolicy::kNormalOnly, kMallocExport, kExportNoPidCheck | kExportReadOnly},
       RegisterHostRequest{0x10000, 8192, 0}, UnregisterHostRequest{0x10000},

@@ -6,8 +6,11 @@
 // not taken, and hostile records in etcd are ignored. Every wait polls a
 // condition with a deadline; none decides a verdict by time.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,8 +28,12 @@
 #include <nlohmann/json.hpp>
 
 #include "broker_process.h"
+#include "map_whole.h"
 #include "membroker/client.h"
+#include "membroker/name_share.h"
 #include "net_engines.h"
+
+extern char** environ;
 
 namespace membroker::testing {
 namespace {
@@ -438,6 +445,173 @@ TEST(Cluster, ANamePublishedForTheClusterIsFoundFromEveryHost) {
   auto none = local_events->WaitEvents(0);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->events.empty());
+}
+
+// The membroker-share program, run as an operator runs it: ready once it
+// prints its "serving as" line (read with a bound); SIGTERMed at the end.
+class ShareProcess {
+ public:
+  ShareProcess(const std::string& socket, const std::string& secret_file) {
+    int out[2];
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::vector<std::string> args{BinaryPath("membroker-share"), "--socket", socket, "--listen", "127.0.0.1:0",
+                                  "--secret-file", secret_file};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(::posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    from_ = out[0];
+  }
+  ~ShareProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      // Bounded: a share that does not end within 60 s is killed (and the test fails).
+      if (!WaitFor([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; })) {
+        ADD_FAILURE() << "membroker-share did not end on SIGTERM";
+        Kill();
+      } else {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "membroker-share ended with " << status;
+      }
+    }
+    ::close(from_);
+  }
+  // Its first line of output, once it serves ("" when none came within 60 s).
+  std::string Ready() {
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{from_, POLLIN, 0};
+      if (::poll(&p, 1, 1000) <= 0) continue;
+      char buf[256];
+      const ssize_t n = ::read(from_, buf, sizeof(buf));
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    return line;
+  }
+  void Kill() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int from_ = -1;
+};
+
+unsigned char Pattern(size_t i, unsigned seed) { return static_cast<unsigned char>(i * 131 + (i >> 12) * 7 + seed); }
+
+// A name published read-only for the cluster on host b is fetched into host
+// a's memory in one call, through b's membroker-share, every byte checked:
+// its bytes arrive whole; a name that is not read-only is refused; bytes
+// written after the share took their checksum are DATA_LOSS, never a quiet
+// copy; a replaced name's new bytes arrive; a share SIGKILLed and started
+// again serves again; an unpublished name is NOT_FOUND.
+TEST(Cluster, ANameIsFetchedFromAnotherHostWithEveryByteChecked) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess a(ClusterArgs(etcd, "host-a")), b(ClusterArgs(etcd, "host-b"));
+  const std::string secret = SecretFile(b.dir(), "share-secret");
+  auto cb = Client::Connect({b.socket(), "publisher"});
+  auto ca = Client::Connect({a.socket(), "fetcher"});
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  EXPECT_EQ(ca->cluster_host(), "host-a");
+  TransferEngine engine(*ca);
+  Status init = engine.Initialize("fetcher-0", {{"secret_file", secret}});
+  MB_UCX_OR_SKIP(init);
+  ASSERT_TRUE(init.ok()) << init.ToString();
+
+  constexpr size_t kSize = 3 << 20;
+  auto h = cb->MallocPhysical(kSize);
+  ASSERT_TRUE(h.ok());
+  auto src = MapWhole(*cb, *h);
+  ASSERT_TRUE(src.ok());
+  for (size_t i = 0; i < kSize; ++i) src->as<unsigned char>()[i] = Pattern(i, 1);
+  ASSERT_TRUE(cb->Publish("models/w", *h, kPublishCluster | kPublishReadOnly, "dtype=bf16").ok());
+  ASSERT_TRUE(cb->Publish("models/rw", *h, kPublishCluster).ok());
+
+  auto share = std::make_unique<ShareProcess>(b.socket(), secret);
+  const std::string ready = share->Ready();
+  ASSERT_NE(ready.find("serving as membroker-share@host-b on 127.0.0.1:"), std::string::npos) << ready;
+
+  // Fetched whole: new memory of host a, its bytes those published on b.
+  auto check = [&](const FetchedObject& f, unsigned seed) {
+    auto m = MapWhole(*ca, f.handle);
+    if (!m.ok()) return ::testing::AssertionFailure() << m.status().ToString();
+    for (size_t i = 0; i < kSize; ++i)
+      if (m->as<unsigned char>()[i] != Pattern(i, seed)) return ::testing::AssertionFailure() << "byte " << i;
+    return ::testing::AssertionSuccess();
+  };
+  const uint64_t live = a.Stat("allocations_live");  // the engine's own
+  auto f = FetchNamed(*ca, engine, "models/w", 60000);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(f->copied);
+  EXPECT_EQ(f->host, "host-b");
+  EXPECT_EQ(f->size, kSize);
+  EXPECT_EQ(f->metadata, "dtype=bf16");
+  EXPECT_EQ(f->generation, b.Stat("cluster_generation"));
+  EXPECT_EQ(a.Stat("allocations_live"), live + 1);  // the copy, and nothing else
+  EXPECT_TRUE(check(*f, 1));
+  ASSERT_TRUE(ca->FreePhysical(f->handle).ok());
+
+  // Not read-only: its bytes could change under the copy.
+  EXPECT_EQ(FetchNamed(*ca, engine, "models/rw", 1000).status().code(), ErrorCode::kUnsupported);
+  // On its own host: the object itself, no copy.
+  auto cb2 = Client::Connect({b.socket(), "local-fetcher"});
+  ASSERT_TRUE(cb2.ok());
+  TransferEngine unused(*cb2);
+  auto here = FetchNamed(*cb2, unused, "models/w", 0);
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  EXPECT_FALSE(here->copied);
+  EXPECT_EQ(here->handle.id(), h->id());
+
+  // Written after the share took its checksum (the publisher kept a writable
+  // mapping): the copy is refused, not handed over.
+  src->as<unsigned char>()[kSize / 2] ^= 0x40;
+  EXPECT_EQ(FetchNamed(*ca, engine, "models/w", 30000).status().code(), ErrorCode::kDataLoss);
+  EXPECT_EQ(a.WaitForStat("allocations_live", live), live);  // the refused copy freed
+
+  // Replaced by new bytes: those arrive (the share serves the new object).
+  auto h2 = cb->MallocPhysical(kSize);
+  ASSERT_TRUE(h2.ok());
+  {
+    auto m2 = MapWhole(*cb, *h2);
+    ASSERT_TRUE(m2.ok());
+    for (size_t i = 0; i < kSize; ++i) m2->as<unsigned char>()[i] = Pattern(i, 2);
+  }
+  ASSERT_TRUE(cb->Publish("models/w", *h2, kPublishCluster | kPublishReadOnly | kPublishReplace).ok());
+  Result<FetchedObject> f2 = Status(ErrorCode::kInternal, "not run");
+  // The share and host a's view learn of the replacement a little apart: the
+  // old bytes may still come once or twice (checked whole: never a mix).
+  ASSERT_TRUE(WaitFor([&] {
+    f2 = FetchNamed(*ca, engine, "models/w", 30000);
+    if (f2.ok() && check(*f2, 2)) return true;
+    if (f2.ok()) {
+      EXPECT_TRUE(check(*f2, 1));
+    }
+    return false;
+  }));
+
+  // The share SIGKILLed and started again: the next fetch reconnects.
+  share->Kill();
+  share = std::make_unique<ShareProcess>(b.socket(), secret);
+  ASSERT_NE(share->Ready().find("serving as"), std::string::npos);
+  auto f3 = FetchNamed(*ca, engine, "models/w", 60000);
+  ASSERT_TRUE(f3.ok()) << f3.status().ToString();
+  EXPECT_TRUE(check(*f3, 2));
+
+  // Unpublished: gone from every host.
+  ASSERT_TRUE(cb->Unpublish("models/w").ok());
+  ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
+  EXPECT_EQ(FetchNamed(*ca, engine, "models/w", 0).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(engine.Disconnect(NameShare::EngineName("host-b"), 5000).code(), ErrorCode::kOk);
 }
 
 // Without --cluster, the flag and the lookup say so.

@@ -79,7 +79,7 @@ std::string BinaryPath(const char* name) {
   const char* moved = std::getenv("MEMBROKER_BIN_DIR");
   std::string dir = moved != nullptr && *moved != '\0' ? moved : MEMBROKER_BIN_DIR;
   if (!std::strcmp(name, "membrokerd")) return dir + "/broker/membrokerd";
-  if (!std::strcmp(name, "membrokerctl")) return dir + "/tools/membrokerctl";
+  if (!std::strcmp(name, "membrokerctl") || !std::strcmp(name, "membroker-share")) return dir + "/tools/" + name;
   if (!std::strcmp(name, "net_module_probe") || !std::strcmp(name, "engine_agent") || !std::strcmp(name, "device_peer"))
     return dir + "/tests/" + name;
   return dir + "/examples/" + name;

@@ -24,7 +24,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
       HelloReply{42,
                  kProtocolVersion,
                  0x1,
-                 {{PagePolicy::kNormalOnly, 4096, 2 << 20}, {PagePolicy::kHuge1GOnly, 1 << 30, 1 << 30}}},
+                 {{PagePolicy::kNormalOnly, 4096, 2 << 20}, {PagePolicy::kHuge1GOnly, 1 << 30, 1 << 30}},
+                 "gpu-07"},
       MallocRequest{1 << 20, PagePolicy::kHugeFirst, kMallocExport, kExportReadOnly},
       MallocReply{7, 2 << 20, 2 << 20, true, true, 0x400000000000, true, "token"},
       FreeRequest{7},
@@ -159,7 +160,7 @@ TEST(Protocol, UnknownPagePolicyReachesTheBrokerButNotTheClient) {
   auto r = Decode(Encode({kProtocolVersion, 1, 0, m}));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(static_cast<int>(std::get<MallocRequest>(r->body).policy), 9);
-  HelloReply h{1, kProtocolVersion, 0, {{static_cast<PagePolicy>(9), 4096, 4096}}};
+  HelloReply h{1, kProtocolVersion, 0, {{static_cast<PagePolicy>(9), 4096, 4096}}, ""};
   EXPECT_EQ(Decode(Encode({kProtocolVersion, 1, 0, h})).code(), ErrorCode::kProtocolError);
 }
 

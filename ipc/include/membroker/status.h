@@ -41,7 +41,8 @@ namespace membroker {
   X(17, kOutOfRange, OUT_OF_RANGE, OutOfRange)                      \
   X(18, kQuotaExceeded, QUOTA_EXCEEDED, QuotaExceeded)              \
   X(19, kAddressInUse, ADDRESS_IN_USE, AddressInUse)             \
-  X(20, kStale, STALE, Stale)
+  X(20, kStale, STALE, Stale)                                       \
+  X(21, kDataLoss, DATA_LOSS, DataLoss)
 
 enum class ErrorCode : int32_t {
 #define MEMBROKER_ERROR_ENUM(value, enumerator, wire, py) enumerator = value,

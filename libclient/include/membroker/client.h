@@ -274,6 +274,9 @@ class MEMBROKER_API Client {
   Client() = default;
   bool connected() const { return core_ != nullptr; }
   uint64_t client_id() const;
+  // This host's name in its broker's cluster (membrokerd --host-name), as
+  // LookupCluster's answers name hosts; "" when the broker is in no cluster.
+  std::string cluster_host() const;
 
   // Local: the granularities came with the handshake.
   Result<size_t> GetAllocationGranularity(const AllocationProp& prop,

@@ -50,7 +50,8 @@ enum mb_error {
   MB_OUT_OF_RANGE = 17,
   MB_QUOTA_EXCEEDED = 18,
   MB_ADDRESS_IN_USE = 19,
-  MB_STALE = 20
+  MB_STALE = 20,
+  MB_DATA_LOSS = 21
 };
 
 /* The calling thread's message for the last call that failed ("" if none). */

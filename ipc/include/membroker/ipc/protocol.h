@@ -71,6 +71,7 @@ struct HelloReply {
   uint16_t protocol_version = kProtocolVersion;
   uint64_t features = 0;
   std::vector<Granularity> granularities;
+  std::string host;  // this host's name in its cluster; empty without one
   bool operator==(const HelloReply&) const = default;
 };
 struct MallocRequest {
