@@ -23,6 +23,11 @@ class Client:
     def client_id(self) -> int:
         return self._c.client_id
 
+    @property
+    def cluster_host(self) -> str:
+        """This host's name in the broker's cluster (membrokerd --host-name); "" without one."""
+        return self._c.cluster_host
+
     def ping(self) -> None:
         """One round trip to the broker."""
         self._c.ping()
@@ -174,6 +179,26 @@ class Client:
         waits up to timeout_ms (membroker.Timeout after; 0: membroker.NotFound
         at once); membroker.NotConnected while etcd is out of reach."""
         return self.native.lookup_cluster(name, timeout_ms)
+
+    def fetch_named(self, engine, name: str, timeout_ms: int = 0) -> dict:
+        """A name published read-only for the cluster (cluster=True,
+        read_only=True) on another host, copied into new broker memory here
+        through engine (a TransferEngine of this client) and that host's
+        membroker-share, every byte checked against the share's checksum:
+        {"handle", "host", "generation", "size", "metadata", "copied"}. On this
+        host already: the object itself (copied False). Waits up to timeout_ms
+        in all. membroker.Unsupported for a name not read-only,
+        membroker.DataLoss for bytes that fail their checksum (docs/CLUSTER.md)."""
+        return engine._e.fetch_named(name, timeout_ms)
+
+    def fetch_tensor(self, engine, name: str, timeout_ms: int = 0) -> Tensor:
+        """A tensor published with publish_tensor(..., cluster=True) on another
+        host (read-only), copied here as fetch_named does and mapped."""
+        f = self.fetch_named(engine, name, timeout_ms)
+        meta = Tensor.parse_metadata(f["metadata"])
+        handle = f["handle"]
+        return Tensor(handle, self.map_handle(handle), meta["dtype"], meta["shape"], meta["strides"],
+                      meta["offset"], meta["user"])
 
     def unpublish(self, name: str) -> None:
         self.native.unpublish(name)

@@ -18,6 +18,7 @@ void BindClient(py::module_& mod) {
           },
           py::arg("socket"), py::arg("name") = "", py::arg("call_timeout_ms") = 30000, py::arg("reattach") = true)
       .def_property_readonly("client_id", [](PyClient& c) { return c.client.client_id(); })
+      .def_property_readonly("cluster_host", [](PyClient& c) { return c.client.cluster_host(); })
       .def("ping", [](PyClient& c) { Check(Unlocked([&] { return c.client.Ping(); })); })
       .def(
           "granularity",

@@ -1,4 +1,5 @@
 // TransferEngine.
+#include "membroker/name_share.h"
 #include "py_objects.h"
 
 namespace membroker::python {
@@ -57,6 +58,25 @@ void BindEngine(py::module_& mod) {
             return out;
           },
           py::arg("remote"), py::arg("timeout_ms") = 1000)
+      .def(
+          "fetch_named",
+          [](PyEngine& e, const std::string& name, int timeout_ms) {
+            Result<FetchedObject> r =
+                Unlocked([&] { return FetchNamed(e.owner->client, *e.engine, name, timeout_ms); });
+            FetchedObject f = Take(std::move(r));
+            auto h = std::make_shared<PyHandle>();
+            h->owner = e.owner;
+            h->handle = std::move(f.handle);
+            py::dict d;
+            d["handle"] = h;
+            d["host"] = f.host;
+            d["generation"] = f.generation;
+            d["size"] = f.size;
+            d["metadata"] = py::bytes(f.metadata);
+            d["copied"] = f.copied;
+            return d;
+          },
+          py::arg("name"), py::arg("timeout_ms") = 0)
       .def("deregister_mem",
            [](PyEngine& e, uint64_t id) {
              Check(Unlocked(

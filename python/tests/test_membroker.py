@@ -722,6 +722,61 @@ def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path)
             assert seen == [("published", "py-b", "py/weights"), ("unpublished", "py-b", "py/weights")], seen
 
 
+def _share_binary():
+    """membroker-share beside the membrokerd under test (the build tree's, or
+    the installed one on PATH)."""
+    import shutil
+    daemon = os.environ.get("MEMBROKERD") or shutil.which("membrokerd")
+    built = os.path.join(os.path.dirname(os.path.dirname(daemon)), "tools", "membroker-share")
+    return built if os.path.exists(built) else shutil.which("membroker-share")
+
+
+def test_a_tensor_published_for_the_cluster_is_fetched_from_another_host(tmp_path):
+    """A child on host b publishes a tensor read-only for the cluster; host b
+    runs membroker-share; this process, on host a, fetches it with
+    fetch_tensor in one call: new memory here with the same values, dtype,
+    shape and user metadata. A name not read-only is refused."""
+    import numpy as np
+    from membroker.testing import broker
+    with _etcd(tmp_path) as cluster:
+        secret = tmp_path / "secret"
+        secret.write_text("py-share-secret\n")
+        os.chmod(secret, 0o600)
+        with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
+            p = child("""
+                import sys, numpy as np, membroker
+                c = membroker.connect(sys.argv[1], "publisher")
+                t = c.tensor_from(np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
+                c.publish_tensor("py/weights", t, read_only=True, metadata={"layer": 3}, cluster=True)
+                c.publish_tensor("py/scratch", t, cluster=True)
+                print("published", flush=True)
+                sys.stdin.readline()
+            """, b.socket, stdin=subprocess.PIPE)
+            assert p.stdout.readline().strip() == "published"
+            share = subprocess.Popen([_share_binary(), "--socket", b.socket, "--listen", "127.0.0.1:0",
+                                      "--secret-file", str(secret)], stdout=subprocess.PIPE, text=True)
+            try:
+                assert share.stdout.readline().startswith("serving as membroker-share@py-b on 127.0.0.1:")
+                c = membroker.connect(a.socket, "fetcher")
+                assert c.cluster_host == "py-a"
+                engine = membroker.TransferEngine(c, "py-fetcher", {"secret_file": str(secret)})
+                t = c.fetch_tensor(engine, "py/weights", 60000)
+                assert t.dtype == np.float32 and tuple(t.shape) == (512, 512) and t.user_metadata == {"layer": 3}
+                assert np.array_equal(t.numpy(), np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
+                f = c.fetch_named(engine, "py/weights", 60000)
+                assert f["host"] == "py-b" and f["copied"] and f["size"] == 1 << 20, f
+                with pytest.raises(membroker.Unsupported):
+                    c.fetch_named(engine, "py/scratch", 60000)
+                t.close()
+                engine.finalize()
+            finally:
+                share.terminate()
+                assert share.wait(60) == 0
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                finish(p)
+
+
 def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):
     """import membroker and a transfer engine on this host only load no UCX (its
     signal handlers would replace Python's faulthandler): a crash of the user's

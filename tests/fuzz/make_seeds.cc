@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "transfer/share/name_card.h"
 #include "transfer/ucx/engine_wire.h"
 #include "membroker/ipc/protocol.h"
 
@@ -46,6 +47,12 @@ int main(int argc, char** argv) {
       const w::EncodedDataHeader h = w::EncodeData(w::DataHeader{kind, 0, 9, batch ? uint64_t{2} : uint64_t{0x7f0000001000}, 65536});
       Write(std::string(argv[3]) + "/data-" + std::to_string(n++), {h.begin(), h.end()});
     }
+    // A share's name card (FetchNamed reads it from another host); 320 bytes
+    // hold all of its fields, the rest of its page is zero.
+    std::vector<uint8_t> card(membroker::share::kCardBytes);
+    (void)membroker::share::EncodeCard({"models/llama-70b", 3, 0x7f0000200000, 3 << 20, 0x1234567890abcdefull}, card);
+    card.resize(320);
+    Write(std::string(argv[3]) + "/name-card", card);
   }
   std::vector<Message> msgs = {
       HelloRequest{"seed", kProtocolVersion, 0}, MallocRequest{4096, PagePolicy::kNormalOnly, 0},
