@@ -1,6 +1,7 @@
 // The C API (membroker/membroker.h) over the C++ client: each opaque struct
 // owns its C++ object; errors become codes plus a thread-local message.
 #include "membroker/membroker.h"
+#include "membroker/name_share.h"
 
 #include <algorithm>
 #include <cstring>
@@ -244,6 +245,23 @@ int mb_lookup_cluster(mb_client* client, const char* name, int timeout_ms, mb_cl
     out->generation = at->generation;
     out->size = at->size;
     out->read_only = at->read_only ? 1 : 0;
+    return MB_OK;
+  });
+}
+
+int mb_fetch_named(mb_client* client, mb_engine* engine, const char* name, int timeout_ms, mb_handle** out,
+                   mb_cluster_name* where) {
+  return Guard([&]() -> int {
+    MB_NEED(client && engine && name && out, "client, engine, name and out must not be NULL");
+    auto f = FetchNamed(client->client, *engine->engine, name, timeout_ms);
+    if (!f.ok()) return Fail(f.status());
+    if (where != nullptr) {
+      CopyOut(f->host, where->host, sizeof(where->host));
+      where->generation = f->generation;
+      where->size = f->size;
+      where->read_only = f->handle.read_only() ? 1 : 0;
+    }
+    *out = new mb_handle{std::move(f->handle)};
     return MB_OK;
   });
 }

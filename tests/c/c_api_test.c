@@ -490,6 +490,12 @@ int main(int argc, char** argv) {
   CHECK(mb_lookup_cluster(c, "c-api/absent", 0, &where) == MB_UNSUPPORTED); /* a broker without --cluster */
   CHECK(mb_lookup_cluster(c, "c-api/absent", 0, NULL) == MB_PARAM_INVALID);
   CHECK(mb_subscribe_cluster(c, "c-api/") == MB_UNSUPPORTED);
+  mb_engine* fetcher = NULL;
+  MUST(mb_engine_create(c, "c-api-fetcher", &fetcher) == MB_OK);
+  CHECK(mb_fetch_named(c, fetcher, "c-api/absent", 0, &bad, &where) == MB_UNSUPPORTED);
+  CHECK(mb_fetch_named(c, fetcher, "c-api/absent", 0, NULL, &where) == MB_PARAM_INVALID);
+  CHECK(strcmp(mb_error_name(MB_DATA_LOSS), "DATA_LOSS") == 0);
+  mb_engine_destroy(fetcher);
   CHECK(strcmp(mb_error_name(MB_TIMEOUT), "TIMEOUT") == 0);
   mb_client* none = NULL;
   CHECK(mb_connect("/nonexistent/membroker.sock", "x", 0, &none) == MB_NOT_CONNECTED);

@@ -135,6 +135,14 @@ typedef struct mb_cluster_name {
   int read_only;
 } mb_cluster_name;
 MB_C_API int mb_lookup_cluster(mb_client* client, const char* name, int timeout_ms, mb_cluster_name* out);
+/* A name published read-only for the cluster (MB_PUBLISH_CLUSTER | MB_PUBLISH_READ_ONLY) on
+ * another host, copied into new broker memory here through engine and that host's
+ * membroker-share, every byte checked against the share's checksum (docs/CLUSTER.md). *out:
+ * the new handle (on this host already: the object itself); where, if not NULL: where it came
+ * from. Waits up to timeout_ms in all. MB_UNSUPPORTED for a name not published read-only;
+ * MB_DATA_LOSS for bytes that do not match their checksum. */
+MB_C_API int mb_fetch_named(mb_client* client, mb_engine* engine, const char* name, int timeout_ms,
+                            mb_handle** out, mb_cluster_name* where);
 /* Events for names starting with prefix ("" for all), queued in the broker
  * (1024 at most per client). */
 #define MB_MAX_OBJECT_NAME_BYTES 256
