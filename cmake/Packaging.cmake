@@ -12,7 +12,7 @@ install(FILES ${PROJECT_BINARY_DIR}/packaging/membrokerd.service ${PROJECT_SOURC
 # Man pages, compressed as Debian policy asks (gzip -9n: no name or time in the header).
 find_program(GZIP gzip REQUIRED)
 set(_mb_man_pages)
-foreach(page membrokerd.8 membrokerctl.1)
+foreach(page membrokerd.8 membrokerctl.1 membroker-share.1)
   configure_file(${PROJECT_SOURCE_DIR}/packaging/man/${page} ${PROJECT_BINARY_DIR}/packaging/man/${page} @ONLY)
   set(gz ${PROJECT_BINARY_DIR}/packaging/man/${page}.gz)
   add_custom_command(OUTPUT ${gz}

@@ -59,11 +59,13 @@ unshare -m --propagation private bash -euo pipefail -c '
   rm -rf "$tmp"
   echo "postinst made the group membroker; its members are served, others refused"
   [ "$(command -v membrokerd)" = /usr/bin/membrokerd ]
-  for page in /usr/share/man/man8/membrokerd.8.gz /usr/share/man/man1/membrokerctl.1.gz; do
+  for page in /usr/share/man/man8/membrokerd.8.gz /usr/share/man/man1/membrokerctl.1.gz \
+      /usr/share/man/man1/membroker-share.1.gz; do
     out=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null)
     [ -z "$out" ] || { echo "$page: $out" >&2; exit 1; }
   done
-  MANPATH=/usr/share/man man -w membrokerd membrokerctl >/dev/null
+  MANPATH=/usr/share/man man -w membrokerd membrokerctl membroker-share >/dev/null
+  membroker-share --help | grep -- --listen >/dev/null
   systemd-analyze verify --man=no /usr/lib/systemd/system/membrokerd.socket /usr/lib/systemd/system/membrokerd.service
   membrokerd --help | grep -- --supervise >/dev/null  # not -q: an early exit would SIGPIPE the writer (pipefail)
   "$here/../consumer/check_prefix.sh" /usr

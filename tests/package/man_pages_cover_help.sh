@@ -25,7 +25,11 @@ for flag in --admin-socket --socket --json --timeout-ms --interval-ms --once; do
   grep -qF -- "$flag" <<<"$ctl_page" || missing+=("membrokerctl.1: $flag")
 done
 
-for page in "$man/membrokerd.8" "$man/membrokerctl.1"; do
+share_page=$(plain "$man/membroker-share.1")
+for flag in --socket --listen --secret-file --allow-from; do
+  grep -qF -- "$flag" <<<"$share_page" || missing+=("membroker-share.1: $flag")
+done
+for page in "$man/membrokerd.8" "$man/membrokerctl.1" "$man/membroker-share.1"; do
   out=$(groff -man -Tutf8 -ww -z "$page" 2>&1)
   [ -z "$out" ] || missing+=("$page renders with warnings: $out")
 done
