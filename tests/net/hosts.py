@@ -1,10 +1,12 @@
-"""Two "hosts" on one machine, for the cross-host transfer tests and benches.
+"""Hosts on one machine, for the cross-host transfer tests and benches.
 
 Each host is its own network, IPC, PID, UTS and mount namespace, with a
-private /dev/shm (and /tmp where the build is not under /tmp), joined to the
-other by a veth pair with addresses of our own (10.213.N.1 and .2), and runs
-its own membrokerd. UCX therefore cannot reach the other host through shared
-memory or cross-memory attach: its bytes go through the veth.
+private /dev/shm (and /tmp where the build is not under /tmp), and runs its
+own membrokerd. Two hosts are joined by a veth pair with addresses of our own
+(10.213.N.1 and .2); more (tags="abce") each by a veth pair to a bridge in a
+namespace of its own, the switch (10.213.N.1, .2, ... in the order of tags).
+UCX therefore cannot reach another host through shared memory or
+cross-memory attach: its bytes go through the veths.
 
 Everything is removed at the end (Hosts.close, also called on failure and at
 exit); namespaces left behind by a run that was killed are removed by the next.
@@ -39,7 +41,7 @@ def run(*args, check=True):
 def remove_stale():
     """Namespaces of runs whose driver no longer exists."""
     out = run("ip", "netns", "list", check=False)
-    for m in re.finditer(r"^(%s-(\d+)-[ab])\b" % PREFIX, out, re.M):
+    for m in re.finditer(r"^(%s-(\d+)-[a-z]+)\b" % PREFIX, out, re.M):
         if not os.path.exists("/proc/" + m.group(2)):
             run("ip", "netns", "del", m.group(1), check=False)
 
@@ -188,9 +190,10 @@ class Host:
 
 
 class Hosts:
-    """Hosts a (10.213.N.1) and b (10.213.N.2), each with a broker."""
+    """Hosts a and b (10.213.N.1 and .2), each with a broker; or the hosts of
+    tags, joined by a switch. host(tag) and .a, .b, ... are the Host objects."""
 
-    def __init__(self, build, agent_path=None, start_brokers=True):
+    def __init__(self, build, agent_path=None, start_brokers=True, tags="ab"):
         self.agent_path = agent_path or os.path.join(build, "tests", "engine_agent")
         if os.geteuid() != 0:
             raise HostsUnavailable("needs root to make network namespaces")
@@ -200,34 +203,49 @@ class Hosts:
         self.build = build
         self.hosts = []
         self.netns = []
+        self.tags = tags
         remove_stale()
         atexit.register(self.close)
         n = os.getpid() % 250 + 1
         tag = os.getpid() % 100000
-        self.dev = {"a": "mbv%da" % tag, "b": "mbv%db" % tag}
-        self.ip = {"a": "10.213.%d.1" % n, "b": "10.213.%d.2" % n}
+        self.dev = {t: "mbv%d%s" % (tag, t) for t in tags}
+        self.ip = {t: "10.213.%d.%d" % (n, i + 1) for i, t in enumerate(tags)}
+        switched = len(tags) > 2
         try:
-            for t in "ab":
-                ns = "%s-%d-%s" % (PREFIX, os.getpid(), t)
+            for t in tags + ("s" if switched else ""):
+                ns = "%s-%d-%s" % (PREFIX, os.getpid(), "switch" if t == "s" else t)
                 run("ip", "netns", "add", ns)
                 self.netns.append(ns)
         except RuntimeError as e:
             self.close()
             raise HostsUnavailable("cannot make network namespaces: %s" % e)
-        run("ip", "link", "add", self.dev["a"], "type", "veth", "peer", "name", self.dev["b"])
-        for t in "ab":
-            ns = self.netns["ab".index(t)]
+        if switched:
+            self.switch = self.netns[-1]
+            run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+            run("ip", "-n", self.switch, "link", "set", "br0", "up")
+            for t in tags:
+                run("ip", "link", "add", self.dev[t], "type", "veth", "peer", "name", self.dev[t] + "s")
+                run("ip", "link", "set", self.dev[t] + "s", "netns", self.switch)
+                run("ip", "-n", self.switch, "link", "set", self.dev[t] + "s", "master", "br0")
+                run("ip", "-n", self.switch, "link", "set", self.dev[t] + "s", "up")
+        else:
+            run("ip", "link", "add", self.dev["a"], "type", "veth", "peer", "name", self.dev["b"])
+        for i, t in enumerate(tags):
+            ns = self.netns[i]
             run("ip", "link", "set", self.dev[t], "netns", ns)
             run("ip", "-n", ns, "addr", "add", self.ip[t] + "/24", "dev", self.dev[t])
             run("ip", "-n", ns, "link", "set", self.dev[t], "up")
             run("ip", "-n", ns, "link", "set", "lo", "up")
-        self.a = Host(self, "a", self.ip["a"], self.dev["a"])
-        self.hosts.append(self.a)
-        self.b = Host(self, "b", self.ip["b"], self.dev["b"])
-        self.hosts.append(self.b)
+        for t in tags:
+            h = Host(self, t, self.ip[t], self.dev[t])
+            self.hosts.append(h)
+            setattr(self, t, h)
         if start_brokers:
             for h in self.hosts:
                 h.start_broker()
+
+    def host(self, tag):
+        return getattr(self, tag)
 
     def write_secret(self, text, name="engine.secret"):
         """The same secret in a file of mode 0600 in each host's directory; {tag: path}."""
@@ -239,9 +257,9 @@ class Hosts:
             os.chmod(paths[h.tag], 0o600)
         return paths
 
-    def link(self, up):
-        """Brings host a's end of the veth up or down."""
-        run("ip", "-n", self.netns[0], "link", "set", self.dev["a"], "up" if up else "down")
+    def link(self, up, tag="a"):
+        """Brings host tag's end of its veth up or down (cuts it off from every other host)."""
+        run("ip", "-n", self.netns[self.tags.index(tag)], "link", "set", self.dev[tag], "up" if up else "down")
 
     def close(self):
         """Removes everything; returns what went wrong on the way (a broker that failed)."""
