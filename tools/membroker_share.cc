@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail("cannot connect to the broker", client.status());
   auto share = membroker::NameShare::Start(*client, options);
   if (!share.ok()) return Fail("cannot start", share.status());
+  for (const std::string& problem : (*share)->TakeProblems())
+    std::fprintf(stderr, "membroker-share: %s\n", membroker::ipc::EscapeText(problem).c_str());
   membroker::NetworkStats ns;
   (void)(*share)->engine().GetNetworkStats(ns);
   std::printf("serving as %s on %s\n",
@@ -91,6 +93,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   while (!g_stop) {
     membroker::Status st = (*share)->Serve(200);
+    for (const std::string& problem : (*share)->TakeProblems())
+      std::fprintf(stderr, "membroker-share: %s\n", membroker::ipc::EscapeText(problem).c_str());
     // A broker restart: the client reattaches by itself; calls fail until it has.
     if (!st.ok() && st.code() != membroker::ErrorCode::kNotConnected) return Fail("serving", st);
   }

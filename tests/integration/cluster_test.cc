@@ -512,8 +512,9 @@ unsigned char Pattern(size_t i, unsigned seed) { return static_cast<unsigned cha
 // a's memory in one call, through b's membroker-share, every byte checked:
 // its bytes arrive whole; a name that is not read-only is refused; bytes
 // written after the share took their checksum are DATA_LOSS, never a quiet
-// copy; a replaced name's new bytes arrive; a share SIGKILLed and started
-// again serves again; an unpublished name is NOT_FOUND.
+// copy; two names of one allocation are both served, and one unpublished
+// leaves the other; a replaced name's new bytes arrive; a share SIGKILLed and
+// started again serves again; an unpublished name is NOT_FOUND.
 TEST(Cluster, ANameIsFetchedFromAnotherHostWithEveryByteChecked) {
   SKIP_WITHOUT_ETCD();
   Etcd etcd;
@@ -560,6 +561,20 @@ TEST(Cluster, ANameIsFetchedFromAnotherHostWithEveryByteChecked) {
   EXPECT_EQ(a.Stat("allocations_live"), live + 1);  // the copy, and nothing else
   EXPECT_TRUE(check(*f, 1));
   ASSERT_TRUE(ca->FreePhysical(f->handle).ok());
+
+  // A second name of the same allocation: served from the same mapping; its
+  // unpublish leaves the first name served.
+  ASSERT_TRUE(cb->Publish("models/alias", *h, kPublishCluster | kPublishReadOnly).ok());
+  auto alias = FetchNamed(*ca, engine, "models/alias", 60000);
+  ASSERT_TRUE(alias.ok()) << alias.status().ToString();
+  EXPECT_TRUE(check(*alias, 1));
+  ASSERT_TRUE(ca->FreePhysical(alias->handle).ok());
+  ASSERT_TRUE(cb->Unpublish("models/alias").ok());
+  ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/alias").status().code() == ErrorCode::kNotFound; }));
+  auto again = FetchNamed(*ca, engine, "models/w", 60000);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(check(*again, 1));
+  ASSERT_TRUE(ca->FreePhysical(again->handle).ok());
 
   // Not read-only: its bytes could change under the copy.
   EXPECT_EQ(FetchNamed(*ca, engine, "models/rw", 1000).status().code(), ErrorCode::kUnsupported);

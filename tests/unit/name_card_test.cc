@@ -55,7 +55,7 @@ TEST(NameCard, EachBadFieldIsRefused) {
   EXPECT_EQ(EncodeCard({std::string(kCardNameMax + 1, 'n'), 1, 4096, 1, 0}, page).code(), ErrorCode::kParamInvalid);
 }
 
-TEST(NameCard, RegionNamesFitAnEnginesRegionNameAndSortByName) {
+TEST(NameCard, RegionNamesFitAnEnginesRegionNameAndStartWithTheNamesHash) {
   const std::string n = CardRegionName("models/w", 123456789012345);
   EXPECT_LE(n.size(), 32u);  // ipc::kMaxRegionNameBytes
   EXPECT_EQ(n.rfind(CardRegionPrefix("models/w"), 0), 0u);

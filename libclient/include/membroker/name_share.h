@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "membroker/client.h"
 #include "membroker/status.h"
@@ -63,8 +64,12 @@ class MEMBROKER_API NameShare {
   NameShare& operator=(const NameShare&) = delete;
 
   // Waits up to timeout_ms for the broker's name events and follows them:
-  // serves names published since, stops serving those gone.
+  // serves names published since, stops serving those gone. An error is the
+  // broker's (NOT_CONNECTED while it restarts); a name that cannot be served
+  // is not, and is said by TakeProblems, and the others are served on.
   Status Serve(int timeout_ms);
+  // What could not be served since the last call, one line per name.
+  std::vector<std::string> TakeProblems();
   size_t served() const;  // names served now
   const TransferEngine& engine() const;
 

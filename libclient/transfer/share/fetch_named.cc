@@ -1,5 +1,6 @@
 // FetchNamed: a name of another host copied here through its share
 // (membroker/name_share.h, docs/CLUSTER.md).
+#include <algorithm>
 #include <chrono>
 #include <span>
 #include <thread>
@@ -21,7 +22,6 @@ int32_t Left(Clock::time_point deadline) {
 // The destination while it is filled: mapped and registered here, undone on
 // every return; the handle itself outlives it.
 struct Landing {
-  Client& client;
   TransferEngine& engine;
   Reservation range;
   Mapping map;
@@ -92,7 +92,7 @@ Result<FetchedObject> FetchNamed(Client& client, TransferEngine& engine, const s
 
   MB_ASSIGN_OR_RETURN(out.handle, client.MallocPhysical(at.size));
   {
-    Landing land{client, engine, {}, {}, nullptr};
+    Landing land{engine, {}, {}, nullptr};
     MB_ASSIGN_OR_RETURN(land.range, client.ReserveMemAddress(out.handle.size()));
     MB_ASSIGN_OR_RETURN(land.map, client.MapMem(land.range.base(), out.handle.size(), 0, out.handle));
     MB_RETURN_IF_ERROR(engine.RegisterMem({land.addr(), out.handle.size()}, MEM_HOST, land.reg));

@@ -1,8 +1,11 @@
 // NameShare: the serving side of FetchNamed (membroker/name_share.h).
 #include "membroker/name_share.h"
 
+#include <map>
+#include <memory>
 #include <set>
 #include <span>
+#include <utility>
 
 #include "transfer/share/name_card.h"
 
@@ -10,18 +13,41 @@ namespace membroker {
 
 namespace {
 
-// One name served: the object mapped read-only, its card, both registered.
-// Ranges are declared before their mappings: destroyed after them.
-struct Served {
+// Memory of this process registered with the engine: deregistered first
+// (DeregisterMem waits for peers' transfers in flight), then unmapped, its
+// range released and its handle freed. A deregistration that does not end in
+// time leaves the range registered and mapped until the engine finalizes.
+// The range is declared before its mapping: destroyed after it.
+struct Registered {
+  TransferEngine& engine;
+  PhysicalHandle handle;
+  Reservation range;
+  Mapping map;
+  MemHandle reg = nullptr;
+  explicit Registered(TransferEngine& e) : engine(e) {}
+  ~Registered() {
+    if (reg != nullptr) (void)engine.DeregisterMem(reg);
+  }
+  Registered(const Registered&) = delete;
+  Registered& operator=(const Registered&) = delete;
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(map.data()); }
+};
+
+// An object served, under one name or several (names of one allocation):
+// mapped read-only, its checksum taken once, registered.
+struct ServedObject {
+  explicit ServedObject(TransferEngine& e) : mem(e) {}
   uint64_t allocation = 0;
-  PhysicalHandle object;
-  Reservation object_range;
-  Mapping object_map;
-  MemHandle object_reg = nullptr;
-  PhysicalHandle card;
-  Reservation card_range;
-  Mapping card_map;
-  MemHandle card_reg = nullptr;
+  uint64_t checksum = 0;
+  Registered mem;
+};
+
+// A name served: its card (a page of the share's own memory, registered)
+// and its object. Declared first, the object goes after the card.
+struct ServedName {
+  explicit ServedName(TransferEngine& e) : card(e) {}
+  std::shared_ptr<ServedObject> object;
+  Registered card;
 };
 
 Result<Mapping> MapAll(Client& c, const PhysicalHandle& h, Reservation& range) {
@@ -35,8 +61,8 @@ class NameShare::Impl {
  public:
   explicit Impl(Client& client) : client_(client), engine_(client) {}
   ~Impl() {
-    while (!served_.empty()) Drop(served_.begin()->first);
-    engine_.Finalize();  // deregisters what is stuck, so its mappings can go
+    names_.clear();
+    objects_.clear();
   }
 
   Status Start(const std::map<std::string, std::string>& options) {
@@ -58,14 +84,15 @@ class NameShare::Impl {
       return Resync();
     }
     for (const NameEvent& e : ev.events) {
-      if (e.kind == NameEventKind::kPublished) MB_RETURN_IF_ERROR(Consider(e.name));
+      if (e.kind == NameEventKind::kPublished) Consider(e.name);
       if (e.kind == NameEventKind::kUnpublished) Drop(e.name);
     }
     return Status::Ok();
   }
 
-  size_t served() const { return served_.size(); }
+  size_t served() const { return names_.size(); }
   const TransferEngine& engine() const { return engine_; }
+  std::vector<std::string> TakeProblems() { return std::exchange(problems_, {}); }
 
  private:
   // Every name now: each considered, and those gone dropped.
@@ -74,65 +101,92 @@ class NameShare::Impl {
     std::set<std::string> now;
     for (const NamedObjectInfo& n : all) {
       now.insert(n.name);
-      MB_RETURN_IF_ERROR(Consider(n.name));
+      Consider(n.name);
     }
-    for (auto it = served_.begin(); it != served_.end();) {
+    for (auto it = names_.begin(); it != names_.end();) {
       const std::string name = (it++)->first;
       if (now.count(name) == 0) Drop(name);
     }
     return Status::Ok();
   }
 
+  // A name that cannot be served is not, and said (TakeProblems); the others are served on.
+  void Consider(const std::string& name) {
+    Status st = ServeName(name);
+    if (!st.ok()) {
+      Drop(name);
+      problems_.push_back("'" + name + "' is not served: " + st.ToString());
+    }
+  }
+
   // Serves name if it is this host's, published read-only for the cluster;
   // a name replaced by another allocation is served anew. Names that are not
   // (or no longer) such are not served; that is no error.
-  Status Consider(const std::string& name) {
+  Status ServeName(const std::string& name) {
     Result<ClusterNameInfo> at = client_.LookupCluster(name, 0);
     if (!at.ok() || at->host != host_ || !at->read_only) {
       Drop(name);
       return at.ok() || at.status().code() == ErrorCode::kNotFound ? Status::Ok() : at.status();
     }
-    Result<PhysicalHandle> h = client_.Lookup(name, 0);
-    if (!h.ok()) {
+    MB_ASSIGN_OR_RETURN(std::shared_ptr<ServedObject> object, ObjectOf(name));
+    if (!object) {  // gone since, or device memory (not served: docs/CLUSTER.md)
       Drop(name);
-      return h.status().code() == ErrorCode::kNotFound ? Status::Ok() : h.status();
+      return Status::Ok();
     }
-    if (auto it = served_.find(name); it != served_.end() && it->second->allocation == h->id())
-      return client_.FreePhysical(*h);  // served already
+    if (auto it = names_.find(name); it != names_.end() && it->second->object == object) return Status::Ok();
     Drop(name);
-    if (h->device() >= 0) return client_.FreePhysical(*h);  // device memory: not served (docs/CLUSTER.md)
-    auto s = std::make_unique<Served>();
-    s->allocation = h->id();
-    s->object = std::move(*h);
-    MB_ASSIGN_OR_RETURN(s->object_map, MapAll(client_, s->object, s->object_range));
-    share::NameCard card{name, next_serial_++, reinterpret_cast<uintptr_t>(s->object_map.data()), s->object.size(),
-                         share::Checksum(s->object_map.data(), s->object.size())};
-    MB_ASSIGN_OR_RETURN(s->card, client_.MallocPhysical(share::kCardBytes));
-    MB_ASSIGN_OR_RETURN(s->card_map, MapAll(client_, s->card, s->card_range));
-    MB_RETURN_IF_ERROR(share::EncodeCard(card, {s->card_map.as<uint8_t>(), share::kCardBytes}));
-    // The object first: a card a peer can see always points to registered bytes.
-    MB_RETURN_IF_ERROR(engine_.RegisterMem({card.object_address, s->object.size()}, MEM_HOST, s->object_reg));
-    Status st = engine_.RegisterMem({reinterpret_cast<uintptr_t>(s->card_map.data()), share::kCardBytes}, MEM_HOST,
-                                    s->card_reg, share::CardRegionName(name, card.serial));
-    if (!st.ok()) {
-      (void)engine_.DeregisterMem(s->object_reg);
-      return st;
-    }
-    served_[name] = std::move(s);
+    auto s = std::make_unique<ServedName>(engine_);
+    s->object = object;
+    const share::NameCard card{name, next_serial_++, object->mem.addr(), object->mem.handle.size(), object->checksum};
+    MB_ASSIGN_OR_RETURN(s->card.handle, client_.MallocPhysical(share::kCardBytes));
+    MB_ASSIGN_OR_RETURN(s->card.map, MapAll(client_, s->card.handle, s->card.range));
+    MB_RETURN_IF_ERROR(share::EncodeCard(card, {s->card.map.as<uint8_t>(), share::kCardBytes}));
+    // Written before it is registered, and never again: a peer never sees it half written.
+    MB_RETURN_IF_ERROR(engine_.RegisterMem({s->card.addr(), share::kCardBytes}, MEM_HOST, s->card.reg,
+                                           share::CardRegionName(name, card.serial)));
+    names_[name] = std::move(s);
     return Status::Ok();
   }
 
-  // The card goes first, then the object; DeregisterMem waits for peers'
-  // transfers in flight. One that does not end in time keeps its memory
-  // registered (and mapped) until the share ends.
+  // The object name refers to now, served already under another name or
+  // mapped, checksummed and registered here; null when the name is gone or
+  // in device memory.
+  Result<std::shared_ptr<ServedObject>> ObjectOf(const std::string& name) {
+    Result<PhysicalHandle> h = client_.Lookup(name, 0);
+    if (h.ok()) {
+      if (auto it = objects_.find(h->id()); it != objects_.end())
+        if (std::shared_ptr<ServedObject> o = it->second.lock()) {
+          MB_RETURN_IF_ERROR(client_.FreePhysical(*h));
+          return o;
+        }
+      if (h->device() >= 0) {
+        MB_RETURN_IF_ERROR(client_.FreePhysical(*h));
+        return std::shared_ptr<ServedObject>();
+      }
+      auto o = std::make_shared<ServedObject>(engine_);
+      o->allocation = h->id();
+      o->mem.handle = std::move(*h);
+      MB_ASSIGN_OR_RETURN(o->mem.map, MapAll(client_, o->mem.handle, o->mem.range));
+      o->checksum = share::Checksum(o->mem.map.data(), o->mem.handle.size());
+      MB_RETURN_IF_ERROR(engine_.RegisterMem({o->mem.addr(), o->mem.handle.size()}, MEM_HOST, o->mem.reg));
+      objects_[o->allocation] = o;
+      return o;
+    }
+    if (h.status().code() == ErrorCode::kNotFound) return std::shared_ptr<ServedObject>();
+    if (h.status().code() != ErrorCode::kAlreadyExists) return h.status();
+    // This client holds its allocation already: another name of the same object.
+    MB_ASSIGN_OR_RETURN(std::vector<NamedObjectInfo> found, client_.ListNames(name));
+    for (const NamedObjectInfo& n : found)
+      if (n.name == name)
+        if (auto it = objects_.find(n.allocation); it != objects_.end())
+          if (std::shared_ptr<ServedObject> o = it->second.lock()) return o;
+    return h.status();
+  }
+
+  // Its card goes, then its object when no other name uses it (Registered).
   void Drop(const std::string& name) {
-    auto it = served_.find(name);
-    if (it == served_.end()) return;
-    std::unique_ptr<Served> s = std::move(it->second);
-    served_.erase(it);
-    Status card = s->card_reg ? engine_.DeregisterMem(s->card_reg) : Status::Ok();
-    Status object = s->object_reg ? engine_.DeregisterMem(s->object_reg) : Status::Ok();
-    if (!card.ok() || !object.ok()) stuck_.push_back(std::move(s));
+    names_.erase(name);
+    std::erase_if(objects_, [](const auto& o) { return o.second.expired(); });
   }
 
   Client client_;
@@ -141,8 +195,11 @@ class NameShare::Impl {
   uint64_t next_serial_ = 1;
   uint64_t dropped_ = 0;
   uint64_t reattaches_ = 0;
-  std::map<std::string, std::unique_ptr<Served>> served_;
-  std::vector<std::unique_ptr<Served>> stuck_;  // a peer's transfer outlived DeregisterMem's wait
+  // Declared after the engine: destroyed before it, so each deregisters.
+  std::map<std::string, std::unique_ptr<ServedName>> names_;
+  // Objects by allocation, owned by the names that use them.
+  std::map<uint64_t, std::weak_ptr<ServedObject>> objects_;
+  std::vector<std::string> problems_;
 };
 
 std::string NameShare::EngineName(const std::string& host) { return "membroker-share@" + host; }
@@ -159,5 +216,6 @@ NameShare::~NameShare() = default;
 Status NameShare::Serve(int timeout_ms) { return impl_->Serve(timeout_ms); }
 size_t NameShare::served() const { return impl_->served(); }
 const TransferEngine& NameShare::engine() const { return impl_->engine(); }
+std::vector<std::string> NameShare::TakeProblems() { return impl_->TakeProblems(); }
 
 }  // namespace membroker
