@@ -61,9 +61,20 @@ def hosts_seen(host):
     return {row["host"]: row for row in listed(host, "hosts") or []}
 
 
+def sanitized(build):
+    """True for an ASan build (scripts/test's build-asan), whose Python module needs the runtime preloaded."""
+    try:
+        return "MEMBROKER_SANITIZE:BOOL=ON" in open(os.path.join(build, "CMakeCache.txt")).read()
+    except OSError:
+        return False
+
+
 def python(host, script, *args):
     """A Python process in host, with the build's membroker module; lines on stdout."""
     env = dict(os.environ, PYTHONPATH=os.path.join(host.build, "python"))
+    if sanitized(host.build):  # CPython itself is not instrumented: the runtime first, and its leaks not ours
+        libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], stdout=subprocess.PIPE, text=True).stdout
+        env.update(LD_PRELOAD=libasan.strip(), ASAN_OPTIONS="detect_leaks=0")
     return host.spawn([sys.executable, "-c", textwrap.dedent(script)] + list(args), env=env,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
