@@ -36,7 +36,7 @@ uint64_t NameRegistry::Remove(const std::string& name) {
 std::vector<HostName> NameRegistry::ForCluster(const std::function<uint64_t(uint64_t)>& size_of) const {
   std::vector<HostName> out;
   for (const auto& [name, e] : names_)
-    if (e.cluster) out.push_back({name, size_of(e.allocation), e.read_only, e.metadata});
+    if (e.cluster) out.push_back({name, size_of(e.allocation), e.read_only, e.metadata, e.allocation});
   return out;
 }
 

@@ -89,7 +89,8 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::PublishRequest& m) {
   if (cluster) {
     const Allocation* published = holdings_.Find(m.allocation);
     const ipc::ClusterLookupReply here =
-        cluster_.Here({m.name, published ? published->size : 0, entry->read_only, entry->metadata}).Reply();
+        cluster_.Here({m.name, published ? published->size : 0, entry->read_only, entry->metadata, entry->allocation})
+            .Reply();
     AnswerWaiters(Waiter::Kind::kClusterLookup, m.name, [&](Session& waiting, uint64_t rid) {
       Send(waiting, rid, here);
       return Status::Ok();
@@ -141,7 +142,7 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::ClusterLookupRequest&
   if (!cluster_.started()) return Status(ErrorCode::kUnsupported, "this broker is not in a cluster (membrokerd --cluster)");
   if (const NamedEntry* e = names_.Find(m.name); e != nullptr && e->cluster) {
     const Allocation* a = holdings_.Find(e->allocation);
-    return cluster_.Here({m.name, a ? a->size : 0, e->read_only, e->metadata}).Reply();
+    return cluster_.Here({m.name, a ? a->size : 0, e->read_only, e->metadata, e->allocation}).Reply();
   }
   if (std::optional<NameLocation> at = cluster_.FindName(m.name))
     return at->Reply();

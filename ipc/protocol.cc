@@ -276,7 +276,7 @@ struct Encoder {
   fb::Offset<void> operator()(const ClusterLookupReply& m) {
     auto h = b.CreateString(m.host);
     auto meta = b.CreateVector(reinterpret_cast<const uint8_t*>(m.metadata.data()), m.metadata.size());
-    return w::CreateClusterLookupReply(b, h, m.generation, m.size, m.read_only, meta).Union();
+    return w::CreateClusterLookupReply(b, h, m.generation, m.size, m.read_only, meta, m.allocation).Union();
   }
   fb::Offset<void> operator()(const TakeOverAllocations& m) {
     std::vector<fb::Offset<w::TakeOverAllocation>> as;
@@ -792,6 +792,7 @@ Result<Message> Read(const w::ClusterLookupReply* m) {
   r.size = m->size();
   r.read_only = m->read_only();
   MB_RETURN_IF_ERROR(ReadBytes(m->metadata(), kMaxObjectMetadataBytes, "metadata", &r.metadata));
+  r.allocation = m->allocation();
   return Message(std::move(r));
 }
 Result<Message> Read(const w::TakeOverAllocations* m) {

@@ -62,7 +62,7 @@ struct NameLocation {
   int64_t generation = 0;
   HostName name;
   ipc::ClusterLookupReply Reply() const {
-    return {host, static_cast<uint64_t>(generation), name.size, name.read_only, name.metadata};
+    return {host, static_cast<uint64_t>(generation), name.size, name.read_only, name.metadata, name.allocation};
   }
 };
 

@@ -66,7 +66,11 @@ std::string EncodeHostRecord(const HostRecord& r) {
   for (const HostEngine& e : r.engines) engines.push_back({{"name", e.name}, {"address", e.address}});
   json names = json::array();
   for (const HostName& n : r.names)
-    names.push_back({{"name", n.name}, {"size", n.size}, {"read_only", n.read_only}, {"meta", Base64Encode(n.metadata)}});
+    names.push_back({{"name", n.name},
+                     {"size", n.size},
+                     {"read_only", n.read_only},
+                     {"meta", Base64Encode(n.metadata)},
+                     {"allocation", n.allocation}});
   const json doc = {{"v", 1},           {"host", r.host},       {"pid", r.pid},
                     {"boot_id", r.boot_id}, {"pid_ns", r.pid_ns}, {"started", r.started_s},
                     {"engines", engines},   {"names", names}};
@@ -131,7 +135,11 @@ Result<HostRecord> DecodeHostRecord(std::string_view host, std::string_view valu
     if (name == n.end() || size == n.end() || ro == n.end() || meta == n.end() || !name->is_string() ||
         !size->is_number_unsigned() || !ro->is_boolean() || !meta->is_string())
       return Bad(host, "a name without its name, size, read_only or meta");
-    HostName hn{name->get<std::string>(), size->get<uint64_t>(), ro->get<bool>(), {}};
+    HostName hn{name->get<std::string>(), size->get<uint64_t>(), ro->get<bool>(), {}, 0};
+    if (auto id = n.find("allocation"); id != n.end()) {  // optional: a broker before it wrote none
+      if (!id->is_number_unsigned()) return Bad(host, "a name's allocation is not a number");
+      hn.allocation = id->get<uint64_t>();
+    }
     if (!ipc::CheckName(hn.name, ipc::kMaxObjectNameBytes, "a name").ok()) return Bad(host, "an object name");
     const std::string& text = meta->get_ref<const std::string&>();
     if (text.size() > (ipc::kMaxObjectMetadataBytes + 2) / 3 * 4 || !Base64Decode(text, &hn.metadata) ||

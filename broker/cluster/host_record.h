@@ -36,6 +36,7 @@ struct HostName {
   uint64_t size = 0;     // the allocation's bytes
   bool read_only = false;
   std::string metadata;  // the publisher's bytes (base64 in the record), <= 4 KiB
+  uint64_t allocation = 0;  // the broker's id of the object: a replace changes it (0 in older records)
   bool operator==(const HostName&) const = default;
 };
 

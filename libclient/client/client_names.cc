@@ -49,7 +49,7 @@ Result<ClusterNameInfo> Client::LookupCluster(const std::string& name, int timeo
   auto* m = std::get_if<ipc::ClusterLookupReply>(&r.body);
   if (m == nullptr || m->host.empty()) return Status(ErrorCode::kProtocolError, "ClusterLookupRequest got a wrong reply");
   return ClusterNameInfo{std::move(m->host), m->generation, static_cast<size_t>(m->size), m->read_only,
-                         std::move(m->metadata)};
+                         std::move(m->metadata), m->allocation};
 }
 
 Status Client::Unpublish(const std::string& name) {

@@ -145,6 +145,7 @@ void BindClient(py::module_& mod) {
             d["size"] = at.size;
             d["read_only"] = at.read_only;
             d["metadata"] = py::bytes(at.metadata);
+            d["allocation"] = at.allocation;
             return d;
           },
           py::arg("name"), py::arg("timeout_ms") = 0)

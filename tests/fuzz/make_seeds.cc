@@ -47,11 +47,11 @@ int main(int argc, char** argv) {
       const w::EncodedDataHeader h = w::EncodeData(w::DataHeader{kind, 0, 9, batch ? uint64_t{2} : uint64_t{0x7f0000001000}, 65536});
       Write(std::string(argv[3]) + "/data-" + std::to_string(n++), {h.begin(), h.end()});
     }
-    // A share's name card (FetchNamed reads it from another host); 320 bytes
+    // A share's name card (FetchNamed reads it from another host); 328 bytes
     // hold all of its fields, the rest of its page is zero.
     std::vector<uint8_t> card(membroker::share::kCardBytes);
-    (void)membroker::share::EncodeCard({"models/llama-70b", 3, 0x7f0000200000, 3 << 20, 0x1234567890abcdefull}, card);
-    card.resize(320);
+    (void)membroker::share::EncodeCard({"models/llama-70b", 3, 41, 0x7f0000200000, 3 << 20, 0x1234567890abcdefull}, card);
+    card.resize(328);
     Write(std::string(argv[3]) + "/name-card", card);
   }
   std::vector<Message> msgs = {
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
       EngineRegisterRequest{0x10000, 8192, 0, 0, ""}, EngineDeregisterRequest{1},
       EngineConnectRequest{"e", 0}, EngineConnectRequest{"f", 5}, EngineRegionsRequest{"e"},
       EngineResolveRequest{"e", 0}, EngineResolveRequest{"f", 5}, EngineResolveReply{"h", 1, "127.0.0.1:1"},
-      ClusterLookupRequest{"p/a", 0}, ClusterLookupReply{"h", 1, 4096, false, "m"},
+      ClusterLookupRequest{"p/a", 0}, ClusterLookupReply{"h", 1, 4096, false, "m", 3},
       EngineImportRequest{"e", 1}, EngineReleaseRequest{1}, EngineDisconnectRequest{"e"},
       EngineNotifyRequest{"e", "n", "m"}, EngineGetNotifiesRequest{},
       EngineInfoReply{1, 0, 1, {{1, 0x10000, 4096, 1, 0, false, "kv"}}}, EngineRegisterReply{1},

@@ -19,7 +19,7 @@ HostRecord Sample() {
   r.pid_ns = 4026531836;
   r.started_s = 1764800000;
   r.engines = {{"decode-0", "10.0.0.2:4000"}, {"prefill", "[fe80::1]:9"}};
-  r.names = {{"models/llama", 1 << 30, true, std::string("\0\xff meta", 7)}, {"kv/pool", 4096, false, ""}};
+  r.names = {{"models/llama", 1 << 30, true, std::string("\0\xff meta", 7), 7}, {"kv/pool", 4096, false, "", 8}};
   return r;
 }
 
@@ -109,11 +109,20 @@ TEST(HostRecord, RoundTripsAndEachCheckRefuses) {
   EXPECT_TRUE(without->names.empty());
   for (const char* names : {R"("names":7)", R"("names":[{"name":"a","size":-1,"read_only":false,"meta":""}])",
                             R"("names":[{"name":"a","size":1,"read_only":0,"meta":""}])",
-                            R"("names":[{"name":"a","size":1,"read_only":false,"meta":"!!"}])"}) {
+                            R"("names":[{"name":"a","size":1,"read_only":false,"meta":"!!"}])",
+                            R"("names":[{"name":"a","size":1,"read_only":false,"meta":"","allocation":"7"}])"}) {
     std::string bad = EncodeHostRecord(Sample());
     bad = bad.substr(0, bad.find("\"names\"")) + names + bad.substr(bad.find(",\"pid\""));
     EXPECT_FALSE(DecodeHostRecord("node-1", bad).ok()) << bad;
   }
+  // A name of a broker before allocations (no "allocation") has 0.
+  std::string older = EncodeHostRecord(Sample());
+  for (size_t at; (at = older.find("\"allocation\":")) != std::string::npos;)
+    older.erase(at, older.find(',', at) + 1 - at);  // keys are sorted: it comes first, a comma after it
+  auto no_ids = DecodeHostRecord("node-1", older);
+  ASSERT_TRUE(no_ids.ok()) << older << no_ids.status().ToString();
+  EXPECT_EQ(no_ids->names.at(0).allocation, 0u);
+  EXPECT_EQ(no_ids->names.at(0).name, "models/llama");
   for (const char* bad : {"", "null", "[]", R"({"v":2})", R"({"v":1,"host":"node-1"})"})
     EXPECT_FALSE(DecodeHostRecord("node-1", bad).ok()) << bad;
 }

@@ -10,7 +10,7 @@
 namespace membroker::share {
 namespace {
 
-NameCard Sample() { return {"models/llama-70b", 3, 0x7f0000200000, 3 << 20, 0x1234567890abcdefull}; }
+NameCard Sample() { return {"models/llama-70b", 3, 41, 0x7f0000200000, 3 << 20, 0x1234567890abcdefull}; }
 
 std::vector<uint8_t> Page(const NameCard& c) {
   std::vector<uint8_t> page(kCardBytes, 0xee);
@@ -30,7 +30,7 @@ TEST(NameCard, RoundTrips) {
 TEST(NameCard, EachBadFieldIsRefused) {
   const std::vector<uint8_t> good = Page(Sample());
   // Offsets in the card's layout: magic 0, version 8, name_len 12, serial 16,
-  // object_address 24, size 32, checksum 40, name 48.
+  // allocation 24, object_address 32, size 40, checksum 48, name 56.
   auto with = [&](size_t offset, const void* bytes, size_t n) {
     std::vector<uint8_t> p = good;
     std::memcpy(p.data() + offset, bytes, n);
@@ -42,17 +42,17 @@ TEST(NameCard, EachBadFieldIsRefused) {
   EXPECT_EQ(with(8, &v2, 4), ErrorCode::kProtocolError);
   EXPECT_EQ(with(12, &no_name, 4), ErrorCode::kProtocolError);
   EXPECT_EQ(with(12, &long_name, 4), ErrorCode::kProtocolError);
-  EXPECT_EQ(with(24, &zero, 8), ErrorCode::kProtocolError);
-  EXPECT_EQ(with(24, &unaligned, 8), ErrorCode::kProtocolError);
-  EXPECT_EQ(with(24, &wraps, 8), ErrorCode::kProtocolError);
   EXPECT_EQ(with(32, &zero, 8), ErrorCode::kProtocolError);
-  EXPECT_EQ(with(32, &huge, 8), ErrorCode::kProtocolError);
-  EXPECT_EQ(with(48, "\x01", 1), ErrorCode::kProtocolError);  // a control byte in the name
-  EXPECT_EQ(with(48, "\xff", 1), ErrorCode::kProtocolError);  // not UTF-8
+  EXPECT_EQ(with(32, &unaligned, 8), ErrorCode::kProtocolError);
+  EXPECT_EQ(with(32, &wraps, 8), ErrorCode::kProtocolError);
+  EXPECT_EQ(with(40, &zero, 8), ErrorCode::kProtocolError);
+  EXPECT_EQ(with(40, &huge, 8), ErrorCode::kProtocolError);
+  EXPECT_EQ(with(56, "\x01", 1), ErrorCode::kProtocolError);  // a control byte in the name
+  EXPECT_EQ(with(56, "\xff", 1), ErrorCode::kProtocolError);  // not UTF-8
   EXPECT_EQ(DecodeCard({good.data(), 40}).status().code(), ErrorCode::kProtocolError);
   std::vector<uint8_t> page(kCardBytes);
-  EXPECT_EQ(EncodeCard({"", 1, 4096, 1, 0}, page).code(), ErrorCode::kParamInvalid);
-  EXPECT_EQ(EncodeCard({std::string(kCardNameMax + 1, 'n'), 1, 4096, 1, 0}, page).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(EncodeCard({"", 1, 1, 4096, 1, 0}, page).code(), ErrorCode::kParamInvalid);
+  EXPECT_EQ(EncodeCard({std::string(kCardNameMax + 1, 'n'), 1, 1, 4096, 1, 0}, page).code(), ErrorCode::kParamInvalid);
 }
 
 TEST(NameCard, RegionNamesFitAnEnginesRegionNameAndStartWithTheNamesHash) {

@@ -79,7 +79,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
       EngineResolveReply{},
       EngineResolveReply{"gpu-07", 15, "10.0.0.7:4000"},
       ClusterLookupRequest{"weights/llama", 5000},
-      ClusterLookupReply{"gpu-07", 15, 1 << 20, true, std::string("meta\0data", 9)},
+      ClusterLookupReply{"gpu-07", 15, 1 << 20, true, std::string("meta\0data", 9), 77},
       TakeOverAck{},
       EngineNetworkRequest{"10.0.0.2:5000", 3, 1, 2, {{"10.0.0.3:5000", "decode", "ucx", "tcp/eth0.0"}}},
       ListNamesRequest{"pipeline/", ""},

@@ -118,6 +118,7 @@ struct ClusterNameInfo {
   size_t size = 0;
   bool read_only = false;
   std::string metadata;     // the publisher's (Publish)
+  uint64_t allocation = 0;  // the object's id at that host's broker: a replace (kPublishReplace) changes it
 };
 
 struct NamedObjectInfo {

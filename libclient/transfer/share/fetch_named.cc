@@ -37,8 +37,9 @@ enum class Outcome { kCopied, kNotServed };
 
 // Reads name's card and then its bytes from the share, if the share serves
 // it now; kNotServed when it does not (yet, or any more).
-Result<Outcome> CopyOnce(TransferEngine& engine, const std::string& share, const std::string& name, size_t size,
-                         Landing& land, Clock::time_point deadline) {
+Result<Outcome> CopyOnce(TransferEngine& engine, const std::string& share, const ClusterNameInfo& at,
+                         const std::string& name, Landing& land, Clock::time_point deadline) {
+  const size_t size = at.size;
   std::vector<RegionInfo> regions;
   MB_RETURN_IF_ERROR(engine.GetRemoteRegions(share, regions, std::max<int32_t>(1, Left(deadline))));
   const std::string prefix = share::CardRegionPrefix(name);
@@ -49,7 +50,9 @@ Result<Outcome> CopyOnce(TransferEngine& engine, const std::string& share, const
     if (st.code() == ErrorCode::kParamInvalid) continue;  // deregistered since the list was read
     MB_RETURN_IF_ERROR(st);
     MB_ASSIGN_OR_RETURN(share::NameCard card, share::DecodeCard({land.data(), share::kCardBytes}));
-    if (card.name != name || card.size != size) continue;  // a hash's other name, or another object under it
+    // A hash's other name, or another object under the name: the one the
+    // lookup found is served a little later (a replace), or was replaced since.
+    if (card.name != name || card.size != size || (at.allocation != 0 && card.allocation != at.allocation)) continue;
     st = engine.TransferSync(share, READ, {{land.addr(), card.object_address, size}},
                              std::max<int32_t>(1, Left(deadline)));
     if (st.code() == ErrorCode::kParamInvalid) continue;  // unpublished during the copy
@@ -99,7 +102,7 @@ Result<FetchedObject> FetchNamed(Client& client, TransferEngine& engine, const s
     // The share learns of a name by the broker's event, a little after the
     // name is found: poll for its card until the deadline.
     for (std::chrono::milliseconds pause{1};; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
-      Result<Outcome> o = CopyOnce(engine, share, name, at.size, land, deadline);
+      Result<Outcome> o = CopyOnce(engine, share, at, name, land, deadline);
       if (!o.ok() && o.status().code() == ErrorCode::kNotConnected && reconnect) {
         // A connection of an earlier fetch, to a share that has gone since
         // (restarted, or its host came back): once more on a new one.

@@ -18,6 +18,7 @@ struct Layout {
   uint32_t version;
   uint32_t name_len;
   uint64_t serial;
+  uint64_t allocation;
   uint64_t object_address;
   uint64_t size;
   uint64_t checksum;
@@ -45,6 +46,7 @@ Status EncodeCard(const NameCard& card, std::span<uint8_t> page) {
   l.version = kVersion;
   l.name_len = static_cast<uint32_t>(card.name.size());
   l.serial = card.serial;
+  l.allocation = card.allocation;
   l.object_address = card.object_address;
   l.size = card.size;
   l.checksum = card.checksum;
@@ -68,6 +70,7 @@ Result<NameCard> DecodeCard(std::span<const uint8_t> page) {
   if (l.object_address == 0 || l.object_address % 4096 != 0 || l.object_address + l.size < l.object_address)
     return Bad("an object address out of range");
   c.serial = l.serial;
+  c.allocation = l.allocation;
   c.object_address = l.object_address;
   c.size = l.size;
   c.checksum = l.checksum;

@@ -23,6 +23,7 @@ inline constexpr size_t kCardNameMax = 256;  // ipc::kMaxObjectNameBytes
 struct NameCard {
   std::string name;
   uint64_t serial = 0;          // unique per card in one share's life
+  uint64_t allocation = 0;      // the object's id at the broker (ClusterNameInfo::allocation)
   uint64_t object_address = 0;  // where the share mapped the object (a registered region)
   uint64_t size = 0;            // the object's bytes
   uint64_t checksum = 0;        // Checksum of those bytes, taken when the share mapped it

@@ -137,7 +137,8 @@ class NameShare::Impl {
     Drop(name);
     auto s = std::make_unique<ServedName>(engine_);
     s->object = object;
-    const share::NameCard card{name, next_serial_++, object->mem.addr(), object->mem.handle.size(), object->checksum};
+    const share::NameCard card{name,          next_serial_++, object->allocation, object->mem.addr(),
+                               object->mem.handle.size(), object->checksum};
     MB_ASSIGN_OR_RETURN(s->card.handle, client_.MallocPhysical(share::kCardBytes));
     MB_ASSIGN_OR_RETURN(s->card.map, MapAll(client_, s->card.handle, s->card.range));
     MB_RETURN_IF_ERROR(share::EncodeCard(card, {s->card.map.as<uint8_t>(), share::kCardBytes}));

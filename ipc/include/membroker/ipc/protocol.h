@@ -402,6 +402,7 @@ struct ClusterLookupReply {
   uint64_t size = 0;
   bool read_only = false;
   std::string metadata;
+  uint64_t allocation = 0;  // the object's id at its host's broker
   bool operator==(const ClusterLookupReply&) const = default;
 };
 inline constexpr size_t kMaxNetAddressBytes = 64;
