@@ -629,50 +629,58 @@ def _etcd(tmp_path):
         etcd.wait()
 
 
-def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
-    """Two brokers in one cluster (docs/CLUSTER.md, a real etcd on loopback): an
-    engine in a child process on host b; this process, on host a, connects to it
-    by its name alone and writes into it over the network path."""
+@contextlib.contextmanager
+def _two_hosts(tmp_path):
+    """Brokers py-a and py-b in one cluster (a real etcd), and a secret file
+    of mode 0600 for their engines: yields (a, b, secret)."""
     from membroker.testing import broker
     with _etcd(tmp_path) as cluster:
         secret = tmp_path / "secret"
         secret.write_text("py-cluster-secret\n")
         os.chmod(secret, 0o600)
         with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
-            p = child("""
-                import sys, membroker
-                c = membroker.connect(sys.argv[1], "decode")
-                dst = c.new_tensor((1 << 16,), "uint8")
-                try:
-                    eng = membroker.TransferEngine(c, "py-decode-0", {"listen_address": "127.0.0.1:0", "secret_file": sys.argv[2]})
-                except membroker.Unsupported:
-                    print("unsupported", flush=True)
-                    sys.exit(0)
-                eng.register_mem(dst.mapping)
-                print(dst.mapping.address, flush=True)
-                sys.stdin.readline()
-                assert (dst.numpy() == 7).all()
-                eng.finalize()
-            """, b.socket, str(secret), stdin=subprocess.PIPE)
-            first = p.stdout.readline().split()
-            if first == ["unsupported"]:
-                finish(p)
-                pytest.skip("libmembroker built without UCX")
-            remote = int(first[0])
-            c = membroker.connect(a.socket, "prefill")
-            src = c.tensor_from(np.full(1 << 16, 7, dtype=np.uint8))
-            eng = membroker.TransferEngine(c, "py-prefill-0", {"secret_file": str(secret)})
-            eng.register_mem(src.mapping)
-            eng.connect("py-decode-0", 60000)  # waits until host b's record lists it
-            info = eng.connection_info("py-decode-0")
-            assert info["path"] == "ucx" and info["engine"] == "py-decode-0", info
-            eng.transfer_sync("py-decode-0", "write", [(src.mapping.address, remote, 1 << 16)], 10000)
-            with pytest.raises(membroker.NotFound):
-                eng.connect("py-nowhere", 0)
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            finish(p)
+            yield a, b, secret
+
+
+def test_transfer_engine_by_name_on_another_host_of_the_cluster(tmp_path):
+    """Two brokers in one cluster (docs/CLUSTER.md, a real etcd on loopback): an
+    engine in a child process on host b; this process, on host a, connects to it
+    by its name alone and writes into it over the network path."""
+    with _two_hosts(tmp_path) as (a, b, secret):
+        p = child("""
+            import sys, membroker
+            c = membroker.connect(sys.argv[1], "decode")
+            dst = c.new_tensor((1 << 16,), "uint8")
+            try:
+                eng = membroker.TransferEngine(c, "py-decode-0", {"listen_address": "127.0.0.1:0", "secret_file": sys.argv[2]})
+            except membroker.Unsupported:
+                print("unsupported", flush=True)
+                sys.exit(0)
+            eng.register_mem(dst.mapping)
+            print(dst.mapping.address, flush=True)
+            sys.stdin.readline()
+            assert (dst.numpy() == 7).all()
             eng.finalize()
+        """, b.socket, str(secret), stdin=subprocess.PIPE)
+        first = p.stdout.readline().split()
+        if first == ["unsupported"]:
+            finish(p)
+            pytest.skip("libmembroker built without UCX")
+        remote = int(first[0])
+        c = membroker.connect(a.socket, "prefill")
+        src = c.tensor_from(np.full(1 << 16, 7, dtype=np.uint8))
+        eng = membroker.TransferEngine(c, "py-prefill-0", {"secret_file": str(secret)})
+        eng.register_mem(src.mapping)
+        eng.connect("py-decode-0", 60000)  # waits until host b's record lists it
+        info = eng.connection_info("py-decode-0")
+        assert info["path"] == "ucx" and info["engine"] == "py-decode-0", info
+        eng.transfer_sync("py-decode-0", "write", [(src.mapping.address, remote, 1 << 16)], 10000)
+        with pytest.raises(membroker.NotFound):
+            eng.connect("py-nowhere", 0)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        finish(p)
+        eng.finalize()
 
 
 def test_a_tensor_published_for_the_cluster_is_found_from_another_host(tmp_path):
@@ -737,44 +745,39 @@ def test_a_tensor_published_for_the_cluster_is_fetched_from_another_host(tmp_pat
     fetch_tensor in one call: new memory here with the same values, dtype,
     shape and user metadata. A name not read-only is refused."""
     import numpy as np
-    from membroker.testing import broker
-    with _etcd(tmp_path) as cluster:
-        secret = tmp_path / "secret"
-        secret.write_text("py-share-secret\n")
-        os.chmod(secret, 0o600)
-        with broker(*cluster, "--host-name", "py-a") as a, broker(*cluster, "--host-name", "py-b") as b:
-            p = child("""
-                import sys, numpy as np, membroker
-                c = membroker.connect(sys.argv[1], "publisher")
-                t = c.tensor_from(np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
-                c.publish_tensor("py/weights", t, read_only=True, metadata={"layer": 3}, cluster=True)
-                c.publish_tensor("py/scratch", t, cluster=True)
-                print("published", flush=True)
-                sys.stdin.readline()
-            """, b.socket, stdin=subprocess.PIPE)
-            assert p.stdout.readline().strip() == "published"
-            share = subprocess.Popen([_share_binary(), "--socket", b.socket, "--listen", "127.0.0.1:0",
-                                      "--secret-file", str(secret)], stdout=subprocess.PIPE, text=True)
-            try:
-                assert share.stdout.readline().startswith("serving as membroker-share@py-b on 127.0.0.1:")
-                c = membroker.connect(a.socket, "fetcher")
-                assert c.cluster_host == "py-a"
-                engine = membroker.TransferEngine(c, "py-fetcher", {"secret_file": str(secret)})
-                t = c.fetch_tensor(engine, "py/weights", 60000)
-                assert t.dtype == np.float32 and tuple(t.shape) == (512, 512) and t.user_metadata == {"layer": 3}
-                assert np.array_equal(t.numpy(), np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
-                f = c.fetch_named(engine, "py/weights", 60000)
-                assert f["host"] == "py-b" and f["copied"] and f["size"] == 1 << 20, f
-                with pytest.raises(membroker.Unsupported):
-                    c.fetch_named(engine, "py/scratch", 60000)
-                t.close()
-                engine.finalize()
-            finally:
-                share.terminate()
-                assert share.wait(60) == 0
-                p.stdin.write("go\n")
-                p.stdin.flush()
-                finish(p)
+    with _two_hosts(tmp_path) as (a, b, secret):
+        p = child("""
+            import sys, numpy as np, membroker
+            c = membroker.connect(sys.argv[1], "publisher")
+            t = c.tensor_from(np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
+            c.publish_tensor("py/weights", t, read_only=True, metadata={"layer": 3}, cluster=True)
+            c.publish_tensor("py/scratch", t, cluster=True)
+            print("published", flush=True)
+            sys.stdin.readline()
+        """, b.socket, stdin=subprocess.PIPE)
+        assert p.stdout.readline().strip() == "published"
+        share = subprocess.Popen([_share_binary(), "--socket", b.socket, "--listen", "127.0.0.1:0",
+                                  "--secret-file", str(secret)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert share.stdout.readline().startswith("serving as membroker-share@py-b on 127.0.0.1:")
+            c = membroker.connect(a.socket, "fetcher")
+            assert c.cluster_host == "py-a"
+            engine = membroker.TransferEngine(c, "py-fetcher", {"secret_file": str(secret)})
+            t = c.fetch_tensor(engine, "py/weights", 60000)
+            assert t.dtype == np.float32 and tuple(t.shape) == (512, 512) and t.user_metadata == {"layer": 3}
+            assert np.array_equal(t.numpy(), np.arange(1 << 18, dtype=np.float32).reshape(512, 512))
+            f = c.fetch_named(engine, "py/weights", 60000)
+            assert f["host"] == "py-b" and f["copied"] and f["size"] == 1 << 20, f
+            with pytest.raises(membroker.Unsupported):
+                c.fetch_named(engine, "py/scratch", 60000)
+            t.close()
+            engine.finalize()
+        finally:
+            share.terminate()
+            assert share.wait(60) == 0
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            finish(p)
 
 
 def test_a_process_off_the_network_never_loads_ucx_and_keeps_pythons_fault_handler(mb):
