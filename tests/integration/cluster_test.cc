@@ -30,6 +30,7 @@
 #include "broker_process.h"
 #include "map_whole.h"
 #include "membroker/client.h"
+#include "membroker/membroker.h"
 #include "membroker/name_share.h"
 #include "net_engines.h"
 
@@ -627,6 +628,105 @@ TEST(Cluster, ANameIsFetchedFromAnotherHostWithEveryByteChecked) {
   ASSERT_TRUE(WaitFor([&] { return ca->LookupCluster("models/w").status().code() == ErrorCode::kNotFound; }));
   EXPECT_EQ(FetchNamed(*ca, engine, "models/w", 0).status().code(), ErrorCode::kNotFound);
   EXPECT_EQ(engine.Disconnect(NameShare::EngineName("host-b"), 5000).code(), ErrorCode::kOk);
+}
+
+// Broker memory mapped whole through the C API, freed in order at the end.
+struct CMemory {
+  mb_client* client;
+  mb_handle* handle = nullptr;
+  mb_reservation* range = nullptr;
+  mb_mapping* map = nullptr;
+  CMemory(mb_client* c, mb_handle* h) : client(c), handle(h) {
+    if (handle != nullptr && mb_reserve(c, mb_handle_size(h), 0, &range) == MB_OK)
+      (void)mb_map(c, range, 0, 0, 0, h, &map);
+  }
+  ~CMemory() {
+    if (map != nullptr) mb_unmap(map);
+    if (range != nullptr) mb_reservation_release(range);
+    if (handle != nullptr) mb_handle_free(handle);
+  }
+  unsigned char* data() const { return static_cast<unsigned char*>(mb_mapping_data(map)); }
+};
+
+// The same from C (membroker/membroker.h), called as a C program calls it:
+// an engine on host b found from host a by its name alone, over the network
+// path; a name published for the cluster on b looked up and fetched on a,
+// its bytes checked.
+TEST(Cluster, FromCAnEngineAndANameOfAnotherHostAreFoundByName) {
+  SKIP_WITHOUT_ETCD();
+  Etcd etcd;
+  BrokerProcess a(ClusterArgs(etcd, "host-a")), b(ClusterArgs(etcd, "host-b"));
+  const std::string secret = SecretFile(b.dir(), "c-secret");
+  mb_client *ca = nullptr, *cb = nullptr;
+  ASSERT_EQ(mb_connect(a.socket().c_str(), "c-a", 0, &ca), MB_OK);
+  ASSERT_EQ(mb_connect(b.socket().c_str(), "c-b", 0, &cb), MB_OK);
+  const char* keys[] = {"listen_address", "secret_file"};
+  const char* values[] = {"127.0.0.1:0", secret.c_str()};
+  mb_engine *decode = nullptr, *prefill = nullptr;
+  const int made = mb_engine_create_with_options(cb, "c-decode-0", keys, values, 2, &decode);
+#ifndef MEMBROKER_TEST_HAVE_NET_MODULE
+  if (made == MB_UNSUPPORTED) {
+    mb_client_close(ca);
+    mb_client_close(cb);
+    GTEST_SKIP() << "libmembroker built without UCX";
+  }
+#endif
+  ASSERT_EQ(made, MB_OK) << mb_last_error_message();
+  ASSERT_EQ(mb_engine_create_with_options(ca, "c-prefill-0", keys + 1, values + 1, 1, &prefill), MB_OK);
+  {
+    // An engine of another host, by its name.
+    ASSERT_EQ(mb_engine_connect(prefill, "c-decode-0", 60000), MB_OK) << mb_last_error_message();
+    char path[16] = "", transports[64] = "";
+    ASSERT_EQ(mb_engine_connection_path(prefill, "c-decode-0", path, sizeof path, transports, sizeof transports),
+              MB_OK);
+    EXPECT_STREQ(path, "ucx");
+    mb_handle *there_h = nullptr, *here_h = nullptr;
+    ASSERT_EQ(mb_malloc_physical(cb, 4096, MB_NORMAL_ONLY, 0, &there_h), MB_OK);
+    ASSERT_EQ(mb_malloc_physical(ca, 4096, MB_NORMAL_ONLY, 0, &here_h), MB_OK);
+    CMemory there(cb, there_h), here(ca, here_h);
+    ASSERT_TRUE(there.map != nullptr && here.map != nullptr);
+    uint64_t there_reg = 0, here_reg = 0;
+    ASSERT_EQ(mb_engine_register(decode, reinterpret_cast<uintptr_t>(there.data()), 4096, &there_reg), MB_OK);
+    ASSERT_EQ(mb_engine_register(prefill, reinterpret_cast<uintptr_t>(here.data()), 4096, &here_reg), MB_OK);
+    std::memset(here.data(), 0x6b, 4096);
+    mb_transfer_desc d{reinterpret_cast<uintptr_t>(here.data()), reinterpret_cast<uintptr_t>(there.data()), 4096};
+    ASSERT_EQ(mb_engine_transfer_sync(prefill, "c-decode-0", MB_WRITE, &d, 1, 30000), MB_OK)
+        << mb_last_error_message();
+    EXPECT_EQ(std::memcmp(there.data(), here.data(), 4096), 0);
+    EXPECT_EQ(mb_engine_disconnect(prefill, "c-decode-0", 5000), MB_OK);
+    EXPECT_EQ(mb_engine_deregister(decode, there_reg), MB_OK);
+    EXPECT_EQ(mb_engine_deregister(prefill, here_reg), MB_OK);
+  }
+  {
+    // A name of another host, found and fetched.
+    constexpr size_t kSize = 1 << 20;
+    mb_handle* published = nullptr;
+    ASSERT_EQ(mb_malloc_physical(cb, kSize, MB_NORMAL_ONLY, 0, &published), MB_OK);
+    CMemory object(cb, published);
+    ASSERT_TRUE(object.map != nullptr);
+    for (size_t i = 0; i < kSize; ++i) object.data()[i] = Pattern(i, 3);
+    ASSERT_EQ(mb_publish(cb, "c/w", published, MB_PUBLISH_CLUSTER | MB_PUBLISH_READ_ONLY), MB_OK);
+    ShareProcess share(b.socket(), secret);
+    ASSERT_NE(share.Ready().find("serving as"), std::string::npos);
+    mb_cluster_name where{};
+    ASSERT_EQ(mb_lookup_cluster(ca, "c/w", 60000, &where), MB_OK);
+    EXPECT_STREQ(where.host, "host-b");
+    EXPECT_EQ(where.size, kSize);
+    mb_handle* fetched = nullptr;
+    mb_cluster_name from{};
+    ASSERT_EQ(mb_fetch_named(ca, prefill, "c/w", 60000, &fetched, &from), MB_OK) << mb_last_error_message();
+    EXPECT_STREQ(from.host, "host-b");
+    CMemory copy(ca, fetched);
+    ASSERT_TRUE(copy.map != nullptr);
+    size_t wrong = 0;
+    for (size_t i = 0; i < kSize; ++i) wrong += copy.data()[i] != Pattern(i, 3);
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_EQ(mb_engine_disconnect(prefill, NameShare::EngineName("host-b").c_str(), 5000), MB_OK);
+  }
+  mb_engine_destroy(prefill);
+  mb_engine_destroy(decode);
+  mb_client_close(ca);
+  mb_client_close(cb);
 }
 
 // Without --cluster, the flag and the lookup say so.
