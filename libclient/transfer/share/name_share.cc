@@ -149,17 +149,13 @@ class NameShare::Impl {
     return Status::Ok();
   }
 
-  // The object name refers to now, served already under another name or
-  // mapped, checksummed and registered here; null when the name is gone or
-  // in device memory.
+  // The object name refers to now: mapped, checksummed and registered here,
+  // or served already under another name (then this client holds its
+  // allocation, and Lookup says so); null when the name is gone or in device
+  // memory.
   Result<std::shared_ptr<ServedObject>> ObjectOf(const std::string& name) {
     Result<PhysicalHandle> h = client_.Lookup(name, 0);
     if (h.ok()) {
-      if (auto it = objects_.find(h->id()); it != objects_.end())
-        if (std::shared_ptr<ServedObject> o = it->second.lock()) {
-          MB_RETURN_IF_ERROR(client_.FreePhysical(*h));
-          return o;
-        }
       if (h->device() >= 0) {
         MB_RETURN_IF_ERROR(client_.FreePhysical(*h));
         return std::shared_ptr<ServedObject>();
