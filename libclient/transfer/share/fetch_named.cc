@@ -18,6 +18,8 @@ int32_t Left(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int32_t>(std::max<int64_t>(0, ms));
 }
+// A transfer's timeout: what is left, and at least 1 ms (0 would not wait at all).
+int32_t TransferTimeout(Clock::time_point deadline) { return std::max<int32_t>(1, Left(deadline)); }
 
 // The destination while it is filled: mapped and registered here, undone on
 // every return; the handle itself outlives it.
@@ -41,12 +43,12 @@ Result<Outcome> CopyOnce(TransferEngine& engine, const std::string& share, const
                          const std::string& name, Landing& land, Clock::time_point deadline) {
   const size_t size = at.size;
   std::vector<RegionInfo> regions;
-  MB_RETURN_IF_ERROR(engine.GetRemoteRegions(share, regions, std::max<int32_t>(1, Left(deadline))));
+  MB_RETURN_IF_ERROR(engine.GetRemoteRegions(share, regions, TransferTimeout(deadline)));
   const std::string prefix = share::CardRegionPrefix(name);
   for (const RegionInfo& r : regions) {
     if (r.name.rfind(prefix, 0) != 0 || r.length < share::kCardBytes) continue;
     Status st = engine.TransferSync(share, READ, {{land.addr(), r.address, share::kCardBytes}},
-                                    std::max<int32_t>(1, Left(deadline)));
+                                    TransferTimeout(deadline));
     if (st.code() == ErrorCode::kParamInvalid) continue;  // deregistered since the list was read
     MB_RETURN_IF_ERROR(st);
     MB_ASSIGN_OR_RETURN(share::NameCard card, share::DecodeCard({land.data(), share::kCardBytes}));
@@ -54,7 +56,7 @@ Result<Outcome> CopyOnce(TransferEngine& engine, const std::string& share, const
     // lookup found is served a little later (a replace), or was replaced since.
     if (card.name != name || card.size != size || (at.allocation != 0 && card.allocation != at.allocation)) continue;
     st = engine.TransferSync(share, READ, {{land.addr(), card.object_address, size}},
-                             std::max<int32_t>(1, Left(deadline)));
+                             TransferTimeout(deadline));
     if (st.code() == ErrorCode::kParamInvalid) continue;  // unpublished during the copy
     MB_RETURN_IF_ERROR(st);
     if (share::Checksum(land.data(), size) != card.checksum)
