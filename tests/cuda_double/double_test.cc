@@ -305,6 +305,42 @@ TEST_F(DriverRules, StrictOffsetModeRefusesNonzeroMapOffsets) {
   ASSERT_EQ(Cu().cuMemAddressFree(va, g_), CUDA_SUCCESS);
 }
 
+// The legacy calls the device hand-off benchmark compares membroker with
+// (bench/device_handoff.cc opens a handle in a second process).
+template <typename Fn>
+Fn Legacy(const char* name) {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  auto get = lib ? reinterpret_cast<GetProc>(::dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult found{};
+  if (get == nullptr || get(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS) return nullptr;
+  return reinterpret_cast<Fn>(fn);
+}
+
+TEST_F(DriverRules, LegacyAllocationsAndIpcHandlesTakeABaseAndOpenInAnotherProcessOnly) {
+  auto alloc = Legacy<decltype(&::cuMemAlloc)>("cuMemAlloc");
+  auto free_ = Legacy<decltype(&::cuMemFree)>("cuMemFree");
+  auto get = Legacy<decltype(&::cuIpcGetMemHandle)>("cuIpcGetMemHandle");
+  auto open = Legacy<decltype(&::cuIpcOpenMemHandle)>("cuIpcOpenMemHandle");
+  auto close = Legacy<decltype(&::cuIpcCloseMemHandle)>("cuIpcCloseMemHandle");
+  ASSERT_TRUE(alloc && free_ && get && open && close);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(alloc(&p, 5000), CUDA_SUCCESS);  // any size, usable at once
+  std::vector<unsigned char> in(5000, 0x3c), out(5000);
+  ASSERT_EQ(Cu().cuMemcpyHtoD(p, in.data(), in.size()), CUDA_SUCCESS);
+  ASSERT_EQ(Cu().cuMemcpyDtoH(out.data(), p, out.size()), CUDA_SUCCESS);
+  EXPECT_EQ(in, out);
+  CUipcMemHandle h{};
+  ExpectRefused(get(&h, p + 256), CUDA_ERROR_INVALID_VALUE);  // not an allocation's base
+  ASSERT_EQ(get(&h, p), CUDA_SUCCESS);
+  CUdeviceptr again = 0;
+  ExpectRefused(open(&again, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT);  // this process's own
+  ExpectRefused(close(p), CUDA_ERROR_INVALID_VALUE);   // never opened
+  ExpectRefused(free_(p + 256), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(free_(p), CUDA_SUCCESS);
+}
+
 TEST(DriverContext, CopiesNeedACurrentContext) {
   const CudaDriver::Api& cu = Cu();
   if (!Counters()) GTEST_SKIP() << "the double's rule";

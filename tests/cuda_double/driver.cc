@@ -262,7 +262,7 @@ __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char* 
   (void)version;
   (void)flags;
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  for (auto table : {mbfake::DriverEntries(), mbfake::VmmEntries(), mbfake::CopyEntries()})
+  for (auto table : {mbfake::DriverEntries(), mbfake::VmmEntries(), mbfake::CopyEntries(), mbfake::LegacyEntries()})
     for (const mbfake::Entry& e : table)
       if (std::strcmp(e.name, symbol) == 0) {
         *pfn = e.fn;

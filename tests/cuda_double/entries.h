@@ -14,6 +14,7 @@ struct Entry {
 std::span<const Entry> DriverEntries();  // driver.cc
 std::span<const Entry> VmmEntries();     // vmm.cc
 std::span<const Entry> CopyEntries();    // copies.cc
+std::span<const Entry> LegacyEntries();  // legacy.cc
 
 // A function of exactly the driver's type for `name` (decltype(&::cuX)), so a
 // wrong signature does not compile.

@@ -62,12 +62,21 @@ struct State {
   std::map<CUdeviceptr, size_t> reservations;   // base -> size
   std::map<CUdeviceptr, Mapping> mappings;      // va -> mapping
   std::map<uintptr_t, size_t> host_registered;  // host ptr -> size
+  std::map<CUdeviceptr, bool> legacy;           // cuMemAlloc'd (true) or IPC-opened (false) bases
   uint64_t allocations = 0;
   uint64_t bad_releases = 0;  // cuMemRelease of no handle: UB on a GPU
   uint64_t used[64] = {};     // bytes created per device
 };
 
 State& Get();
+
+// A memfd named for `device` (DeviceOfFd reads it back), `size` bytes long; -1 on failure.
+int NewMemfd(int device, size_t size);
+// The device an fd's memory is on, from the memfd's name; -1 when the fd is
+// not one of the double's.
+int DeviceOfFd(int fd);
+// Maps an allocation's memfd for the copy calls (the device VA stays PROT_NONE).
+CUresult MapView(Allocation& a);
 
 // The common prologue of every entry point after cuInit: not initialized,
 // a sticky error or an injected fault for `call`. CUDA_SUCCESS to go on.

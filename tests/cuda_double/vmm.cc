@@ -38,6 +38,8 @@ bool ValidDevice(const State& s, const CUmemLocation& loc) {
   return loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < s.config.devices;
 }
 
+}  // namespace
+
 // Maps the memfd for the copy calls; the device VA itself stays PROT_NONE.
 CUresult MapView(Allocation& a) {
   int mode = ::fcntl(a.fd, F_GETFL);
@@ -47,6 +49,19 @@ CUresult MapView(Allocation& a) {
   a.view = static_cast<unsigned char*>(p);
   return CUDA_SUCCESS;
 }
+
+int NewMemfd(int device, size_t size) {
+  char name[32];
+  std::snprintf(name, sizeof name, "cuda-double:dev%d", device);
+  int fd = ::memfd_create(name, MFD_CLOEXEC);
+  if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+namespace {
 
 CUmemGenericAllocationHandle NewHandle(State& s, std::shared_ptr<Allocation> a) {
   CUmemGenericAllocationHandle h = s.next_handle++;
@@ -89,14 +104,8 @@ CUresult Create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
   const int device = prop->location.id;
   if (size > s.config.memory - s.used[device]) return CUDA_ERROR_OUT_OF_MEMORY;
 
-  char name[32];
-  std::snprintf(name, sizeof name, "cuda-double:dev%d", device);
-  int fd = ::memfd_create(name, MFD_CLOEXEC);
+  int fd = NewMemfd(device, size);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    ::close(fd);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
   auto a = std::make_shared<Allocation>(fd, size, device, true);
   s.used[device] += size;
   a->exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
@@ -134,8 +143,8 @@ CUresult Export(void* out, CUmemGenericAllocationHandle handle, CUmemAllocationH
   return CUDA_SUCCESS;
 }
 
-// The device an fd's memory is on, from the memfd's name; -1 when the fd is
-// not one of the double's.
+}  // namespace
+
 int DeviceOfFd(int fd) {
   char link[256];
   std::string path = "/proc/self/fd/" + std::to_string(fd);
@@ -146,6 +155,8 @@ int DeviceOfFd(int fd) {
   if (std::sscanf(link, "/memfd:cuda-double:dev%d", &device) != 1) return -1;
   return device;
 }
+
+namespace {
 
 CUresult Import(CUmemGenericAllocationHandle* handle, void* os_handle, CUmemAllocationHandleType type) {
   State& s = Get();
