@@ -2,8 +2,9 @@
 // measured side by side for membroker and the two ways CUDA programs do it
 // without a broker:
 //   membroker  the producer's buffer comes from the broker (MallocPhysical on
-//              the device, exported); the consumer imports its token, reserves
-//              device addresses and maps it (the broker is on the control path)
+//              the device, exported: its token comes with it); the consumer
+//              imports the token, reserves device addresses and maps it (the
+//              broker is on the control path)
 //   vmm+fd     the floor: cuMemCreate with POSIX fd handles, the fd passed with
 //              SCM_RIGHTS, cuMemImportFromShareableHandle, cuMemAddressReserve,
 //              cuMemMap, cuMemSetAccess in a bare pair of processes
@@ -12,7 +13,11 @@
 // The clock starts when the producer holds a filled buffer and stops when the
 // consumer can use it: mapped, accessible, and its first and last bytes read
 // back with cuMemcpyDtoH and checked (a stale or wrong mapping fails the run).
-// What follows (unmapping, closing, freeing) is off the clock. Both processes
+// What follows (unmapping, closing, freeing) is off the clock, and so is what
+// precedes: making the buffer and its fd (membroker's broker exports what it
+// creates; the floor exports as it creates). Each method's line gives the
+// medians of its steps too: the offer's way to the consumer, the import, the
+// map (reserve, map, access), the check. Both processes
 // are fresh executions (a forked child cannot use a driver its parent
 // initialised); CLOCK_MONOTONIC is one clock for both. The methods alternate
 // within each round, so a drifting machine weighs on all three alike.
@@ -141,10 +146,16 @@ struct OfferMessage {
   unsigned char value = 0;
   char token[128] = {};  // membroker's export token, or cuda-ipc's handle
 };
+// The consumer's clock at each step of a take, for the steps table: the offer
+// received, the memory imported, mapped with access set, and checked (the
+// end of the hand-off; 0 on failure).
+enum Step { kReceived, kImported, kMapped, kDone, kSteps };
+const char* const kStepNames[kSteps] = {"send_us", "import_us", "map_us", "check_us"};
 struct AnswerMessage {
-  uint64_t done_ns = 0;  // when the consumer could use the buffer; 0 on failure
+  uint64_t at_ns[kSteps] = {};
   char error[120] = {};
 };
+uint64_t g_imported_ns = 0;  // set by each Take after its import step
 
 void Send(int sock, const void* m, size_t n, int fd = -1) {
   if (bench::RawSend(sock, m, n, fd) != static_cast<ssize_t>(n)) Die("the control socket failed");
@@ -195,8 +206,9 @@ class BrokerMethod : public Method {
     FillDevice(reinterpret_cast<CUdeviceptr>(map_.data()), handle_.size(), value);
   }
   void Offer(int sock, OfferMessage& offer) override {
-    std::string t = Must(client_.ExportToShareableHandle(handle_, kExportNoPidCheck), "ExportToShareableHandle");
-    if (t.size() >= sizeof offer.token) Die("an export token longer than the bench allows");
+    // The token came with the allocation (prop.exported): no round trip here.
+    const std::string& t = handle_.export_token();
+    if (t.empty() || t.size() >= sizeof offer.token) Die("no export token that fits the offer");
     std::memcpy(offer.token, t.data(), t.size());
     Send(sock, &offer, sizeof offer);
   }
@@ -208,6 +220,7 @@ class BrokerMethod : public Method {
   CUdeviceptr Take(const OfferMessage& offer, int) override {
     Connect();
     handle_ = Must(client_.ImportFromShareableHandle(offer.token), "ImportFromShareableHandle");
+    g_imported_ns = NowNs();  // (the driver's import comes with the first MapMem)
     range_ = Must(client_.ReserveMemAddress(handle_.size(), 0, nullptr, kReserveDevice), "ReserveMemAddress");
     map_ = Must(client_.MapMem(range_.base(), handle_.size(), 0, handle_), "MapMem");
     return reinterpret_cast<CUdeviceptr>(map_.data());
@@ -237,23 +250,25 @@ class VmmFdMethod : public Method {
     size_ = size;
     CUmemAllocationProp prop = VmmProp();
     Check(g_cu.vmm->cuMemCreate(&handle_, size, &prop, 0), "cuMemCreate");
+    // Exported as it is made, as the broker exports what it creates: the
+    // hand-off passes an fd that exists.
+    Check(g_cu.vmm->cuMemExportToShareableHandle(&fd_, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle");
     MapHere(size);
     FillDevice(va_, size, value);
   }
-  void Offer(int sock, OfferMessage& offer) override {
-    int fd = -1;
-    Check(g_cu.vmm->cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-          "cuMemExportToShareableHandle");
-    Send(sock, &offer, sizeof offer, fd);
-    ::close(fd);
+  void Offer(int sock, OfferMessage& offer) override { Send(sock, &offer, sizeof offer, fd_); }
+  void Release() override {
+    ::close(fd_);
+    Unmap();
   }
-  void Release() override { Unmap(); }
   CUdeviceptr Take(const OfferMessage& offer, int fd) override {
     if (fd < 0) Die("vmm+fd: no fd came");
     size_ = offer.size;
     Check(g_cu.vmm->cuMemImportFromShareableHandle(&handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
           "cuMemImportFromShareableHandle");
+    g_imported_ns = NowNs();
     ::close(fd);
     MapHere(size_);
     return va_;
@@ -274,6 +289,7 @@ class VmmFdMethod : public Method {
   CUmemGenericAllocationHandle handle_ = 0;
   CUdeviceptr va_ = 0;
   size_t size_ = 0;
+  int fd_ = -1;
 };
 
 class CudaIpcMethod : public Method {
@@ -296,6 +312,7 @@ class CudaIpcMethod : public Method {
     CUipcMemHandle h{};
     std::memcpy(&h, offer.token, sizeof h);
     Check(g_cu.IpcOpenMemHandle(&va_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle");
+    g_imported_ns = NowNs();  // (opened is mapped: no map step)
     return va_;
   }
   void Drop() override { Check(g_cu.IpcCloseMemHandle(va_), "cuIpcCloseMemHandle"); }
@@ -323,9 +340,12 @@ int Consumer(int sock, const std::string& socket) {
     if (offer.method < 0 || offer.method >= static_cast<int>(methods.size())) Die("an offer of no method");
     Method& m = *methods[offer.method];
     AnswerMessage a;
+    a.at_ns[kReceived] = NowNs();
     CUdeviceptr va = m.Take(offer, fd);
+    a.at_ns[kImported] = g_imported_ns;
+    a.at_ns[kMapped] = NowNs();
     if (Verify(va, offer.size, offer.value))
-      a.done_ns = NowNs();
+      a.at_ns[kDone] = NowNs();
     else
       std::snprintf(a.error, sizeof a.error, "%s: the consumer read wrong bytes", m.name());
     Send(sock, &a, sizeof a);
@@ -404,6 +424,7 @@ int main(int argc, char** argv) {
   for (size_t size : list) {
     const int n = rounds > 0 ? rounds : RoundsFor(size, quick);
     std::vector<std::vector<double>> us(methods.size());
+    std::vector<std::vector<std::vector<double>>> steps(methods.size(), std::vector<std::vector<double>>(kSteps));
     for (int r = 0; r < n; ++r) {
       for (size_t k = 0; k < methods.size(); ++k) {
         Method& m = *methods[k];
@@ -417,23 +438,31 @@ int main(int argc, char** argv) {
         AnswerMessage a = Recv<AnswerMessage>(sock);
         (void)Recv<AnswerMessage>(sock);  // the consumer let go
         m.Release();
-        if (a.done_ns == 0) {
+        if (a.at_ns[kDone] == 0) {
           std::fprintf(stderr, "bench_device_handoff: %s\n", a.error);
           ++failed;
           continue;
         }
-        us[k].push_back((a.done_ns - t0) / 1e3);
+        us[k].push_back((a.at_ns[kDone] - t0) / 1e3);
+        for (int st = 0; st < kSteps; ++st)
+          steps[k][st].push_back((a.at_ns[st] - (st == 0 ? t0 : a.at_ns[st - 1])) / 1e3);
       }
     }
     std::vector<double> median(methods.size());
     for (size_t k = 0; k < methods.size(); ++k) {
       if (us[k].empty()) continue;
       median[k] = Percentile(us[k], 0.5);
+      std::string step_medians;
+      for (int st = 0; st < kSteps; ++st) {
+        char b[64];
+        std::snprintf(b, sizeof b, ",\"%s\":%.1f", kStepNames[st], Percentile(steps[k][st], 0.5));
+        step_medians += b;
+      }
       std::printf(
           "{\"bench\":\"device_handoff\",\"method\":\"%s\",\"size\":%zu,\"buffer\":%zu,\"rounds\":%zu,"
-          "\"median_us\":%.1f,\"p10_us\":%.1f,\"p90_us\":%.1f}\n",
+          "\"median_us\":%.1f,\"p10_us\":%.1f,\"p90_us\":%.1f%s}\n",
           methods[k]->name(), size, methods[k]->BufferSize(size), us[k].size(), median[k], Percentile(us[k], 0.1),
-          Percentile(us[k], 0.9));
+          Percentile(us[k], 0.9), step_medians.c_str());
     }
     if (median[0] > 0 && median[1] > 0 && median[2] > 0)
       std::printf("{\"bench\":\"device_handoff\",\"size\":%zu,\"membroker_vs_floor\":%.2f,\"membroker_vs_cuda_ipc\":%.2f}\n",

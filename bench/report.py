@@ -507,6 +507,39 @@ for p in (x for x in load if x["bench"] == "pipeline"):
            "stages share the CPUs with their computation.", "",
            "| zero-copy | Unix sockets | ratio |", "| --- | --- | --- |",
            f"| {p['zero_copy_fps']:.1f} frames/s | {p['copy_fps']:.1f} frames/s | {p['zero_copy_fps'] / p['copy_fps']:.2f}x |"]
+# Device memory: measured on a GPU by scripts/device-check, never by this run
+# (no GPU here); the newest committed result is shown as it was measured.
+import glob
+import os
+device_files = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "device", "*.json")))
+if device_files:
+    dev = json.load(open(device_files[-1]))
+    runs = [dev["handoff"]] + dev.get("repeats", [])
+    md += ["", "## Device memory hand-off on a GPU (scripts/device-check)", "",
+           f"Not measured by this run: `scripts/device-check` on {dev['machine']}, {dev['date']}",
+           f"(`bench/results/device/{os.path.basename(device_files[-1])}`; {len(runs)} runs of `bench_device_handoff`).",
+           "A device buffer from a producer process to a consumer, which maps it and reads its first and last bytes back",
+           "with `cuMemcpyDtoH`: membroker (token to the broker, fd back, `cuMemImportFromShareableHandle`, reserve, map,",
+           "access), the bare VMM floor (the fd over SCM_RIGHTS, then the same driver calls) and legacy CUDA IPC",
+           "(`cuIpcOpenMemHandle`). Making the buffer and its fd is off the clock for all three; the three alternate",
+           "within each round. Medians in µs of the first run; the ratios of every run.", "",
+           "| size | membroker | vmm+fd (floor) | cuda-ipc | membroker / floor, each run | membroker / cuda-ipc, each run |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in (x for x in dev["handoff"] if "membroker_vs_floor" in x):
+        med = {x["method"]: x for x in dev["handoff"] if x.get("size") == r["size"] and "method" in x}
+        per = [next(y for y in run if y.get("size") == r["size"] and "membroker_vs_floor" in y) for run in runs]
+        vs_floor = ", ".join("%.2fx" % y["membroker_vs_floor"] for y in per)
+        vs_ipc = ", ".join("%.2fx" % y["membroker_vs_cuda_ipc"] for y in per)
+        md.append(f"| {human(r['size'])} | {med['membroker']['median_us']:.0f} | {med['vmm+fd']['median_us']:.0f} | "
+                  f"{med['cuda-ipc']['median_us']:.0f} | {vs_floor} | {vs_ipc} |")
+    dev_steps = ("send_us", "import_us", "map_us", "check_us")
+    md += ["", "Where the time goes (medians of the first run, µs: the offer's way to the consumer; the import, which for",
+           "membroker is its round trip to the broker and for cuda-ipc the whole open; reserve, the driver's import",
+           "for membroker, map and access; the check):", "",
+           "| size | method | " + " | ".join(st[:-3] for st in dev_steps) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in dev_steps) + " |"]
+    for x in (x for x in dev["handoff"] if "method" in x):
+        md.append(f"| {human(x['size'])} | {x['method']} | " + " | ".join("%.0f" % x[st] for st in dev_steps) + " |")
 if not any(x["bench"] == "iceoryx_crash_cleanup" for x in load):
     md += ["", "Not measured in this run: the iceoryx peer (bench_iceoryx_handoff was not built or RouDi did not start).", ""]
 else:

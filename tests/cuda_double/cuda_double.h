@@ -13,8 +13,8 @@
 //   MBFAKE_CUDA_MEMORY=BYTES       memory per device (default 1 GiB)
 //   MBFAKE_CUDA_GRANULARITY=BYTES  minimum granularity (default 2 MiB)
 //   MBFAKE_CUDA_RECOMMENDED=BYTES  recommended granularity (default 2 MiB)
-//   MBFAKE_CUDA_STRICT_OFFSET=1    cuMemMap refuses a nonzero offset, as the
-//                                  reference says the driver "currently" does
+//   MBFAKE_CUDA_STRICT_OFFSET=0    cuMemMap takes aligned nonzero offsets, which
+//                                  the driver refuses (CUDA_ERROR_NOT_SUPPORTED)
 //   MBFAKE_CUDA_FAIL=CALL:N:CODE[,...]  the Nth call of CALL (counted from
 //                                  cuInit) returns CODE and does nothing
 #pragma once
@@ -41,7 +41,7 @@ void mbfake_cuda_fail(const char* call, int nth, int code);
 // Every later call returns `code` (0 clears), like an error left by an
 // earlier asynchronous launch.
 void mbfake_cuda_sticky(int code);
-// cuMemMap refuses nonzero offsets (1) or allows aligned ones (0).
+// cuMemMap refuses nonzero offsets (1, the default, as the driver) or allows aligned ones (0).
 void mbfake_cuda_strict_offset(int on);
 
 }  // extern "C"

@@ -60,7 +60,7 @@ CUresult Init(unsigned int flags) {
   s.config.memory = EnvNumber("MBFAKE_CUDA_MEMORY", 1ull << 30);
   s.config.granularity = EnvNumber("MBFAKE_CUDA_GRANULARITY", 2u << 20);
   s.config.recommended = EnvNumber("MBFAKE_CUDA_RECOMMENDED", s.config.granularity);
-  s.config.strict_offset = EnvNumber("MBFAKE_CUDA_STRICT_OFFSET", 0) != 0;
+  s.config.strict_offset = EnvNumber("MBFAKE_CUDA_STRICT_OFFSET", 1) != 0;
   ParseFaults(s, std::getenv("MBFAKE_CUDA_FAIL"));
   for (int i = 0; i < kMaxDevices; ++i) g_contexts[i].device = i;
   if (s.config.devices == 0) return CUDA_ERROR_NO_DEVICE;  // and later calls: NOT_INITIALIZED

@@ -3,10 +3,12 @@
 // used before the VMM calls, and the peer the device hand-off benchmark
 // measures membroker against. The rules kept are the documented ones:
 //   - a legacy allocation is mapped and accessible to its device at once;
-//   - cuMemFree and cuIpcGetMemHandle take an allocation's base address only;
-//   - a handle opens in another process only ("cuIpcOpenMemHandle can not
-//     open handles from the same process": CUDA_ERROR_INVALID_CONTEXT here,
-//     the code the driver answers), and needs a current context;
+//   - cuMemFree takes an allocation's base address only; cuIpcGetMemHandle
+//     any address inside one (an H200's driver, 580, gave a handle for an
+//     interior address), and the handle opens at the allocation's base;
+//   - a handle opens in another process only: in the process that made it
+//     the driver answered CUDA_ERROR_INVALID_CONTEXT (on that H200 too); and
+//     opening needs a current context;
 //   - what cuIpcOpenMemHandle mapped is undone by cuIpcCloseMemHandle only.
 // A handle names the exporter's pid and the memfd's fd number; the importer
 // opens it through /proc, so an exporter that is gone cannot be opened
@@ -92,9 +94,13 @@ CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   std::lock_guard lock(s.mu);
   if (CUresult rc = Enter(s, "cuIpcGetMemHandle"); rc != CUDA_SUCCESS) return rc;
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  auto it = s.legacy.find(dptr);
-  if (it == s.legacy.end() || !it->second) return CUDA_ERROR_INVALID_VALUE;  // a cuMemAlloc base only
-  const Allocation& a = *s.mappings.at(dptr).alloc;
+  // The cuMemAlloc allocation that holds dptr.
+  auto it = s.legacy.upper_bound(dptr);
+  if (it == s.legacy.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  const Mapping& m = s.mappings.at(it->first);
+  if (!it->second || dptr >= it->first + m.size) return CUDA_ERROR_INVALID_VALUE;
+  const Allocation& a = *m.alloc;
   IpcPayload p{};
   std::memcpy(p.magic, kMagic, sizeof kMagic);
   p.pid = static_cast<int32_t>(::getpid());

@@ -25,7 +25,7 @@ struct Config {
   uint64_t memory = 1ull << 30;
   size_t granularity = 2u << 20;
   size_t recommended = 2u << 20;
-  bool strict_offset = false;
+  bool strict_offset = true;  // as the driver is
 };
 
 // One physical allocation: lives while a handle or a mapping holds it; its

@@ -240,12 +240,19 @@ CUresult Map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   auto it = s.handles.find(handle);
   if (it == s.handles.end()) return CUDA_ERROR_INVALID_VALUE;
   const Allocation& a = *it->second;
+  // The codes an H200's driver (580) answered (scripts/device-check's probe
+  // and cuda_double_tests there): CUDA_ERROR_NOT_SUPPORTED for a misaligned
+  // address, a range past the allocation, a nonzero offset ("currently must
+  // be zero") and a map over a mapping.
   const size_t g = s.config.granularity;
-  if (!Aligned(ptr, g) || !Aligned(size, g) || (offset != 0 && !Aligned(offset, g))) return CUDA_ERROR_INVALID_VALUE;
-  if (offset != 0 && s.config.strict_offset) return CUDA_ERROR_INVALID_VALUE;  // "currently must be zero"
-  if (offset > a.size || size > a.size - offset) return CUDA_ERROR_INVALID_VALUE;
+  if (!Aligned(size, g) || (offset != 0 && !Aligned(offset, g))) return CUDA_ERROR_INVALID_VALUE;
+  if (!Aligned(ptr, g)) return CUDA_ERROR_NOT_SUPPORTED;
+  if (offset != 0 && s.config.strict_offset) return CUDA_ERROR_NOT_SUPPORTED;
+  if (offset > a.size || size > a.size - offset) return CUDA_ERROR_NOT_SUPPORTED;
+  // (That driver mapped a range running past its reservation; the double
+  // refuses it, a rule membroker keeps anyway.)
   if (!InsideReservation(s, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
-  if (OverlapsMapping(s, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  if (OverlapsMapping(s, ptr, size)) return CUDA_ERROR_NOT_SUPPORTED;
   s.mappings.emplace(ptr, Mapping{size, offset, it->second, {}});
   return CUDA_SUCCESS;
 }
