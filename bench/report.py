@@ -540,6 +540,22 @@ if device_files:
            "| --- | --- | " + " | ".join("---" for _ in dev_steps) + " |"]
     for x in (x for x in dev["handoff"] if "method" in x):
         md.append(f"| {human(x['size'])} | {x['method']} | " + " | ".join("%.0f" % x[st] for st in dev_steps) + " |")
+    transfer = {(t["case"], t["size"]): t for t in dev.get("transfer", [])}
+    if transfer:
+        md += ["", "### Device memory to another host's engine (the staged path)", "",
+               "`bench_device_transfer` in the same check: an engine at one broker moves its device memory to and",
+               "from the host memory of an engine at another broker, over UCX on loopback (as between hosts),",
+               "through two pinned staging buffers of 8 MiB (libclient/transfer/staged_transfer.h); beside it the",
+               "same transfer from host memory over the same connection (the network's floor) and the driver's",
+               "copy from device memory to a pinned host buffer (the staging's floor). Medians of "
+               f"{next(iter(transfer.values()))['rounds']} rounds, GB/s.", "",
+               "| size | WRITE from device | WRITE from host | ratio | READ into device | READ into host | ratio | cuMemcpyDtoH |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for size in sorted({k[1] for k in transfer}):
+            t = {case: transfer[(case, sz)]["gb_per_s"] for (case, sz) in transfer if sz == size}
+            md.append(f"| {human(size)} | {t['write_device']:.2f} | {t['write_host']:.2f} | "
+                      f"{t['write_device'] / t['write_host']:.2f}x | {t['read_device']:.2f} | {t['read_host']:.2f} | "
+                      f"{t['read_device'] / t['read_host']:.2f}x | {t['copy_dtoh']:.1f} |")
 if not any(x["bench"] == "iceoryx_crash_cleanup" for x in load):
     md += ["", "Not measured in this run: the iceoryx peer (bench_iceoryx_handoff was not built or RouDi did not start).", ""]
 else:

@@ -19,6 +19,7 @@
 #include "client/client_core.h"
 #include "transfer/net_transport.h"
 #include "transfer/same_host/same_host_transport.h"
+#include "transfer/staged_transfer.h"
 #include "transfer/thread_pool.h"
 #include "membroker/transfer_engine.h"
 
@@ -99,9 +100,12 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   // cluster resolved to that address), the connection is known by that name
   // and the engine answering must carry it.
   Status ConnectByAddress(const std::string& address, int32_t timeout_ms, const std::string& as = "");
-  // Every descriptor's local range is registered (and writable for READ);
-  // device memory only where device_allowed (the same-host path).
-  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs, bool device_allowed);
+  // Every descriptor's local range is registered (and writable for READ).
+  Status CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs);
+  // Over the network: host ranges as they are, device ranges through host
+  // staging buffers (staged_transfer.h), after every remote side is checked.
+  Status TransferOverNetwork(const Connection& c, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                             Clock::time_point deadline);
   // The network transport: loaded and started on first use.
   Result<detail::NetTransport*> Net();
   detail::NetTransport* CurrentNet() {  // nullptr before the first use
@@ -133,6 +137,7 @@ class __attribute__((visibility("hidden"))) TransferEngine::Impl {
   std::shared_mutex local_mu_;              // shared: transfers; exclusive: registration
   uint64_t next_handle_ = 1;                // MemHandles
   std::map<uintptr_t, LocalRegion> local_;  // by address
+  detail::StagedTransfer staged_;           // device ranges to and from other hosts
 
   std::mutex conns_mu_;
   std::map<std::string, std::shared_ptr<Connection>> conns_;

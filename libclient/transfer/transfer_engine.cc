@@ -120,7 +120,8 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
                         .device = where.device};
   Status st = same_host_->AddRegion(desc);
   // Known to the network transport too where the engine has one (host memory:
-  // device memory moves between engines of this host only).
+  // another host's engine cannot reach this host's device memory; this
+  // engine's own device ranges cross through staging, TransferOverNetwork).
   detail::NetTransport* net = st.ok() && desc.device < 0 ? CurrentNet() : nullptr;
   if (net != nullptr) st = net->AddRegion(desc);
   if (!st.ok()) {
@@ -260,15 +261,52 @@ Status TransferEngine::Impl::Transfer(const std::string& remote, TransferOp op,
   if (c == nullptr) return NotConnected(remote);
   // Local ranges stay registered (and mapped) until the transfer is over.
   std::shared_lock<std::shared_mutex> local_lk(local_mu_);
-  MB_RETURN_IF_ERROR(CheckLocal(op, descs, /*device_allowed=*/c->transport == same_host_.get()));
+  MB_RETURN_IF_ERROR(CheckLocal(op, descs));
   // Past its deadline before it starts (timeout 0, or a queued async request):
   // nothing moves, whichever transport it would take.
   if (Clock::now() >= deadline)
     return Status(ErrorCode::kTimeout, "the transfer's timeout passed before it started; nothing was moved");
-  return c->transport->Transfer(c->id, op, descs, deadline);
+  if (c->transport == same_host_.get()) return c->transport->Transfer(c->id, op, descs, deadline);
+  return TransferOverNetwork(*c, op, descs, deadline);
 }
 
-Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs, bool device_allowed) {
+Status TransferEngine::Impl::TransferOverNetwork(const Connection& c, TransferOp op,
+                                                 const std::vector<TransferOpDesc>& descs, Clock::time_point deadline) {
+  std::vector<TransferOpDesc> host;
+  std::vector<detail::DeviceDesc> device;
+  for (const TransferOpDesc& d : descs) {
+    const RegionDesc& r =
+        ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& l) { return l.desc.length; })->second.desc;
+    if (r.device < 0)
+      host.push_back(d);
+    else
+      device.push_back(detail::DeviceDesc{d.local_addr, d.remote_addr, d.len, r.device});
+  }
+  if (device.empty()) return c.transport->Transfer(c.id, op, descs, deadline);
+  // Staged batches move one after another: every remote side is checked
+  // before the first, so that a bad descriptor moves nothing, as elsewhere.
+  std::vector<RegionInfo> remote;
+  MB_RETURN_IF_ERROR(c.transport->RemoteRegions(c.id, deadline, &remote));
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const TransferOpDesc& d = descs[i];
+    auto r = std::find_if(remote.begin(), remote.end(), [&](const RegionInfo& x) {
+      return d.remote_addr >= x.address && d.remote_addr + d.len >= d.remote_addr &&
+             d.remote_addr + d.len <= x.address + x.length;
+    });
+    if (r == remote.end())
+      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
+                                                  ": remote range is not inside host memory engine \"" +
+                                                  ipc::EscapeText(c.peer.engine) +
+                                                  "\" registered (another host's device memory is not reachable)");
+    if (op == WRITE && r->read_only)
+      return Status(ErrorCode::kParamInvalid,
+                    "descriptor " + std::to_string(i) + ": remote range is read-only for its owner");
+  }
+  if (!host.empty()) MB_RETURN_IF_ERROR(c.transport->Transfer(c.id, op, host, deadline));
+  return staged_.Run(*c.transport, c.id, op, device, deadline);
+}
+
+Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<TransferOpDesc>& descs) {
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
     auto it = ipc::Containing(local_, d.local_addr, d.len, [](const LocalRegion& r) { return r.desc.length; });
@@ -277,10 +315,6 @@ Status TransferEngine::Impl::CheckLocal(TransferOp op, const std::vector<Transfe
                                                   ": local range is empty or not inside memory this engine registered");
     if (op == READ && it->second.desc.read_only)
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) + ": local range is read-only");
-    if (!device_allowed && it->second.desc.device >= 0)
-      return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
-                                                  ": local range is device memory, which moves between engines of "
-                                                  "this host only (docs/TRANSFER.md)");
   }
   return Status::Ok();
 }

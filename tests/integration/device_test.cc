@@ -473,11 +473,13 @@ TEST_F(DeviceMemory, TheTransferEngineMovesDeviceMemoryOnThisHost) {
   EXPECT_EQ(b.Admin("check"), "tables: consistent\n");
 }
 
-// Device memory does not cross hosts yet: an engine reached over the network
-// (at another broker, as another host's is) is not offered a device range, and
-// a local device range on such a connection is refused saying why, while host
-// memory moves as before.
-TEST_F(DeviceMemory, DeviceMemoryStaysOnThisHost) {
+// Device memory to and from an engine reached over the network (at another
+// broker, as another host's is): this engine's device ranges go through host
+// staging buffers (transfer/staged_transfer.h), in batches of 8 MiB, so 20 MiB
+// take three; many small descriptors gather into one batch; host and device
+// descriptors mix in one call. Another host's device memory is not offered,
+// and a bad descriptor anywhere in a staged transfer moves nothing.
+TEST_F(DeviceMemory, DeviceMemoryCrossesHostsThroughHostStaging) {
   BrokerProcess here, there;
   auto a = Client::Connect({here.socket(), "listener"});
   auto r = Client::Connect({there.socket(), "remote"});
@@ -491,10 +493,11 @@ TEST_F(DeviceMemory, DeviceMemoryStaysOnThisHost) {
     FAIL() << st.ToString();
   }
   ASSERT_TRUE(er.Initialize("dev-remote", {{"secret_file", secret}}).ok());
+  const size_t size = 10 * g_;  // 20 MiB on a 2 MiB granularity: three batches
   auto device_range = [&](Client& c, Reservation* range, Mapping* map, PhysicalHandle* h) -> Status {
-    MB_ASSIGN_OR_RETURN(*h, c.MallocPhysical(g_, OnDevice(0)));
-    MB_ASSIGN_OR_RETURN(*range, c.ReserveMemAddress(g_, 0, nullptr, kReserveDevice));
-    MB_ASSIGN_OR_RETURN(*map, c.MapMem(range->base(), g_, 0, *h));
+    MB_ASSIGN_OR_RETURN(*h, c.MallocPhysical(size, OnDevice(0)));
+    MB_ASSIGN_OR_RETURN(*range, c.ReserveMemAddress(size, 0, nullptr, kReserveDevice));
+    MB_ASSIGN_OR_RETURN(*map, c.MapMem(range->base(), size, 0, *h));
     return Status::Ok();
   };
   PhysicalHandle ah, rh;
@@ -504,10 +507,14 @@ TEST_F(DeviceMemory, DeviceMemoryStaysOnThisHost) {
   ASSERT_TRUE(device_range(*r, &rr, &rm, &rh).ok());
   const auto a_dev = reinterpret_cast<uintptr_t>(am.data()), r_dev = reinterpret_cast<uintptr_t>(rm.data());
   MemHandle a_reg{}, r_reg{};
-  ASSERT_TRUE(ea.RegisterMem({a_dev, g_}, MEM_DEVICE, a_reg, "dev").ok());
-  ASSERT_TRUE(er.RegisterMem({r_dev, g_}, MEM_DEVICE, r_reg).ok());
-  Memory a_host = Register(*a, ea, 1 << 16), r_host = Register(*r, er, 1 << 16);
-  std::memset(a_host.data(), 5, 1 << 16);
+  ASSERT_TRUE(ea.RegisterMem({a_dev, size}, MEM_DEVICE, a_reg, "dev").ok());
+  ASSERT_TRUE(er.RegisterMem({r_dev, size}, MEM_DEVICE, r_reg).ok());
+  Memory a_host = Register(*a, ea, size), r_host = Register(*r, er, 1 << 16);
+  auto host_wrong = [&](const Memory& m, size_t from, size_t len, unsigned seed, size_t pattern_from) -> long {
+    for (size_t i = 0; i < len; ++i)
+      if (static_cast<unsigned char>(m.data()[from + i]) != Pattern(pattern_from + i, seed)) return static_cast<long>(i);
+    return -1;
+  };
 
   ASSERT_TRUE(er.Connect(address, 10000).ok());
   ConnectionInfo info;
@@ -517,12 +524,55 @@ TEST_F(DeviceMemory, DeviceMemoryStaysOnThisHost) {
   ASSERT_TRUE(er.GetRemoteRegions(address, regions, 10000).ok());
   for (const RegionInfo& region : regions)
     EXPECT_NE(region.name, "dev") << "a device range was offered over the network";
-  EXPECT_EQ(er.TransferSync(address, READ, {{r_host.addr(), a_dev, 4096}}, 10000).code(), ErrorCode::kParamInvalid);
-  Status local_device = er.TransferSync(address, READ, {{r_dev, a_host.addr(), 4096}}, 10000);
-  EXPECT_EQ(local_device.code(), ErrorCode::kParamInvalid);
-  EXPECT_NE(local_device.message().find("this host only"), std::string::npos) << local_device.ToString();
-  ASSERT_TRUE(er.TransferSync(address, READ, {{r_host.addr(), a_host.addr(), 4096}}, 10000).ok());
-  EXPECT_EQ(r_host.data()[4095], 5);
+
+  // One descriptor of 20 MiB, device to the other host's host memory, and back.
+  Fill(rm, 11);
+  ASSERT_TRUE(er.TransferSync(address, WRITE, {{r_dev, a_host.addr(), size}}, 30000).ok());
+  EXPECT_EQ(host_wrong(a_host, 0, size, 11, 0), -1);
+  for (size_t i = 0; i < size; ++i) a_host.data()[i] = static_cast<char>(Pattern(i, 12));
+  ASSERT_TRUE(er.TransferSync(address, READ, {{r_dev, a_host.addr(), size}}, 30000).ok());
+  EXPECT_EQ(FirstWrongByte(rm, 12), -1);
+
+  // 64 scattered 4 KiB descriptors (one batch), written then read back elsewhere.
+  Fill(rm, 13);
+  std::vector<TransferOpDesc> blocks;
+  for (size_t k = 0; k < 64; ++k)
+    blocks.push_back({r_dev + (k * 37 % 64) * 8 * 4096, a_host.addr() + k * 4096, 4096});
+  ASSERT_TRUE(er.TransferSync(address, WRITE, blocks, 30000).ok());
+  for (size_t k = 0; k < 64; ++k)
+    ASSERT_EQ(host_wrong(a_host, k * 4096, 4096, 13, (k * 37 % 64) * 8 * 4096), -1) << "block " << k;
+  Fill(rm, 14);
+  ASSERT_TRUE(er.TransferSync(address, READ, blocks, 30000).ok());
+  EXPECT_EQ(FirstWrongByte(rm, 13) >= 0, true);  // the blocks came back over the new pattern
+  {
+    std::vector<unsigned char> got(4096);
+    for (size_t k = 0; k < 64; ++k) {
+      const size_t at = (k * 37 % 64) * 8 * 4096;
+      ASSERT_EQ(cu_->cuMemcpyDtoH(got.data(), r_dev + at, got.size()), CUDA_SUCCESS);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], Pattern(at + i, 13)) << "block " << k;
+    }
+  }
+
+  // Host and device descriptors in one call.
+  Fill(rm, 15);
+  for (size_t i = 0; i < 4096; ++i) r_host.data()[i] = static_cast<char>(Pattern(i, 16));
+  ASSERT_TRUE(er.TransferSync(address, WRITE, {{r_host.addr(), a_host.addr(), 4096}, {r_dev, a_host.addr() + 4096, 4096}},
+                              30000)
+                  .ok());
+  EXPECT_EQ(host_wrong(a_host, 0, 4096, 16, 0), -1);
+  EXPECT_EQ(host_wrong(a_host, 4096, 4096, 15, 0), -1);
+
+  // Another host's device memory is not reachable; a bad descriptor after a
+  // good one moves nothing (the good one's destination keeps its bytes).
+  std::memset(a_host.data(), 0x5a, 4096);
+  Status far_device = er.TransferSync(address, READ, {{r_dev, a_dev, 4096}}, 10000);
+  EXPECT_EQ(far_device.code(), ErrorCode::kParamInvalid);
+  EXPECT_NE(far_device.message().find("device memory is not reachable"), std::string::npos) << far_device.ToString();
+  Status bad = er.TransferSync(address, WRITE, {{r_dev, a_host.addr(), 4096}, {r_dev + 4096, a_dev, 4096}}, 10000);
+  EXPECT_EQ(bad.code(), ErrorCode::kParamInvalid);
+  EXPECT_NE(bad.message().find("descriptor 1"), std::string::npos) << bad.ToString();
+  EXPECT_EQ(a_host.data()[0], 0x5a);
+  EXPECT_EQ(a_host.data()[4095], 0x5a);
   er.Finalize();
   ea.Finalize();
 }
