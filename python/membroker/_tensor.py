@@ -112,7 +112,15 @@ class Tensor:
         import warnings
         self._check_open()
         if self.device != "cpu":
-            return torch.as_tensor(self, device=self.device)  # through __cuda_array_interface__: no copy
+            if not self.read_only:
+                return torch.as_tensor(self, device=self.device)  # through __cuda_array_interface__: no copy
+            # torch refuses a read-only __cuda_array_interface__ ("the read only
+            # flag is not supported", torch 2.11 on an H200): it has no read-only
+            # tensors, so it gets a view that does not say so, as frombuffer does
+            # below. The memory is mapped read-only: a write faults on the GPU.
+            warnings.warn("torch has no read-only tensors: this one views read-only device memory, and a write "
+                          "to it is an illegal address on the GPU", stacklevel=2)
+            return torch.as_tensor(_WritableView(self), device=self.device)
         t = _dtypes.torch_dtype(self.element)
         itemsize = self.element.itemsize
         if not self.nbytes:
@@ -159,3 +167,14 @@ class Tensor:
 
     def __repr__(self):
         return f"membroker.Tensor(dtype={self.element.name}, shape={self.shape}, read_only={self.read_only})"
+
+
+class _WritableView:
+    """A device tensor's __cuda_array_interface__ without its read-only flag,
+    for torch (Tensor.torch): it holds the tensor, so the mapping stays."""
+
+    def __init__(self, tensor: Tensor):
+        self._tensor = tensor
+        cai = dict(tensor.__cuda_array_interface__)
+        cai["data"] = (cai["data"][0], False)
+        self.__cuda_array_interface__ = cai

@@ -131,3 +131,46 @@ def test_engines_move_device_memory_between_processes_of_this_host(mb, driver, t
             h.close()
         e.finalize()
         t.close()
+
+
+def test_torch_on_a_gpu_computes_in_a_device_tensor_another_process_reads(mb, driver):
+    """Where torch has CUDA (a GPU; Debian's torch here has none): torch takes a
+    membroker device tensor through __cuda_array_interface__ and DLPack without
+    a copy, writes it on the GPU, and another process sees the bytes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch has no CUDA device")
+    import subprocess, sys, textwrap
+    with membroker.connect(mb.socket, "torch") as c:
+        t = c.new_tensor((256, 1024), "float32", device=0)
+        x = t.torch()  # through __cuda_array_interface__
+        assert x.data_ptr() == t.mapping.address and x.shape == (256, 1024) and x.is_cuda
+        x.copy_(torch.arange(256 * 1024, dtype=torch.float32, device="cuda").reshape(256, 1024))
+        torch.cuda.synchronize()
+        flat = torch.from_dlpack(t.mapping)  # DLPack, kDLCUDA: the mapping's bytes
+        assert flat.device.type == "cuda" and flat.data_ptr() == t.mapping.address
+        y = flat.view(torch.uint8)[: t.nbytes].view(torch.float32).reshape(256, 1024)
+        assert torch.equal(y, x)
+        head = driver.read(t.mapping.address, 16)
+        assert head == torch.arange(4, dtype=torch.float32).numpy().tobytes()
+        c.publish_tensor("gpu/t", t, read_only=True)
+        reader = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import membroker, sys, torch
+            with membroker.connect(sys.argv[1], "torch-reader") as r:
+                seen = r.lookup_tensor("gpu/t")
+                assert seen.read_only
+                # torch refuses a read-only __cuda_array_interface__; .torch() says why with a warning
+                import warnings
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    z = seen.torch()
+                assert any("read-only" in str(w.message) for w in caught), "no warning"
+                assert z.device.type == "cuda" and z.data_ptr() == seen.mapping.address
+                want = torch.arange(256 * 1024, dtype=torch.float32, device="cuda").reshape(256, 1024)
+                assert torch.equal(z, want), "the bytes another process wrote differ"
+                print("OK", float(z.sum()))
+            """), mb.socket], capture_output=True, text=True, timeout=300)
+        assert reader.returncode == 0 and reader.stdout.startswith("OK"), reader.stderr
+        c.unpublish("gpu/t")
+        del x, y
+        t.close()
