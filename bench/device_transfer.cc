@@ -1,5 +1,6 @@
 // Device memory to and from an engine of another broker over UCX (the staged
-// path, libclient/transfer/staged_transfer.h), against its two floors in the
+// path, libclient/transfer/staged_transfer.h; and device to device, where the
+// peer's transport copies its side with its driver), against its two floors in the
 // same run: the same transfer from host memory over the same connection (what
 // the network alone costs) and the driver's copy between device memory and a
 // host buffer (what staging alone costs). Two brokers on this machine, an
@@ -127,8 +128,9 @@ int main(int argc, char** argv) {
     TransferEngine ea(a), er(r);
     Check(ea.Initialize("xfer-listener", {{"listen_address", "127.0.0.1:0"}, {"secret_file", secret}}), "Initialize");
     Check(er.Initialize("xfer-initiator", {{"secret_file", secret}}), "Initialize");
-    MemHandle m1, m2, m3;
+    MemHandle m1, m2, m3, m4;
     Check(ea.RegisterMem({la.host_addr(), size}, MEM_HOST, m1), "RegisterMem");
+    Check(ea.RegisterMem({la.dev_addr(), size}, MEM_DEVICE, m4), "RegisterMem");
     Check(er.RegisterMem({lr.host_addr(), size}, MEM_HOST, m2), "RegisterMem");
     Check(er.RegisterMem({lr.dev_addr(), size}, MEM_DEVICE, m3), "RegisterMem");
     NetworkStats ns;
@@ -148,6 +150,11 @@ int main(int argc, char** argv) {
         {"write_device", [&] { return er.TransferSync(peer, WRITE, {{lr.dev_addr(), la.host_addr(), size}}, 120000); }},
         {"read_host", [&] { return er.TransferSync(peer, READ, {{lr.host_addr(), la.host_addr(), size}}, 120000); }},
         {"read_device", [&] { return er.TransferSync(peer, READ, {{lr.dev_addr(), la.host_addr(), size}}, 120000); }},
+        // Device to device: staged here, copied by the peer's transport there.
+        {"write_device_to_device",
+         [&] { return er.TransferSync(peer, WRITE, {{lr.dev_addr(), la.dev_addr(), size}}, 120000); }},
+        {"read_device_from_device",
+         [&] { return er.TransferSync(peer, READ, {{lr.dev_addr(), la.dev_addr(), size}}, 120000); }},
         {"copy_dtoh", [&] {
            return cu.cuMemcpyDtoH(bounce.data(), lr.dev_addr(), size) == CUDA_SUCCESS
                       ? Status::Ok()
@@ -172,7 +179,7 @@ int main(int argc, char** argv) {
       if (!gbps[k].empty())
         std::printf("{\"bench\":\"device_transfer\",\"case\":\"%s\",\"size\":%zu,\"rounds\":%zu,\"gb_per_s\":%.2f%s}\n",
                     cases[k].name, size, gbps[k].size(), Median(gbps[k]),
-                    k == 4 ? (pinned ? ",\"pinned\":true" : ",\"pinned\":false") : "");
+                    std::string(cases[k].name) == "copy_dtoh" ? (pinned ? ",\"pinned\":true" : ",\"pinned\":false") : "");
     std::fflush(stdout);
     if (pinned) (void)cu.cuMemHostUnregister(bounce.data());
     er.Finalize();

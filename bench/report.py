@@ -549,13 +549,18 @@ if device_files:
                "same transfer from host memory over the same connection (the network's floor) and the driver's",
                "copy from device memory to a pinned host buffer (the staging's floor). Medians of "
                f"{next(iter(transfer.values()))['rounds']} rounds, GB/s.", "",
-               "| size | WRITE from device | WRITE from host | ratio | READ into device | READ into host | ratio | cuMemcpyDtoH |",
-               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+               "Device to device: staged on this side, copied by the peer's transport with its driver on the other.", "",
+               "| size | WRITE from device | WRITE from host | ratio | READ into device | READ into host | ratio | "
+               "device to device WRITE / READ | cuMemcpyDtoH |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for size in sorted({k[1] for k in transfer}):
             t = {case: transfer[(case, sz)]["gb_per_s"] for (case, sz) in transfer if sz == size}
             md.append(f"| {human(size)} | {t['write_device']:.2f} | {t['write_host']:.2f} | "
                       f"{t['write_device'] / t['write_host']:.2f}x | {t['read_device']:.2f} | {t['read_host']:.2f} | "
-                      f"{t['read_device'] / t['read_host']:.2f}x | {t['copy_dtoh']:.1f} |")
+                      f"{t['read_device'] / t['read_host']:.2f}x | "
+                      + (f"{t['write_device_to_device']:.2f} / {t['read_device_from_device']:.2f}"
+                         if "write_device_to_device" in t else "-")
+                      + f" | {t['copy_dtoh']:.1f} |")
 if not any(x["bench"] == "iceoryx_crash_cleanup" for x in load):
     md += ["", "Not measured in this run: the iceoryx peer (bench_iceoryx_handoff was not built or RouDi did not start).", ""]
 else:

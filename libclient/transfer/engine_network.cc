@@ -1,6 +1,7 @@
 // The network side of an engine: the transport started on first use, what
 // the broker is told of it (admin list engines), and what the caller can ask.
 
+#include "client/device_vmm.h"
 #include "transfer/engine_impl.h"
 #include "membroker/ipc/protocol.h"
 
@@ -19,6 +20,7 @@ Result<detail::NetTransport*> TransferEngine::Impl::Net() {
       net_options_.identity = same_host_->identity();
     }
     net_options_.on_notify = [core = core_.get()] { core->wake().Poke(); };  // the engine outlives its transport
+    net_options_.device_copy = &detail::device::Copy;
     MB_ASSIGN_OR_RETURN(std::unique_ptr<detail::NetTransport> t, detail::StartNetTransport(net_options_));
     for (const auto& [addr, r] : local_)
       if (!r.draining) MB_RETURN_IF_ERROR(t->AddRegion(r.desc));

@@ -35,6 +35,11 @@ struct NetOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   // Called on the transport's thread when a notify is queued (Client::WakeFd's byte).
   std::function<void()> on_notify;
+  // The driver's copy for ranges of CUDA device memory (RegionDesc::device),
+  // which peers reach through the transport's messages: the module does not
+  // load the driver itself. Signature of detail::device::Copy.
+  std::function<Status(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t size, int device)>
+      device_copy;
 };
 
 struct NetStats {

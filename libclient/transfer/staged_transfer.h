@@ -9,8 +9,8 @@
 // The buffers are registered with the driver (pinned) where the first staged
 // transfer's thread is a CUDA program's, so the copies run at full speed.
 // One staged transfer runs at a time per engine (they share the buffers).
-// The remote side of each descriptor must be host memory: a peer's device
-// memory is not offered over the network.
+// A remote side in the peer's device memory is the peer's to copy: its
+// transport moves each piece with its driver (ucx_transport.cc, MoveDevice).
 #pragma once
 
 #include <chrono>

@@ -119,10 +119,9 @@ Status TransferEngine::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHa
                         .name = name,
                         .device = where.device};
   Status st = same_host_->AddRegion(desc);
-  // Known to the network transport too where the engine has one (host memory:
-  // another host's engine cannot reach this host's device memory; this
-  // engine's own device ranges cross through staging, TransferOverNetwork).
-  detail::NetTransport* net = st.ok() && desc.device < 0 ? CurrentNet() : nullptr;
+  // Known to the network transport too where the engine has one (device
+  // memory as well: the transport copies it with the driver on its side).
+  detail::NetTransport* net = st.ok() ? CurrentNet() : nullptr;
   if (net != nullptr) st = net->AddRegion(desc);
   if (!st.ok()) {
     (void)same_host_->RemoveRegion(desc.handle, Clock::now() + drain_timeout_);
@@ -146,7 +145,7 @@ Status TransferEngine::Impl::DeregisterMem(MemHandle handle) {
   // Each transport takes it from its peers and waits for those inside it
   // (TIMEOUT: it stays locked here; a later call waits again).
   MB_RETURN_IF_ERROR(same_host_->RemoveRegion(h, Clock::now() + drain_timeout_));
-  detail::NetTransport* net = it->second.desc.device < 0 ? CurrentNet() : nullptr;
+  detail::NetTransport* net = CurrentNet();
   if (net != nullptr) MB_RETURN_IF_ERROR(net->RemoveRegion(h, Clock::now() + drain_timeout_));
   core_->ForgetEngineRange(it->first);
   local_.erase(it);
@@ -295,9 +294,8 @@ Status TransferEngine::Impl::TransferOverNetwork(const Connection& c, TransferOp
     });
     if (r == remote.end())
       return Status(ErrorCode::kParamInvalid, "descriptor " + std::to_string(i) +
-                                                  ": remote range is not inside host memory engine \"" +
-                                                  ipc::EscapeText(c.peer.engine) +
-                                                  "\" registered (another host's device memory is not reachable)");
+                                                  ": remote range is not inside memory engine \"" +
+                                                  ipc::EscapeText(c.peer.engine) + "\" registered");
     if (op == WRITE && r->read_only)
       return Status(ErrorCode::kParamInvalid,
                     "descriptor " + std::to_string(i) + ": remote range is read-only for its owner");

@@ -10,9 +10,8 @@
 //  - a peer's own registered (HostRegister'ed) memory is reached with
 //    process_vm_readv / process_vm_writev, under the kernel's ptrace rules;
 //  - device memory (MEM_DEVICE) is mapped with the CUDA driver and copied with
-//    its copies; this engine's device memory goes to and from engines of other
-//    hosts through host staging buffers, while theirs is not reachable from
-//    here (docs/MEMORY.md, "Device memory").
+//    its copies; between hosts it goes through host staging buffers on each
+//    side whose memory is on a device (docs/MEMORY.md, "Device memory").
 // Unlike HIXL, memory registered after Connect becomes visible to connected
 // peers too (their next transfer that needs it refreshes the region list).
 //

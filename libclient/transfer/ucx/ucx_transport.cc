@@ -112,6 +112,7 @@ struct LocalRegion {
   size_t length = 0;
   bool read_only = false;
   std::string name;
+  int device = -1;  // CUDA device memory: moved with NetOptions::device_copy, never memcpy
   int sending = 0;  // answers to reads that UCX still sends from it
   bool removing = false;
   std::set<uint64_t> awaiting;  // connections that have not acknowledged RegionGone
@@ -231,7 +232,7 @@ class UcxTransport::Worker {
 
   // Progress-thread side of the public calls.
   void AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only, const std::string& name,
-                 std::shared_ptr<Waiter> w);
+                 int device, std::shared_ptr<Waiter> w);
   // The regions the remote of conn has announced (a connection we made).
   void RemoteRegions(uint64_t conn, std::vector<RegionInfo>* out, std::shared_ptr<Waiter> w);
   void RemoveRegion(uint64_t handle, Clock::time_point deadline, std::shared_ptr<Waiter> w);
@@ -326,6 +327,11 @@ class UcxTransport::Worker {
   // then written, or read and sent back.
   void Serve(Conn& c, const wire::DataHeader& h, const void* data, size_t length);
   void ServeBatch(Conn& c, const wire::DataHeader& h, const uint8_t* data, size_t length);
+  // A piece into (from bytes) or out of (to a buffer) a device range, with
+  // the engine's driver copy; RefuseDeviceCopy answers a failed one.
+  Status MoveDevice(const LocalRegion& r, uintptr_t device_addr, const void* from, size_t n);
+  Status MoveDevice(const LocalRegion& r, uintptr_t to, uint64_t device_addr, size_t n);
+  void RefuseDeviceCopy(Conn& c, wire::DataHeader answer, const Status& why);
   // The range registered here that [address, address+length) lies in, if c
   // may use it so (not one whose deregistration it acknowledged, nor a
   // read-only one for a write).
@@ -1036,12 +1042,13 @@ std::string UcxTransport::Worker::Transports(ucp_ep_h ep) {
 // --- the public calls, on the progress thread -------------------------------
 
 void UcxTransport::Worker::AddRegion(uint64_t handle, uintptr_t address, size_t length, bool read_only,
-                                     const std::string& name, std::shared_ptr<Waiter> w) {
+                                     const std::string& name, int device, std::shared_ptr<Waiter> w) {
   LocalRegion r;
   r.address = address;
   r.length = length;
   r.read_only = read_only;
   r.name = name;
+  r.device = device;
   wire::RegionAdded added{wire::Region{handle, address, length, read_only, name}};
   const std::vector<uint64_t> told = ReadyConnectors();
   r.announcing.insert(told.begin(), told.end());
@@ -1336,11 +1343,38 @@ void UcxTransport::Worker::Serve(Conn& c, const wire::DataHeader& h, const void*
     answer.length = 0;
     return SendAnswer(c, answer, std::nullopt, nullptr);
   }
+  const LocalRegion& r = regions_.at(*range);
+  if (r.device >= 0) {  // device memory: through the driver, the message's bytes being the staging
+    std::string staged;
+    if (!write) staged.resize(h.length);
+    Status st = write ? MoveDevice(r, h.address, data, h.length)
+                      : MoveDevice(r, reinterpret_cast<uintptr_t>(staged.data()), h.address, h.length);
+    if (!st.ok()) return RefuseDeviceCopy(c, answer, st);
+    return SendAnswer(c, answer, std::nullopt, nullptr, std::move(staged));
+  }
   if (write) {
     std::memcpy(reinterpret_cast<void*>(h.address), data, h.length);
     return SendAnswer(c, answer, std::nullopt, nullptr);
   }
   SendAnswer(c, answer, range, reinterpret_cast<const void*>(h.address));
+}
+
+Status UcxTransport::Worker::MoveDevice(const LocalRegion& r, uintptr_t device_addr, const void* from, size_t n) {
+  if (!options_.device_copy) return Status(ErrorCode::kUnsupported, "no device copy");
+  return options_.device_copy(device_addr, true, reinterpret_cast<uintptr_t>(from), false, n, r.device);
+}
+
+Status UcxTransport::Worker::MoveDevice(const LocalRegion& r, uintptr_t to, uint64_t device_addr, size_t n) {
+  if (!options_.device_copy) return Status(ErrorCode::kUnsupported, "no device copy");
+  return options_.device_copy(to, false, device_addr, true, n, r.device);
+}
+
+// The asker hears INTERNAL: the range was ours, the driver's copy failed
+// (its text stays here: a peer learns nothing of this process's driver).
+void UcxTransport::Worker::RefuseDeviceCopy(Conn& c, wire::DataHeader answer, const Status&) {
+  answer.code = static_cast<int32_t>(ErrorCode::kInternal);
+  answer.length = 0;
+  SendAnswer(c, answer, std::nullopt, nullptr);
 }
 
 void UcxTransport::Worker::ServeBatch(Conn& c, const wire::DataHeader& h, const uint8_t* data, size_t length) {
@@ -1360,14 +1394,28 @@ void UcxTransport::Worker::ServeBatch(Conn& c, const wire::DataHeader& h, const 
   if (write) {
     const uint8_t* from = data + table;
     for (const wire::Segment& s : *segments) {
-      std::memcpy(reinterpret_cast<void*>(s.address), from, s.length);
+      const LocalRegion& r = regions_.at(*RangeFor(c, s.address, s.length, write));
+      if (r.device < 0)
+        std::memcpy(reinterpret_cast<void*>(s.address), from, s.length);
+      else if (Status st = MoveDevice(r, s.address, from, s.length); !st.ok())
+        return RefuseDeviceCopy(c, answer, st);
       from += s.length;
     }
     return SendAnswer(c, answer, std::nullopt, nullptr);
   }
   std::string gathered;
   gathered.reserve(h.length);
-  for (const wire::Segment& s : *segments) gathered.append(reinterpret_cast<const char*>(s.address), s.length);
+  for (const wire::Segment& s : *segments) {
+    const LocalRegion& r = regions_.at(*RangeFor(c, s.address, s.length, write));
+    if (r.device < 0) {
+      gathered.append(reinterpret_cast<const char*>(s.address), s.length);
+      continue;
+    }
+    const size_t at = gathered.size();
+    gathered.resize(at + s.length);
+    if (Status st = MoveDevice(r, reinterpret_cast<uintptr_t>(gathered.data() + at), s.address, s.length); !st.ok())
+      return RefuseDeviceCopy(c, answer, st);
+  }
   SendAnswer(c, answer, std::nullopt, nullptr, std::move(gathered));
 }
 
@@ -1423,7 +1471,12 @@ void UcxTransport::Worker::Answered(Conn& c, const wire::DataHeader& h, const vo
   if (p == nullptr || p->answered || h.kind != expected)
     return Break(c, Status(ErrorCode::kProtocolError, "an answer that matches no transfer in flight from " + c.address));
   Job* job = p->job;
-  if (h.code != 0) {
+  if (h.code == static_cast<int32_t>(ErrorCode::kInternal)) {
+    if (job->result.ok())
+      job->result = Status(ErrorCode::kInternal, "engine \"" + ipc::EscapeText(c.engine) +
+                                                     "\" could not copy into or out of its device memory "
+                                                     "(its CUDA driver refused the copy)");
+  } else if (h.code != 0) {
     if (job->result.ok())
       job->result = Status(ErrorCode::kParamInvalid,
                            "engine \"" + ipc::EscapeText(c.engine) + "\" refused the transfer at " +
@@ -1497,7 +1550,7 @@ std::string UcxTransport::listen_address() const { return worker_->listen_addres
 
 Status UcxTransport::AddRegion(const RegionDesc& r) {
   return worker_->Ask(Clock::now(), [=, this](std::shared_ptr<Waiter> w) {
-    worker_->AddRegion(r.handle, r.address, r.length, r.read_only, r.name, std::move(w));
+    worker_->AddRegion(r.handle, r.address, r.length, r.read_only, r.name, r.device, std::move(w));
   });
 }
 
