@@ -61,6 +61,12 @@ Status TransferEngine::Impl::GetConnectionInfo(const std::string& remote, Connec
   if (c == nullptr) return NotConnected(remote);
   info.engine = c->peer.engine;
   info.path = c->transport->path();
+  if (c->transport != same_host_.get()) {
+    // This engine's device memory crosses on it through staging buffers.
+    std::shared_lock<std::shared_mutex> local_lk(local_mu_);
+    if (std::any_of(local_.begin(), local_.end(), [](const auto& kv) { return kv.second.desc.device >= 0; }))
+      info.path += "+staged";
+  }
   info.transports = c->peer.transports;
   info.address = c->transport == same_host_.get() ? "" : c->address;
   return Status::Ok();

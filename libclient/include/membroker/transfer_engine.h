@@ -44,7 +44,8 @@ struct MemDesc {
 // peer on this host is never reached over the network.
 struct ConnectionInfo {
   std::string engine;      // the peer engine's name
-  std::string path;        // "same-host" (its broker memory mapped here) or "ucx"
+  std::string path;        // "same-host" (its broker memory mapped here), "ucx", or "ucx+staged" (the
+                           // engine has device memory registered, which crosses through staging)
   std::string transports;  // "ucx": what UCX chose ("tcp/eth0", "rc_mlx5/mlx5_0:1"); same-host: "memcpy"
   std::string address;     // "ucx": the peer's ip:port; same-host: ""
 };
