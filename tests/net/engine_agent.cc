@@ -5,8 +5,12 @@
 // answered by one line: "ok ..." or "err CODE message".
 //
 //   init NAME [key=value ...]        TransferEngine::Initialize; ok LISTEN_ADDRESS
-//   alloc broker|host BYTES [NAME]   memory, registered (under NAME); ok INDEX ADDRESS
-//   fill INDEX SEED                  pattern(SEED) over the whole buffer
+//   alloc broker|host|device BYTES [NAME]
+//                                    memory, registered (under NAME); ok INDEX ADDRESS;
+//                                    device: CUDA device 0's, from the broker (BYTES a
+//                                    multiple of its granularity), MEM_DEVICE
+//   fill INDEX SEED                  pattern(SEED) over the whole buffer (device
+//                                    memory: through the driver's copies)
 //   check INDEX SEED OFFSET LENGTH   ok, or err naming the first wrong byte
 //   dereg INDEX                      DeregisterMem
 //   connect ADDRESS TIMEOUT_MS       ok PATH TRANSPORTS
@@ -23,6 +27,7 @@
 //   stats                            ok accepted=N refused=N connections=N
 //   pid                              ok PID (as this host's PID namespace sees it)
 //   quit
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -74,6 +79,38 @@ struct Buffer {
   PhysicalHandle physical;
   testing::WholeMapping mem;
   bool host = false;
+  // device memory: data is a device address, its bytes reached by the driver's copies
+  bool device = false;
+  Reservation range;
+  Mapping map;
+};
+
+// The driver's copies for device buffers, looked up as membroker looks up the
+// driver (the agent is built without the CUDA headers), in device 0's primary
+// context, made current on first use.
+struct DeviceCopies {
+  using CopyIn = int (*)(unsigned long long dst, const void* src, size_t n);
+  using CopyOut = int (*)(void* dst, unsigned long long src, size_t n);
+  CopyIn htod = nullptr;
+  CopyOut dtoh = nullptr;
+  Status Load() {
+    if (htod != nullptr) return Status::Ok();
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    using GetProc = int (*)(const char*, void**, int, unsigned long long, void*);
+    auto get = lib ? reinterpret_cast<GetProc>(::dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
+    void *retain = nullptr, *set = nullptr, *in = nullptr, *out = nullptr;
+    if (get == nullptr || get("cuDevicePrimaryCtxRetain", &retain, 12000, 0, nullptr) != 0 ||
+        get("cuCtxSetCurrent", &set, 12000, 0, nullptr) != 0 || get("cuMemcpyHtoD", &in, 12000, 0, nullptr) != 0 ||
+        get("cuMemcpyDtoH", &out, 12000, 0, nullptr) != 0)
+      return Status(ErrorCode::kUnsupported, "the CUDA driver's copies were not found");
+    void* ctx = nullptr;
+    if (reinterpret_cast<int (*)(void**, int)>(retain)(&ctx, 0) != 0 ||
+        reinterpret_cast<int (*)(void*)>(set)(ctx) != 0)
+      return Status(ErrorCode::kUnsupported, "no context on CUDA device 0");
+    htod = reinterpret_cast<CopyIn>(in);
+    dtoh = reinterpret_cast<CopyOut>(out);
+    return Status::Ok();
+  }
 };
 
 void Reply(const Status& st, const std::string& ok = "") {
@@ -96,6 +133,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   TransferEngine engine(*client);
+  DeviceCopies device_copies;
   std::vector<std::unique_ptr<Buffer>> buffers;
   TransferReq last_async = 0;
   auto buffer = [&](size_t i) -> Buffer* { return i < buffers.size() ? buffers[i].get() : nullptr; };
@@ -132,14 +170,30 @@ int main(int argc, char** argv) {
           b->physical = std::move(*h);
           b->mem = std::move(*m);
         }
+      } else if (kind == "device") {
+        AllocationProp prop;
+        prop.location = MemLocation{MemLocation::kDevice, 0};
+        auto h = client->MallocPhysical(bytes, prop);
+        auto r = h.ok() ? client->ReserveMemAddress(bytes, 0, nullptr, kReserveDevice) : Result<Reservation>(h.status());
+        auto m = r.ok() ? client->MapMem(r->base(), bytes, 0, *h) : Result<Mapping>(r.status());
+        st = m.ok() ? device_copies.Load() : m.status();
+        if (st.ok()) {
+          b->data = static_cast<char*>(m->data());
+          b->physical = std::move(*h);
+          b->range = std::move(*r);
+          b->map = std::move(*m);
+          b->device = true;
+        }
       } else if (kind == "host") {
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
         st = p == MAP_FAILED ? Status(ErrorCode::kResourceExhausted, "mmap") : client->HostRegister(p, bytes);
         if (st.ok()) b->data = static_cast<char*>(p), b->host = true;
       } else {
-        st = Status(ErrorCode::kParamInvalid, "alloc broker|host BYTES");
+        st = Status(ErrorCode::kParamInvalid, "alloc broker|host|device BYTES");
       }
-      if (st.ok()) st = engine.RegisterMem({reinterpret_cast<uintptr_t>(b->data), bytes}, MEM_HOST, b->handle, name);
+      if (st.ok())
+        st = engine.RegisterMem({reinterpret_cast<uintptr_t>(b->data), bytes}, b->device ? MEM_DEVICE : MEM_HOST,
+                                b->handle, name);
       b->registered = st.ok();
       const size_t index = buffers.size();
       const uintptr_t addr = reinterpret_cast<uintptr_t>(b->data);
@@ -155,17 +209,33 @@ int main(int argc, char** argv) {
         Reply(Status(ErrorCode::kParamInvalid, "no such buffer"));
         continue;
       }
+      // A device buffer's bytes come through a host copy of them.
+      std::vector<char> staged;
+      char* bytes = b->data;
+      if (b->device) {
+        staged.resize(b->size);
+        bytes = staged.data();
+        if (cmd == "check" &&
+            device_copies.dtoh(staged.data(), reinterpret_cast<uintptr_t>(b->data), b->size) != 0) {
+          Reply(Status(ErrorCode::kInternal, "cuMemcpyDtoH failed"));
+          continue;
+        }
+      }
       if (cmd == "fill") {
-        for (size_t i = 0; i < b->size; ++i) b->data[i] = static_cast<char>(Pattern(seed, i));
+        for (size_t i = 0; i < b->size; ++i) bytes[i] = static_cast<char>(Pattern(seed, i));
+        if (b->device && device_copies.htod(reinterpret_cast<uintptr_t>(b->data), bytes, b->size) != 0) {
+          Reply(Status(ErrorCode::kInternal, "cuMemcpyHtoD failed"));
+          continue;
+        }
         Reply(Status::Ok());
         continue;
       }
       in >> off >> len;
       Status st;
       for (size_t i = off; i < off + len && i < b->size; ++i)
-        if (static_cast<unsigned char>(b->data[i]) != Pattern(seed, i)) {
+        if (static_cast<unsigned char>(bytes[i]) != Pattern(seed, i)) {
           st = Status(ErrorCode::kInternal, "byte " + std::to_string(i) + " is " +
-                                                std::to_string(static_cast<unsigned char>(b->data[i])) + ", expected " +
+                                                std::to_string(static_cast<unsigned char>(bytes[i])) + ", expected " +
                                                 std::to_string(Pattern(seed, i)));
           break;
         }

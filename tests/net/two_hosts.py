@@ -3,7 +3,8 @@
 veth pair, a membrokerd in each): READ and WRITE in both memory kinds, every
 byte checked; validation; refusal without the secret; the remote engine
 SIGKILLed mid-batch; the link down; deregistration during transfers; notifies;
-an ip:port that is this host's own engine takes the same-host path.
+an ip:port that is this host's own engine takes the same-host path; CUDA device
+memory on both hosts (the driver double where no GPU is).
 
 usage: two_hosts.py BUILD_DIR [TEST ...]   exit 77 (skipped) where namespaces cannot be made
 """
@@ -328,10 +329,67 @@ def test_transfers_do_not_need_the_brokers(hosts, secrets):
         assert p.b("notifies")[:3] == ["1", "prefill", "after-restart"]
 
 
+def test_device_memory_between_hosts(hosts, secrets):
+    """CUDA device memory on both hosts (the driver double, from LD_LIBRARY_PATH,
+    where no GPU is): this side's device ranges staged through host buffers,
+    the peer's copied by its transport with its driver; every byte checked;
+    the remote engine SIGKILLed mid-transfer leaves a clear error and nothing
+    in flight here."""
+    size = 24 * MiB  # a multiple of the double's 2 MiB granularity; three staging batches
+    b = hosts.b.agent("decode")
+    addr = b("init decode listen_address=%s:%d secret_file=%s" % (hosts.ip["b"], PORT + 7, secrets["b"]))[0]
+    answer = b("alloc device %d" % size, expect_ok=False)
+    if answer.startswith("err UNSUPPORTED"):
+        print("  (skipped: no CUDA driver or double here: %s)" % answer)
+        b.quit()
+        return
+    assert answer.startswith("ok"), answer
+    b_dev_i, b_dev = (int(x) for x in answer.split()[1:3])
+    b_host_i, b_host = (int(x) for x in b("alloc broker %d" % size))
+    a = hosts.a.agent("prefill")
+    a("init prefill secret_file=%s" % secrets["a"])
+    a_dev_i, _ = (int(x) for x in a("alloc device %d" % size))
+    a_host_i, _ = (int(x) for x in a("alloc broker %d" % size))
+    path = a("connect %s 5000" % addr)
+    assert path[0] == "ucx+staged", path
+    # This side's device memory to the peer's host memory and back.
+    a("fill %d 21" % a_dev_i)
+    a("transfer %s write %d %d 1 %d 0 30000" % (addr, a_dev_i, b_host, size))
+    b("check %d 21 0 %d" % (b_host_i, size))
+    b("fill %d 22" % b_host_i)
+    a("transfer %s read %d %d 1 %d 0 30000" % (addr, a_dev_i, b_host, size))
+    a("check %d 22 0 %d" % (a_dev_i, size))
+    # Device to device, both ways, and 1000 scattered 4 KiB blocks of it.
+    a("fill %d 23" % a_dev_i)
+    a("transfer %s write %d %d 1 %d 0 30000" % (addr, a_dev_i, b_dev, size))
+    b("check %d 23 0 %d" % (b_dev_i, size))
+    b("fill %d 24" % b_dev_i)
+    a("transfer %s read %d %d 1 %d 0 30000" % (addr, a_dev_i, b_dev, size))
+    a("check %d 24 0 %d" % (a_dev_i, size))
+    a("fill %d 25" % a_dev_i)
+    a("transfer %s write %d %d 1000 4096 8192 30000" % (addr, a_dev_i, b_dev))
+    for i in (0, 1, 500, 999):
+        b("check %d 25 %d 4096" % (b_dev_i, i * 8192))
+        b("check %d 24 %d 4096" % (b_dev_i, i * 8192 + 4096))  # the gaps keep the last fill
+    # The host memory of this side into the peer's device memory.
+    a("fill %d 26" % a_host_i)
+    a("transfer %s write %d %d 1 %d 0 30000" % (addr, a_host_i, b_dev, size))
+    b("check %d 26 0 %d" % (b_dev_i, size))
+    # The peer SIGKILLed during a staged transfer: an error, and the engine goes on.
+    a("async %s read %d %d 1 %d 0 30000" % (addr, a_dev_i, b_dev, size))
+    b.kill()
+    st = final_status(a, 60, "the staged transfer did not end after its peer was killed")
+    assert st[0] in ("COMPLETED", "FAILED"), st  # it may have finished before the kill
+    a("fill %d 27" % a_dev_i)
+    a("check %d 27 0 %d" % (a_dev_i, size))
+    a.quit()
+
+
 TESTS = [test_read_write_every_byte, test_descriptors_checked_before_any_byte_moves, test_refused_without_the_secret,
          test_a_peer_speaking_ucx_directly_reaches_no_other_memory, test_remote_killed_mid_batch,
          test_link_down_times_out_then_recovers, test_deregistration_during_transfers,
-         test_notifies, test_same_host_address_takes_the_broker_path, test_transfers_do_not_need_the_brokers]
+         test_notifies, test_same_host_address_takes_the_broker_path, test_transfers_do_not_need_the_brokers,
+         test_device_memory_between_hosts]
 
 
 def main():
