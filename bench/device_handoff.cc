@@ -354,16 +354,6 @@ int Consumer(int sock, const std::string& socket) {
   }
 }
 
-size_t ParseSize(const std::string& s) {
-  size_t n = std::strtoull(s.c_str(), nullptr, 10);
-  switch (s.empty() ? ' ' : s.back()) {
-    case 'K': return n << 10;
-    case 'M': return n << 20;
-    case 'G': return n << 30;
-    default: return n;
-  }
-}
-
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
@@ -413,13 +403,7 @@ int main(int argc, char** argv) {
   LoadDriver();  // after the fork: the consumer is a fresh execution anyway
   auto methods = Methods(socket);
 
-  std::vector<size_t> list;
-  for (size_t at = 0; at <= sizes.size();) {
-    size_t comma = sizes.find(',', at);
-    if (comma == std::string::npos) comma = sizes.size();
-    if (comma > at) list.push_back(ParseSize(sizes.substr(at, comma - at)));
-    at = comma + 1;
-  }
+  const std::vector<size_t> list = bench::ParseSizes(sizes);
   int failed = 0;
   for (size_t size : list) {
     const int n = rounds > 0 ? rounds : RoundsFor(size, quick);

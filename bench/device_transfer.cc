@@ -26,6 +26,7 @@
 #include "membroker/client.h"
 #include "membroker/ipc/cuda_api.h"
 #include "membroker/transfer_engine.h"
+#include "payload.h"
 
 using namespace membroker;
 using Clock = std::chrono::steady_clock;
@@ -43,16 +44,6 @@ template <typename T>
 T Must(Result<T> r, const char* what) {
   if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
   return std::move(*r);
-}
-
-size_t ParseSize(const std::string& s) {
-  size_t n = std::strtoull(s.c_str(), nullptr, 10);
-  switch (s.empty() ? ' ' : s.back()) {
-    case 'K': return n << 10;
-    case 'M': return n << 20;
-    case 'G': return n << 30;
-    default: return n;
-  }
 }
 
 double Median(std::vector<double> v) {
@@ -109,13 +100,7 @@ int main(int argc, char** argv) {
   if (cu.cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cu.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
     Die("no context on device 0");
 
-  std::vector<size_t> list;
-  for (size_t at = 0; at <= sizes.size();) {
-    size_t comma = sizes.find(',', at);
-    if (comma == std::string::npos) comma = sizes.size();
-    if (comma > at) list.push_back(ParseSize(sizes.substr(at, comma - at)));
-    at = comma + 1;
-  }
+  const std::vector<size_t> list = bench::ParseSizes(sizes);
   const size_t g = Must(driver.Granularity(0, false), "granularity");
   int failed = 0;
   for (size_t size : list) {

@@ -11,10 +11,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace membroker::bench {
+
+// "4K,1M,64M,1G" as bytes, in order (K, M, G: binary units).
+inline std::vector<size_t> ParseSizes(const std::string& list) {
+  std::vector<size_t> out;
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > at) {
+      const std::string one = list.substr(at, comma - at);
+      size_t n = std::strtoull(one.c_str(), nullptr, 10);
+      switch (one.back()) {
+        case 'K': n <<= 10; break;
+        case 'M': n <<= 20; break;
+        case 'G': n <<= 30; break;
+        default: break;
+      }
+      out.push_back(n);
+    }
+    at = comma + 1;
+  }
+  return out;
+}
 
 inline uint64_t NowNs() {
   timespec ts{};
