@@ -26,6 +26,7 @@
 // Exits non-zero on any error (a driver call, a wrong byte).
 #include <dlfcn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -387,7 +389,10 @@ int main(int argc, char** argv) {
   if (consumer_fd >= 0) return Consumer(consumer_fd, socket);
   if (broker.empty()) Die("--broker MEMBROKERD is required");
 
-  socket = "/tmp/membroker-devbench-" + std::to_string(::getpid()) + ".sock";
+  // A folder of its own: the broker leaves its state file beside its socket.
+  const std::string dir = "/tmp/membroker-devbench-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0700) != 0) Die("mkdir " + dir);
+  socket = dir + "/broker.sock";
   const pid_t broker_pid = bench::LaunchBroker(broker, {"--socket", socket, "--log-level", "warn"});
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) Die("socketpair");
@@ -461,5 +466,7 @@ int main(int argc, char** argv) {
   }
   ::kill(broker_pid, SIGTERM);
   ::waitpid(broker_pid, nullptr, 0);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return failed == 0 ? 0 : 1;
 }

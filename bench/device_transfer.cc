@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
   ::kill(b2, SIGTERM);
   ::waitpid(b1, nullptr, 0);
   ::waitpid(b2, nullptr, 0);
-  ::unlink(secret.c_str());
-  ::rmdir(dir.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // the secret, and the state files the brokers leave by their sockets
   return failed == 0 ? 0 : 1;
 }
