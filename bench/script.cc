@@ -1,13 +1,17 @@
 // Sends a fixed script of requests to a broker: N times one operation. Used by
 // bench/run to count the broker's instructions per request under callgrind.
-//   script --socket PATH --op ping|malloc|export|import --count N
+//   script --socket PATH --op ping|malloc|export|import|kv_get64 --count N
+// kv_get64: a leased get of 64 blocks of 16 KiB (+ its one-way release).
 #include <cstdio>
 #include <vector>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "membroker/client.h"
+#include "membroker/kv_store.h"
 
 using namespace membroker;
 
@@ -37,12 +41,27 @@ int main(int argc, char** argv) {
       if (!h.ok()) return 1;
       exportable.push_back(std::move(*h));
     }
+  std::optional<KvStore> store;
+  std::vector<std::string> keys;
+  if (op == "kv_get64") {
+    auto s = KvStore::Create(*c, "script", {.block_size = 16 << 10, .capacity = 128 << 14});
+    if (!s.ok()) return 1;
+    store = std::move(*s);
+    for (int k = 0; k < 64; ++k) keys.push_back("script-key-" + std::to_string(k));
+    std::vector<std::byte> block(16 << 10);
+    std::vector<std::span<const std::byte>> values(64, std::span<const std::byte>(block));
+    if (!store->Put(keys, values).ok()) return 1;
+  }
   for (long i = 0; i < count; ++i) {
     bool ok = true;
     if (op == "ping") ok = c->Ping().ok();
     else if (op == "malloc") ok = c->MallocPhysical(4096).ok();  // + its one-way free
     else if (op == "export") ok = c->ExportToShareableHandle(exportable[i / 60]).ok();
     else if (op == "import") ok = importer->ImportFromShareableHandle(*token).ok();  // + free
+    else if (op == "kv_get64") {
+      auto got = store->Get(keys);  // + its release
+      ok = got.ok() && got->leading() == keys.size();
+    }
     else return 2;
     if (!ok) return 1;
   }

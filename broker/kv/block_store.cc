@@ -319,7 +319,7 @@ ipc::KvBlock BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint
   Record(begun.slot);
   ++stats_.disk_hits;
   if (lease_for != 0) {
-    ++leases_[lease_for][begun.slot];
+    ++LeasesOf(lease_for)[begun.slot];
     ++s.leases;
     ++stats_.hits;
   }
@@ -407,7 +407,7 @@ ErrorCode BlockStore::Abort(uint64_t session, const ipc::KvRef& ref) {
   return ErrorCode::kOk;
 }
 
-ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool lease) {
+ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool lease, bool* newly_held) {
   auto it = index_.find(key);
   if (it == index_.end() || slots_[it->second].state != State::kSealed) {
     ++stats_.misses;
@@ -415,8 +415,9 @@ ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool leas
   }
   const uint64_t slot = it->second;
   if (lease) {
-    uint32_t& mine = leases_[session][slot];
+    uint32_t& mine = LeasesOf(session)[slot];
     if (mine >= kKvMaxLeasesPerBlock) return BlockOf(ErrorCode::kResourceExhausted, slot);
+    if (newly_held != nullptr) *newly_held = mine == 0;
     ++mine;
     ++slots_[slot].leases;
   }

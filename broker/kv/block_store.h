@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <set>
 #include <string>
@@ -127,8 +128,9 @@ class BlockStore {
   static ErrorCode CopyInto(std::byte* to, int src_fd, uint64_t offset, uint64_t length);
   ipc::KvBlock EndCopy(uint64_t session, const ipc::KvSeal& seal, ErrorCode copied);
   ErrorCode Abort(uint64_t session, const ipc::KvRef& ref);
-  // NOT_FOUND for a key not sealed (absent or being written).
-  ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease);
+  // NOT_FOUND for a key not sealed (absent or being written). newly_held:
+  // set when this lease is the session's first on the block (HeldBlocks grew).
+  ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease, bool* newly_held = nullptr);
   // The key is in memory, sealed or being written or promoted.
   bool Knows(const std::string& key) const { return index_.count(key) != 0; }
 
@@ -200,6 +202,10 @@ class BlockStore {
   ipc::KvBlock BlockOf(ErrorCode code, uint64_t slot) const;
   void EvictToLowWatermark();
   bool EvictOne();
+  // The session's lease table (made on its first lease).
+  std::pmr::map<uint64_t, uint32_t>& LeasesOf(uint64_t session) {
+    return leases_.try_emplace(session, &lease_nodes_).first->second;
+  }
   // A free slot for a new block (evicting if the store is full), or none.
   std::optional<uint64_t> TakeSlot();
   // TakeSlot, given to key in state (a new generation), or none.
@@ -229,7 +235,11 @@ class BlockStore {
   uint64_t promoting_blocks_ = 0;
   std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)
   std::unique_ptr<EvictionPolicy> policy_;
-  std::map<uint64_t, std::map<uint64_t, uint32_t>> leases_;  // session -> slot -> leases
+  // The lease tables' nodes come from a pool of the store's own, so that a
+  // get or release of a batch allocates nothing once warm (declared before
+  // leases_, which returns its nodes to it).
+  std::pmr::unsynchronized_pool_resource lease_nodes_;
+  std::map<uint64_t, std::pmr::map<uint64_t, uint32_t>> leases_;  // session -> slot -> leases
   std::map<uint64_t, std::set<uint64_t>> writing_;           // session -> slots it reserved
   KvStoreStats stats_;
 };

@@ -7,7 +7,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "broker.h"
 #include "log.h"
@@ -107,23 +109,39 @@ ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session
                              const ipc::KvGetRequest& m, std::map<std::string, ipc::KvBlock>&& promoted = {}) {
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.keys.size());
-  bool leading = true;
+  std::vector<bool> fresh(m.keys.size());  // the block's first lease for this client
+  uint64_t fresh_blocks = 0;
   for (const std::string& key : m.keys) {
     ipc::KvBlock b{ErrorCode::kOk, 0, 0, 0};
     if (auto it = promoted.find(key); it != promoted.end()) {
       b = it->second;  // (once: the key again in the batch takes a lease of its own)
       promoted.erase(it);
     } else if (m.lease || disk == nullptr || store.Knows(key) || !disk->Has(store.spec().name, key)) {
-      const uint64_t held = store.HeldBlocks(s.id);
-      b = store.Get(s.id, key, m.lease);
-      if (store.HeldBlocks(s.id) > held) {
-        if (Status q = holdings.Charge(s, Held(1, store)); !q.ok()) {
-          (void)store.Release(s.id, {b.slot, b.generation});  // past the client's or its uid's quota
-          b = {q.code(), 0, 0, 0};
-        }
-      }
+      bool newly_held = false;
+      b = store.Get(s.id, key, m.lease, &newly_held);
+      fresh[reply.blocks.size()] = newly_held;
+      fresh_blocks += newly_held;
     }
     reply.blocks.push_back(b);
+  }
+  // One charge for the batch. Past the quota, the blocks that fit stay
+  // leased, in order, and the rest are released: a charge that failed fails
+  // again for the next block, so every block after it is refused too.
+  if (fresh_blocks != 0) {
+    if (Status q = holdings.Charge(s, Held(fresh_blocks, store)); !q.ok()) {
+      std::set<uint64_t> refused;  // slots
+      for (size_t i = 0; i < reply.blocks.size(); ++i)
+        if (fresh[i] && (!refused.empty() || !holdings.Charge(s, Held(1, store)).ok()))
+          refused.insert(reply.blocks[i].slot);
+      for (ipc::KvBlock& b : reply.blocks) {
+        if (b.code != ErrorCode::kOk || refused.count(b.slot) == 0) continue;
+        (void)store.Release(s.id, {b.slot, b.generation});
+        b = {q.code(), 0, 0, 0};
+      }
+    }
+  }
+  bool leading = true;
+  for (const ipc::KvBlock& b : reply.blocks) {
     leading = leading && b.code == ErrorCode::kOk;
     if (leading) ++reply.leading;
   }

@@ -3,6 +3,7 @@
 #include "size_text.h"
 
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 namespace membroker::broker {
@@ -21,20 +22,24 @@ Status Over(ErrorCode code, const std::string& who, const char* what, uint64_t l
                           std::to_string(used) + ", this request needs " + std::to_string(add));
 }
 
-Status CheckLimits(ErrorCode code, const std::string& who, const Usage& used, const QuotaLimits& l,
-                   const Usage& d) {
-  if (d.bytes && Exceeds(used.bytes, d.bytes, l.bytes))
-    return Over(code, who, "bytes", l.bytes, used.bytes, d.bytes);
+// who: "client", or (with uid) that uid's limits; its text is made only for
+// an error (a check runs for every charge).
+Status CheckLimits(ErrorCode code, const char* who, const Usage& used, const QuotaLimits& l, const Usage& d,
+                   std::optional<uid_t> uid = std::nullopt) {
+  auto over = [&](const char* what, uint64_t limit, uint64_t in_use, uint64_t add) {
+    return Over(code, uid ? "uid " + std::to_string(*uid) : std::string(who), what, limit, in_use, add);
+  };
+  if (d.bytes && Exceeds(used.bytes, d.bytes, l.bytes)) return over("bytes", l.bytes, used.bytes, d.bytes);
   if (d.pinned_bytes && Exceeds(used.pinned_bytes, d.pinned_bytes, l.pinned_bytes))
-    return Over(code, who, "pinned bytes", l.pinned_bytes, used.pinned_bytes, d.pinned_bytes);
+    return over("pinned bytes", l.pinned_bytes, used.pinned_bytes, d.pinned_bytes);
   if (d.allocations && Exceeds(used.allocations, d.allocations, l.allocations))
-    return Over(code, who, "allocations", l.allocations, used.allocations, d.allocations);
+    return over("allocations", l.allocations, used.allocations, d.allocations);
   if (d.imports && Exceeds(used.imports, d.imports, l.imports))
-    return Over(code, who, "imports", l.imports, used.imports, d.imports);
+    return over("imports", l.imports, used.imports, d.imports);
   if (d.device_bytes && Exceeds(used.device_bytes, d.device_bytes, l.device_bytes))
-    return Over(code, who, "device bytes", l.device_bytes, used.device_bytes, d.device_bytes);
+    return over("device bytes", l.device_bytes, used.device_bytes, d.device_bytes);
   if (d.kv_bytes && Exceeds(used.kv_bytes, d.kv_bytes, l.kv_bytes))
-    return Over(code, who, "KV bytes (kv=, blocks leased or reserved)", l.kv_bytes, used.kv_bytes, d.kv_bytes);
+    return over("KV bytes (kv=, blocks leased or reserved)", l.kv_bytes, used.kv_bytes, d.kv_bytes);
   return Status::Ok();
 }
 
@@ -118,8 +123,8 @@ Status Accounting::Check(const Usage& client, uid_t uid, const Usage& d) const {
   MB_RETURN_IF_ERROR(CheckLimits(ErrorCode::kQuotaExceeded, "client", client, client_limits, d));
   auto it = by_uid_.find(uid);
   Usage none;
-  return CheckLimits(ErrorCode::kQuotaExceeded, "uid " + std::to_string(uid),
-                     it == by_uid_.end() ? none : it->second, LimitsFor(uid), d);
+  return CheckLimits(ErrorCode::kQuotaExceeded, "uid", it == by_uid_.end() ? none : it->second, LimitsFor(uid), d,
+                     uid);
 }
 
 uint64_t Accounting::device_total(int device) const {

@@ -411,6 +411,15 @@ TEST(KvStore, QuotasCountTheBlocksAClientHolds) {
   EXPECT_EQ(over.status().code(), ErrorCode::kQuotaExceeded) << over.status().ToString();
   EXPECT_EQ(broker.Stat("kv_leases"), 20u);  // nothing of the refused Get stays leased
   // The uid's quota: b may hold 20 KiB more (a holds 40 of the uid's 60).
+  // A batch past it, with a key twice: the broker charges the batch at once,
+  // then block by block, and what does not fit is released; the client
+  // releases the rest, so nothing of it stays leased or charged.
+  std::vector<std::string> mixed = Keys(10, 5);
+  mixed.push_back(mixed[0]);
+  for (const std::string& k : Keys(15, 2)) mixed.push_back(k);
+  EXPECT_EQ(sb.Get(mixed).status().code(), ErrorCode::kQuotaExceeded);
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 20), 20u);  // (the client's release is one-way)
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
   auto b5 = sb.Get(Keys(10, 5));
   ASSERT_TRUE(b5.ok()) << b5.status().ToString();
   EXPECT_EQ(sb.Get(Keys(15, 1)).status().code(), ErrorCode::kQuotaExceeded);
