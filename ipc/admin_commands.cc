@@ -52,7 +52,7 @@ constexpr AdminCommand kCommands[] = {
      "it, and in it now; clients lists who holds leases and reservations now, "
      "as client:leases/reservations.",
      "name id block_size blocks slabs page_size eviction uid bytes sealed writing leases hits misses evictions "
-     "exhausted stale spilled disk_hits disk_blocks clients"},
+     "exhausted stale spilled disk_hits disk_blocks disk_trimmed disk_write_skipped clients"},
     {kListHosts, "list hosts", AdminArg::kNone, true, "the cluster's hosts (--cluster)",
      "The hosts of the cluster (docs/CLUSTER.md), one row each, as etcd has them now: the host's "
      "name, its registration's generation (new each time its broker registers), its broker's pid, "

@@ -410,6 +410,8 @@ std::vector<Record> Broker::StoreRecords() const {
         .Num("spilled", k.spilled)
         .Num("disk_hits", k.disk_hits)
         .Num("disk_blocks", kv_.disk() ? kv_.disk()->StoreUsage(name).first : 0)
+        .Num("disk_trimmed", kv_.disk() ? kv_.disk()->LossesOf(name).trimmed : 0)
+        .Num("disk_write_skipped", kv_.disk() ? kv_.disk()->LossesOf(name).write_skipped : 0)
         .Str("clients", clients.empty() ? "-" : clients);
     rows.push_back(std::move(r));
   }

@@ -244,6 +244,7 @@ Status KvDiskTier::Scan(bool settle) {
     ::unlink(PathOf(name.first, name.second, by_age_.begin()->first).c_str());
     Forget(entries_.find(name));
     ++stats_.trimmed;
+    ++losses_[name.first].trimmed;
   }
   stats_.found = stats_.blocks;
   MB_INFO(settle ? "kv_disk_opened" : "kv_disk_scanned", "dir=\"%s\" blocks=%llu bytes=%llu capacity=%llu damaged=%llu", LogText(dir_).c_str(),
@@ -277,11 +278,17 @@ std::pair<uint64_t, uint64_t> KvDiskTier::StoreUsage(const std::string& store) c
   return {blocks, bytes};
 }
 
+KvDiskTier::StoreLosses KvDiskTier::LossesOf(const std::string& store) const {
+  auto it = losses_.find(store);
+  return it == losses_.end() ? StoreLosses{} : it->second;
+}
+
 std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store, const std::string& key,
                                                         uint64_t block_size, uint64_t length) {
   if (length > capacity_ || Has(store, key)) return std::nullopt;
   if (waiting_bytes_ + length > kMaxWaitingBytes) {
     ++stats_.write_skipped;
+    ++losses_[store].write_skipped;
     return std::nullopt;
   }
   Write w;
@@ -291,11 +298,13 @@ std::optional<KvDiskTier::Write> KvDiskTier::BeginWrite(const std::string& store
     ++it;
     if (!e->second.whole || e->second.readers != 0) continue;
     w.trimmed.push_back(PathOf(e->first.first, e->first.second, e->second.sequence));
+    ++losses_[e->first.first].trimmed;
     Forget(e);
     ++stats_.trimmed;
   }
   if (stats_.bytes + length > capacity_) {  // what is left is being read or written
     ++stats_.write_skipped;
+    ++losses_[store].write_skipped;
     return std::nullopt;
   }
   w.store = store;

@@ -121,6 +121,13 @@ class KvDiskTier {
   const KvDiskStats& stats() const { return stats_; }
   // Files of one store (blocks, bytes).
   std::pair<uint64_t, uint64_t> StoreUsage(const std::string& store) const;
+  // One store's share of trimmed and write_skipped since the broker started
+  // (by store name: the tier keeps blocks by name, past a drop).
+  struct StoreLosses {
+    uint64_t trimmed = 0;
+    uint64_t write_skipped = 0;
+  };
+  StoreLosses LossesOf(const std::string& store) const;
 
  private:
   using Name = std::pair<std::string, std::string>;  // (store, key)
@@ -151,6 +158,7 @@ class KvDiskTier {
   std::map<Name, Entry> entries_;
   std::map<uint64_t, Name> by_age_;  // sequence -> entry: the oldest is trimmed first
   KvDiskStats stats_;
+  std::map<std::string, StoreLosses> losses_;  // by store name
 };
 
 }  // namespace membroker::broker

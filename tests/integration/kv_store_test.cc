@@ -815,6 +815,12 @@ TEST(KvStore, TheDiskTierStaysWithinItsCapacity) {
   // for want of room (the older files being written still).
   EXPECT_GE(broker.Stat("kv_disk_trimmed") + broker.Stat("kv_disk_write_skipped"), 50u);
   EXPECT_EQ(broker.Stat("kv_disk_trimmed") + broker.Stat("kv_disk_blocks"), broker.Stat("kv_spilled"));
+  // The store's own share, in `list stores` (one store here: all of them).
+  const std::string row = broker.Admin("list stores --json");
+  for (const char* stat : {"trimmed", "write_skipped"}) {
+    const std::string field = "\"disk_" + std::string(stat) + "\": " + std::to_string(broker.Stat("kv_disk_" + std::string(stat)));
+    EXPECT_NE(row.find(field), std::string::npos) << field << " in " << row;
+  }
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
 }
 
