@@ -223,8 +223,12 @@ def ping_overhead(socket, n):
         py.append((time.perf_counter() - t0) / chunk * 1e6)
         cpp.append(native.ping_loop(chunk) / chunk * 1e6)  # the same Ping, looped in C++
     py_us, cpp_us = statistics.median(py), statistics.median(cpp)
-    return {"bench": "python_ping", "calls": rounds * chunk, "python_us": py_us, "cpp_us": cpp_us,
-            "overhead_us": py_us - cpp_us}
+    # The overhead is the median of each round's own difference: the two loops
+    # of a round ran a moment apart, so a round trip that drifts between rounds
+    # (the VM's wake-ups) weighs on both sides of it alike.
+    each = [p - c for p, c in zip(py, cpp)]
+    return {"bench": "python_ping", "calls": rounds * chunk, "rounds": rounds, "python_us": py_us, "cpp_us": cpp_us,
+            "overhead_us": statistics.median(each), "overhead_each_us": each}
 
 
 def state_dict_worker(socket, prefix, ready, go, q):
