@@ -979,7 +979,7 @@ Result<Message> DecodeBody(const w::Envelope* env) {
 }  // namespace
 
 std::vector<uint8_t> Encode(const Envelope& env) {
-  fb::FlatBufferBuilder b(256);
+  fb::FlatBufferBuilder b(1024);  // (a batch of keys outgrows less: each growth copies the buffer)
   auto [type, body] = std::visit(
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;

@@ -78,13 +78,12 @@ struct KvStoreState {
     retired.erase(r);
   }
 
-  // Block `slot` as broker `e` described it.
-  Result<const std::byte*> Block(uint64_t slot, uint64_t length, uint64_t e) {
+  // Block `slot` as broker `e` described it (mu held: a batch's blocks take it once).
+  Result<const std::byte*> BlockLocked(uint64_t slot, uint64_t length, uint64_t e) {
     if (slot >= geometry.blocks || length == 0 || length > geometry.block_size)
       return Status(ErrorCode::kProtocolError, "the broker named block " + std::to_string(slot) + " of length " +
                                                    std::to_string(length) + ", outside the store");
     const uint32_t slab = static_cast<uint32_t>(slot / geometry.slab_blocks);
-    std::lock_guard<std::mutex> lock(mu);
     if (e < epoch) return Restarted();
     if (e > epoch) {
       // A new broker: its slabs are new memory.
@@ -291,6 +290,7 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
         return Status(ErrorCode::kQuotaExceeded,
                       "leasing these blocks would pass this client's or its uid's KV quota (kv= in --quota-client "
                       "or --quota-uid): release some first");
+    std::lock_guard<std::mutex> lock(state_->mu);
     for (const auto& b : m.blocks) {
       leading = leading && b.code == ErrorCode::kOk;
       if (leading) ++out.leading_;
@@ -298,7 +298,7 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
         out.blocks_.emplace_back();
         continue;
       }
-      MB_ASSIGN_OR_RETURN(const std::byte* p, state_->Block(b.slot, b.length, out.epoch_));
+      MB_ASSIGN_OR_RETURN(const std::byte* p, state_->BlockLocked(b.slot, b.length, out.epoch_));
       out.blocks_.emplace_back(p, b.length);
     }
   }
