@@ -437,7 +437,6 @@ ErrorCode BlockStore::Release(uint64_t session, const ipc::KvRef& ref) {
   if (c == l->second.end()) return ErrorCode::kInvalidHandle;
   --slots_[ref.slot].leases;
   if (--c->second == 0) l->second.erase(c);
-  if (l->second.empty()) leases_.erase(l);
   return ErrorCode::kOk;
 }
 
@@ -454,6 +453,13 @@ void BlockStore::OnSessionEnd(uint64_t session) {
     }
     writing_.erase(w);
   }
+}
+
+bool BlockStore::InUse() const {
+  if (!writing_.empty() || !copying_.empty()) return true;
+  for (const auto& [session, slots] : leases_)
+    if (!slots.empty()) return true;
+  return false;
 }
 
 uint64_t BlockStore::leases_held() const {

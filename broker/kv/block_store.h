@@ -31,7 +31,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <memory_resource>
 #include <optional>
 #include <set>
 #include <string>
@@ -162,7 +161,7 @@ class BlockStore {
   ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
   void OnSessionEnd(uint64_t session);
 
-  bool InUse() const { return !leases_.empty() || !writing_.empty() || !copying_.empty(); }
+  bool InUse() const;
   uint64_t used_blocks() const { return used_; }
   uint64_t sealed_blocks() const { return used_ - writing_blocks_ - promoting_blocks_; }
   uint64_t writing_blocks() const { return writing_blocks_; }
@@ -203,9 +202,7 @@ class BlockStore {
   void EvictToLowWatermark();
   bool EvictOne();
   // The session's lease table (made on its first lease).
-  std::pmr::map<uint64_t, uint32_t>& LeasesOf(uint64_t session) {
-    return leases_.try_emplace(session, &lease_nodes_).first->second;
-  }
+  std::unordered_map<uint64_t, uint32_t>& LeasesOf(uint64_t session) { return leases_[session]; }
   // A free slot for a new block (evicting if the store is full), or none.
   std::optional<uint64_t> TakeSlot();
   // TakeSlot, given to key in state (a new generation), or none.
@@ -235,11 +232,10 @@ class BlockStore {
   uint64_t promoting_blocks_ = 0;
   std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)
   std::unique_ptr<EvictionPolicy> policy_;
-  // The lease tables' nodes come from a pool of the store's own, so that a
-  // get or release of a batch allocates nothing once warm (declared before
-  // leases_, which returns its nodes to it).
-  std::pmr::unsynchronized_pool_resource lease_nodes_;
-  std::map<uint64_t, std::pmr::map<uint64_t, uint32_t>> leases_;  // session -> slot -> leases
+  // session -> slot -> leases. Hashed, and a session's table is kept, empty,
+  // until the session ends: a batch's leases come and go at every get, and
+  // the table's buckets stay for the next batch.
+  std::map<uint64_t, std::unordered_map<uint64_t, uint32_t>> leases_;
   std::map<uint64_t, std::set<uint64_t>> writing_;           // session -> slots it reserved
   KvStoreStats stats_;
 };
