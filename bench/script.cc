@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
     auto s = KvStore::Create(*c, "script", {.block_size = 16 << 10, .capacity = 128 << 14});
     if (!s.ok()) return 1;
     store = std::move(*s);
-    for (int k = 0; k < 64; ++k) keys.push_back("script-key-" + std::to_string(k));
+    // 32-byte keys, as content hashes are (a key past 15 bytes is a heap string on both sides).
+    for (int k = 0; k < 64; ++k) keys.push_back(std::string(32 - std::to_string(k).size(), 'h') + std::to_string(k));
     std::vector<std::byte> block(16 << 10);
     std::vector<std::span<const std::byte>> values(64, std::span<const std::byte>(block));
     if (!store->Put(keys, values).ok()) return 1;
