@@ -252,13 +252,21 @@ bool BlockStore::EvictOne() {
 }
 
 void BlockStore::EvictToLowWatermark() {
+  const size_t freed_from = free_.size();
   while (used_ > low_)
-    if (!EvictOne()) return;
+    if (!EvictOne()) break;
+  LowestFirst(freed_from);
 }
 
 void BlockStore::MakeRoom(uint64_t n) {
+  const size_t freed_from = free_.size();
   while (free_.size() + held_back_.size() < std::min<uint64_t>(n, slots_.size()))
-    if (!EvictOne()) return;
+    if (!EvictOne()) break;
+  LowestFirst(freed_from);
+}
+
+void BlockStore::LowestFirst(size_t from) {
+  std::sort(free_.begin() + static_cast<ptrdiff_t>(from), free_.end(), std::greater<>());
 }
 
 std::optional<uint64_t> BlockStore::TakeSlot() {

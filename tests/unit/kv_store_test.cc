@@ -134,6 +134,24 @@ TEST(BlockStore, AReusedSlotMakesOldReferencesStale) {
   EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
 }
 
+// Slots freed together are taken lowest first: a batch put after an eviction
+// lies in ascending order (the order a reader goes through it fastest), where
+// taking them as evictions pushed them gave it in descending order.
+TEST(BlockStore, ABatchAfterAnEvictionTakesItsSlotsInAscendingOrder) {
+  auto s = Store(20);
+  Source src(4);
+  for (int i = 0; i < 19; ++i) ASSERT_EQ(PutOne(*s, 1, "k" + std::to_string(i), src, i % 4).code, ErrorCode::kOk);
+  s->MakeRoom(8);  // evicts the 7 oldest, slots 0 to 6 (slot 19 was free)
+  std::vector<uint64_t> slots;
+  for (int i = 0; i < 6; ++i) {
+    ipc::KvBlock b = s->Reserve(1, "new" + std::to_string(i));
+    ASSERT_EQ(b.code, ErrorCode::kOk);
+    slots.push_back(b.slot);
+  }
+  EXPECT_EQ(slots, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_TRUE(s->Check().ok()) << s->Check().ToString();
+}
+
 TEST(BlockStore, TheSpecIsChecked) {
   auto make = [](uint64_t block, uint64_t blocks) {
     return BlockStore::Create(1, {"s", block, blocks, ipc::PagePolicy::kNormalOnly, EvictionKind::kS3Fifo, 0})
