@@ -596,9 +596,9 @@ def kv_get_limit(k):
     text = (f"the acquire took {k['acquire_us']:.0f} us against a {k['round_trip_us']:.0f} us round trip (pairs); "
             "the rest is the read and a one-way release (a second sendmsg), where the floor sends one request")
     if k["batch"] > 1:
-        text += ("; the batch's blocks lie scattered over the store's slabs, and a bare program here read 256 "
-                 "scattered 16 KiB blocks in 2.3x the time of the same bytes in one range (the 2M rows: a store of "
-                 "2 MiB pages in this VM's guest)")
+        text += ("; the floor reads one range, the get its blocks at their slots (in ascending order; a bare "
+                 "program here read 256 blocks of 16 KiB scattered over 64 MiB in 2.3x the time of one range, "
+                 "and the 2M rows are a store of 2 MiB pages in this VM's guest)")
     return text
 for k in kv:
     where = f"{human(k['block_bytes'])} x {k['batch']}" + (", 2 MiB pages" if k.get("pages") == "2M" else "")
