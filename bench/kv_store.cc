@@ -215,114 +215,112 @@ int main(int argc, char** argv) {
   cases.push_back({16 << 10, 64, true});
   cases.push_back({16 << 10, 256, true});
   for (const auto& [block, batch, huge] : cases) {
-    {
-      if (only_block != 0 && (block != only_block || batch != only_batch)) continue;
-      const size_t bytes = block * batch;
-      const int rounds = std::max(20, static_cast<int>((quick ? (64u << 20) : (1u << 30)) / bytes / 4));
-      const std::string name = "bench/" + std::to_string(++run);
-      // Eight batches of room, filled once before timing: the timed puts
-      // reuse slots (warm pages) by evicting the oldest blocks, as a store in
-      // service does. The keys read below are leased while the puts run.
-      auto store = KvStore::Create(*c, name,
-                                   {.block_size = block,
-                                    .capacity = batch * 8 * block,
-                                    .page_policy = huge ? PagePolicy::kHugeOnly : PagePolicy::kNormalOnly});
-      if (huge && !store.ok()) {
-        std::printf("{\"bench\": \"kv_skipped\", \"why\": \"no store of 2 MiB pages: %s\"}\n",
-                    std::string(ErrorCodeName(store.status().code())).c_str());
-        continue;
-      }
-      Check(store.status(), "Create");
-      std::vector<std::byte> source(bytes, std::byte{7});
-      std::vector<std::span<const std::byte>> values(batch, std::span<const std::byte>(source.data(), block));
-      for (size_t b = 0; b < 8; ++b) Check(store->Put(KeysFrom(2'000'000 + b * batch, batch), values).status(), "fill");
-      // The floor's memory: the same number of bytes, mapped once.
-      auto floor_mem = c->MallocHost(bytes);
-      Check(floor_mem.status(), "MallocHost");
-      auto* floor = static_cast<std::byte*>(*floor_mem);
-      std::memset(floor, 3, bytes);
-      auto keys = KeysFrom(0, batch);
-      Check(store->Put(keys, values).status(), "Put");
-      auto warm = store->Get(keys);  // maps the slabs, faults the pages in, and keeps these blocks
-      Check(warm.status(), "Get");
-      for (size_t i = 0; i < batch; ++i) g_sink = ReadAll(warm->data(i).data(), warm->data(i).size());
-
-      std::vector<double> put_s, put_floor_s;
-      for (int r = 0; r < rounds; ++r) {
-        auto fresh = KeysFrom(1'000'000 + static_cast<size_t>(r) * batch, batch);
-        auto t0 = Clock::now();
-        auto put = store->Reserve(fresh);
-        Check(put.status(), "Reserve");
-        for (size_t i = 0; i < batch; ++i) std::memcpy(put->data(i).data(), source.data() + i * block, block);
-        Check(store->Seal(*put), "Seal");
-        put_s.push_back(Seconds(Clock::now() - t0));
-        auto t1 = Clock::now();
-        Check(c->Ping(), "Ping");
-        std::memcpy(floor, source.data(), bytes);
-        put_floor_s.push_back(Seconds(Clock::now() - t1));
-      }
-      std::vector<double> get_s, get_floor_s, acquire_s, rt_s;
-      // Three rounds untimed first: the first reads of a round after the puts
-      // ran 2-5x slower than the later ones (caches and the VM settling).
-      for (int r = 0; r < 3; ++r) {
-        auto got = store->Get(keys);
-        Check(got.status(), "Get");
-        for (size_t i = 0; i < batch; ++i) g_sink = ReadAll(got->data(i).data(), got->data(i).size());
-        got->Release();
-        Check(c->Ping(), "Ping");
-        g_sink = ReadAll(floor, bytes);
-      }
-      for (int r = 0; r < rounds; ++r) {
-        auto t0 = Clock::now();
-        auto got = store->Get(keys);
-        Check(got.status(), "Get");
-        uint64_t sum = 0;
-        for (size_t i = 0; i < batch; ++i) sum += ReadAll(got->data(i).data(), got->data(i).size());
-        got->Release();
-        get_s.push_back(Seconds(Clock::now() - t0));
-        g_sink = sum;
-        auto t1 = Clock::now();
-        Check(c->Ping(), "Ping");
-        g_sink = ReadAll(floor, bytes);
-        get_floor_s.push_back(Seconds(Clock::now() - t1));
-      }
-      // Acquire and its round trip, in pairs (they read no bytes, so many
-      // pairs are cheap and their medians steady on a noisy VM), each right
-      // after another request, so both find the broker awake (on a VM, a
-      // request that wakes an idle vCPU can cost milliseconds).
-      for (int r = 0; r < (quick ? 200 : 1000); ++r) {
-        Check(c->Ping(), "Ping");
-        auto t2 = Clock::now();
-        auto leased = store->Get(keys);
-        acquire_s.push_back(Seconds(Clock::now() - t2));
-        leased->Release();
-        auto t3 = Clock::now();
-        Check(c->Ping(), "Ping");
-        rt_s.push_back(Seconds(Clock::now() - t3));
-      }
-      warm->Release();
-      // The acquire ratio of each tenth of the pairs (its spread in the report).
-      std::string tenths;
-      const size_t tenth = acquire_s.size() / 10;
-      for (size_t t = 0; t < 10; ++t) {
-        auto part = [&](const std::vector<double>& v) {
-          return Median(std::vector<double>(v.begin() + t * tenth, v.begin() + (t + 1) * tenth));
-        };
-        tenths += (t ? ", " : "") + std::to_string(part(acquire_s) / part(rt_s));
-      }
-      const double gb = static_cast<double>(bytes) / 1e9;
-      std::printf(
-          "{\"bench\": \"kv\", \"pages\": \"%s\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"get_us\": %.1f, "
-          "\"get_floor_us\": %.1f, \"get_gbps\": %.2f, \"acquire_us\": %.1f, \"round_trip_us\": %.1f, "
-          "\"put_us\": %.1f, \"put_floor_us\": %.1f, \"put_gbps\": %.2f, \"acquire_pairs\": %zu, "
-          "\"acquire_tenths\": [%s]}\n",
-          huge ? "2M" : "4K", block, batch, rounds, Median(get_s) * 1e6, Median(get_floor_s) * 1e6, gb / Median(get_s),
-          Median(acquire_s) * 1e6, Median(rt_s) * 1e6, Median(put_s) * 1e6, Median(put_floor_s) * 1e6,
-          gb / Median(put_s), acquire_s.size(), tenths.c_str());
-      std::fflush(stdout);
-      Check(c->FreeHost(floor), "FreeHost");
-      Check(KvStore::Drop(*c, name), "Drop");
+    if (only_block != 0 && (block != only_block || batch != only_batch)) continue;
+    const size_t bytes = block * batch;
+    const int rounds = std::max(20, static_cast<int>((quick ? (64u << 20) : (1u << 30)) / bytes / 4));
+    const std::string name = "bench/" + std::to_string(++run);
+    // Eight batches of room, filled once before timing: the timed puts
+    // reuse slots (warm pages) by evicting the oldest blocks, as a store in
+    // service does. The keys read below are leased while the puts run.
+    auto store = KvStore::Create(*c, name,
+                                 {.block_size = block,
+                                  .capacity = batch * 8 * block,
+                                  .page_policy = huge ? PagePolicy::kHugeOnly : PagePolicy::kNormalOnly});
+    if (huge && !store.ok()) {
+      std::printf("{\"bench\": \"kv_skipped\", \"why\": \"no store of 2 MiB pages: %s\"}\n",
+                  std::string(ErrorCodeName(store.status().code())).c_str());
+      continue;
     }
+    Check(store.status(), "Create");
+    std::vector<std::byte> source(bytes, std::byte{7});
+    std::vector<std::span<const std::byte>> values(batch, std::span<const std::byte>(source.data(), block));
+    for (size_t b = 0; b < 8; ++b) Check(store->Put(KeysFrom(2'000'000 + b * batch, batch), values).status(), "fill");
+    // The floor's memory: the same number of bytes, mapped once.
+    auto floor_mem = c->MallocHost(bytes);
+    Check(floor_mem.status(), "MallocHost");
+    auto* floor = static_cast<std::byte*>(*floor_mem);
+    std::memset(floor, 3, bytes);
+    auto keys = KeysFrom(0, batch);
+    Check(store->Put(keys, values).status(), "Put");
+    auto warm = store->Get(keys);  // maps the slabs, faults the pages in, and keeps these blocks
+    Check(warm.status(), "Get");
+    for (size_t i = 0; i < batch; ++i) g_sink = ReadAll(warm->data(i).data(), warm->data(i).size());
+
+    std::vector<double> put_s, put_floor_s;
+    for (int r = 0; r < rounds; ++r) {
+      auto fresh = KeysFrom(1'000'000 + static_cast<size_t>(r) * batch, batch);
+      auto t0 = Clock::now();
+      auto put = store->Reserve(fresh);
+      Check(put.status(), "Reserve");
+      for (size_t i = 0; i < batch; ++i) std::memcpy(put->data(i).data(), source.data() + i * block, block);
+      Check(store->Seal(*put), "Seal");
+      put_s.push_back(Seconds(Clock::now() - t0));
+      auto t1 = Clock::now();
+      Check(c->Ping(), "Ping");
+      std::memcpy(floor, source.data(), bytes);
+      put_floor_s.push_back(Seconds(Clock::now() - t1));
+    }
+    std::vector<double> get_s, get_floor_s, acquire_s, rt_s;
+    // Three rounds untimed first: the first reads of a round after the puts
+    // ran 2-5x slower than the later ones (caches and the VM settling).
+    for (int r = 0; r < 3; ++r) {
+      auto got = store->Get(keys);
+      Check(got.status(), "Get");
+      for (size_t i = 0; i < batch; ++i) g_sink = ReadAll(got->data(i).data(), got->data(i).size());
+      got->Release();
+      Check(c->Ping(), "Ping");
+      g_sink = ReadAll(floor, bytes);
+    }
+    for (int r = 0; r < rounds; ++r) {
+      auto t0 = Clock::now();
+      auto got = store->Get(keys);
+      Check(got.status(), "Get");
+      uint64_t sum = 0;
+      for (size_t i = 0; i < batch; ++i) sum += ReadAll(got->data(i).data(), got->data(i).size());
+      got->Release();
+      get_s.push_back(Seconds(Clock::now() - t0));
+      g_sink = sum;
+      auto t1 = Clock::now();
+      Check(c->Ping(), "Ping");
+      g_sink = ReadAll(floor, bytes);
+      get_floor_s.push_back(Seconds(Clock::now() - t1));
+    }
+    // Acquire and its round trip, in pairs (they read no bytes, so many
+    // pairs are cheap and their medians steady on a noisy VM), each right
+    // after another request, so both find the broker awake (on a VM, a
+    // request that wakes an idle vCPU can cost milliseconds).
+    for (int r = 0; r < (quick ? 200 : 1000); ++r) {
+      Check(c->Ping(), "Ping");
+      auto t2 = Clock::now();
+      auto leased = store->Get(keys);
+      acquire_s.push_back(Seconds(Clock::now() - t2));
+      leased->Release();
+      auto t3 = Clock::now();
+      Check(c->Ping(), "Ping");
+      rt_s.push_back(Seconds(Clock::now() - t3));
+    }
+    warm->Release();
+    // The acquire ratio of each tenth of the pairs (its spread in the report).
+    std::string tenths;
+    const size_t tenth = acquire_s.size() / 10;
+    for (size_t t = 0; t < 10; ++t) {
+      auto part = [&](const std::vector<double>& v) {
+        return Median(std::vector<double>(v.begin() + t * tenth, v.begin() + (t + 1) * tenth));
+      };
+      tenths += (t ? ", " : "") + std::to_string(part(acquire_s) / part(rt_s));
+    }
+    const double gb = static_cast<double>(bytes) / 1e9;
+    std::printf(
+        "{\"bench\": \"kv\", \"pages\": \"%s\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"get_us\": %.1f, "
+        "\"get_floor_us\": %.1f, \"get_gbps\": %.2f, \"acquire_us\": %.1f, \"round_trip_us\": %.1f, "
+        "\"put_us\": %.1f, \"put_floor_us\": %.1f, \"put_gbps\": %.2f, \"acquire_pairs\": %zu, "
+        "\"acquire_tenths\": [%s]}\n",
+        huge ? "2M" : "4K", block, batch, rounds, Median(get_s) * 1e6, Median(get_floor_s) * 1e6, gb / Median(get_s),
+        Median(acquire_s) * 1e6, Median(rt_s) * 1e6, Median(put_s) * 1e6, Median(put_floor_s) * 1e6,
+        gb / Median(put_s), acquire_s.size(), tenths.c_str());
+    std::fflush(stdout);
+    Check(c->FreeHost(floor), "FreeHost");
+    Check(KvStore::Drop(*c, name), "Drop");
   }
   // Eviction's cost on put latency: batches of 64 x 16 KiB into a store of
   // 1024 blocks kept full (every batch past the watermark evicts), against

@@ -327,7 +327,7 @@ ipc::KvBlock BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint
   Record(begun.slot);
   ++stats_.disk_hits;
   if (lease_for != 0) {
-    ++LeasesOf(lease_for)[begun.slot];
+    ++leases_[lease_for][begun.slot];
     ++s.leases;
     ++stats_.hits;
   }
@@ -423,7 +423,7 @@ ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool leas
   }
   const uint64_t slot = it->second;
   if (lease) {
-    uint32_t& mine = LeasesOf(session)[slot];
+    uint32_t& mine = leases_[session][slot];
     if (mine >= kKvMaxLeasesPerBlock) return BlockOf(ErrorCode::kResourceExhausted, slot);
     if (newly_held != nullptr) *newly_held = mine == 0;
     ++mine;

@@ -206,8 +206,6 @@ class BlockStore {
   // order here (the order evictions free them in, pushed and taken from the back).
   void LowestFirst(size_t from);
   bool EvictOne();
-  // The session's lease table (made on its first lease).
-  std::unordered_map<uint64_t, uint32_t>& LeasesOf(uint64_t session) { return leases_[session]; }
   // A free slot for a new block (evicting if the store is full), or none.
   std::optional<uint64_t> TakeSlot();
   // TakeSlot, given to key in state (a new generation), or none.
