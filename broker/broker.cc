@@ -63,15 +63,18 @@ void SetBudgets(Options& options, Accounting& limits) {
 
 Broker::Broker(Options options)
     : options_(std::move(options)),
-      admission_(&loop_, [this] { Accept(); }, [this] { CloseSilentSessions(); }),
+      admission_(
+          &loop_, [this] { Accept(); }, [this] { CloseSilentSessions(); }),
       admin_(&loop_, [this](const std::string& line) { return AdminCommand(line); }),
-      metrics_(&loop_, [this] { return MetricsText(); }),
-      takeover_(&loop_, [this] { BeginHandOver(); }, [this] { ContinueHandOver(); }),
+      metrics_(&loop_, [this] { return Tables().MetricsText(); }),
+      takeover_(
+          &loop_, [this] { BeginHandOver(); }, [this] { ContinueHandOver(); }),
       fd_store_(&loop_, [this] { return StateRecords(); }),
-      pools_(&loop_, MemfdBackend(), options_.pools, [this](const std::string& what) { return state_file_->NameFor(what); }),
+      pools_(&loop_, MemfdBackend(), options_.pools,
+             [this](const std::string& what) { return state_file_->NameFor(what); }),
       workers_(&loop_, MemfdBackend(), pools_, options_.background_delay_ms),
-      holdings_(MemfdBackend(), pools_, workers_, fd_store_, AddressWindow(options_.va_window_base, options_.va_window_size),
-                options_.inline_alloc_bytes),
+      holdings_(MemfdBackend(), pools_, workers_, fd_store_,
+                AddressWindow(options_.va_window_base, options_.va_window_size), options_.inline_alloc_bytes),
       kv_(fd_store_),
       waiters_(&loop_, [this](const Waiter& w) { OnWaiterTimeout(w); }) {
   g_log_level = options_.log_level;

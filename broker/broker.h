@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "admin/admin_format.h"
+#include "admin/admin_tables.h"
 #include "admin/admin_socket.h"
 #include "admin/metrics_http.h"
 #include "answer.h"
@@ -88,10 +88,7 @@ class Broker {
   Answer Handle(Session& s, uint64_t rid, const ipc::ReattachRequest& m, std::vector<ipc::UniqueFd>& fds);
   struct PresentedFd;  // restart/reattach.cc: an fd a client presents, as checked so far
   ipc::ReattachResult ReattachOne(Session& s, const ipc::ReattachHandle& h, PresentedFd& p);
-  void ReserveIds();  // after ids were handed out: the next block in the state file
-  struct KvPending;  // kv/kv_requests.cc: a reserve or get the disk tier may hold up
-  void ReserveFrom(const std::shared_ptr<KvPending>& p);
-  void GetFrom(const std::shared_ptr<KvPending>& p);
+  void ReserveIds();     // after ids were handed out: the next block in the state file
   struct PendingMalloc;  // memory_requests.cc
   void FinishMalloc(const PendingMalloc& p, Result<PhysicalMemory> mem, int pool);
   // One more reference to a for s in `where`, and the ImportReply carrying fd.
@@ -123,17 +120,7 @@ class Broker {
   Status StartReattachGrace();
   void ExpireAwaiting();  // the grace is over: what nobody reattached to goes
 
-  // Admin (admin/admin_dispatch.cc, admin/admin_records.cc).
-  Record StatsRecord() const;
-  Record ClientRecord(const Session& s) const;
-  Record AllocationRecord(const Allocation& a) const;
-  Record ConfigRecord() const;
-  std::vector<Record> PoolRecords() const;
-  std::vector<Record> EngineRecords() const;
-  std::vector<Record> NameRecords() const;
-  std::vector<Record> StoreRecords() const;
-  std::vector<Record> QuotaRecords() const;
-  std::string MetricsText() const;
+  AdminTables Tables() const;  // admin/admin_dispatch.cc: what the admin's records read
 
   Options options_;
   uv_loop_t loop_{};

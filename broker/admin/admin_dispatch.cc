@@ -3,7 +3,6 @@
 // client, free an allocation - done as the client's own request would be.
 #include <algorithm>
 
-#include "admin/admin_format.h"
 #include "admin/channel_census.h"
 #include "admin/cluster_records.h"
 #include "broker.h"
@@ -29,6 +28,11 @@ std::string Table(const std::vector<Record>& rows, const ipc::AdminRequest& req,
 }
 }  // namespace
 
+AdminTables Broker::Tables() const {
+  return AdminTables{options_, counters_, admission_, sessions_, metrics_, fd_store_, pools_,
+                     workers_, holdings_, engines_,   names_,    kv_,      waiters_,  cluster_};
+}
+
 std::string Broker::AdminCommand(const std::string& line) {
   auto parsed = ipc::ParseAdminLine(line);
   if (!parsed.ok()) {
@@ -38,9 +42,10 @@ std::string Broker::AdminCommand(const std::string& line) {
   const ipc::AdminRequest& req = *parsed;
   const bool json = req.json;
   const uint64_t id = req.id;
+  const AdminTables tables = Tables();
   switch (req.command->id) {
     case ipc::AdminCommandId::kStats:
-      return RenderRecord(StatsRecord(), json);
+      return RenderRecord(tables.Stats(), json);
     case ipc::AdminCommandId::kHelp: {
       if (!json) return ipc::AdminHelpText();
       std::vector<Record> rows;
@@ -56,27 +61,27 @@ std::string Broker::AdminCommand(const std::string& line) {
       return RenderTable(rows, json, "");
     }
     case ipc::AdminCommandId::kMetrics:
-      return MetricsText();
+      return tables.MetricsText();
     case ipc::AdminCommandId::kListClients: {
       std::vector<Record> rows;
-      for (const auto& [sid, s] : sessions_.all()) rows.push_back(ClientRecord(*s));
+      for (const auto& [sid, s] : sessions_.all()) rows.push_back(tables.Client(*s));
       return Table(rows, req, "no clients");
     }
     case ipc::AdminCommandId::kListAllocations: {
       std::vector<Record> rows;
-      for (const auto& [aid, a] : holdings_.table().all()) rows.push_back(AllocationRecord(a));
+      for (const auto& [aid, a] : holdings_.table().all()) rows.push_back(tables.OfAllocation(a));
       return Table(rows, req, "no allocations");
     }
     case ipc::AdminCommandId::kListPools:
-      return Table(PoolRecords(), req, "no pools (see --pool)");
+      return Table(tables.PoolRows(), req, "no pools (see --pool)");
     case ipc::AdminCommandId::kListEngines:
-      return Table(EngineRecords(), req, "no engines");
+      return Table(tables.EngineRows(), req, "no engines");
     case ipc::AdminCommandId::kListNames:
-      return Table(NameRecords(), req, "no named objects");
+      return Table(tables.NameRows(), req, "no named objects");
     case ipc::AdminCommandId::kListChannels:
       return Table(ChannelRecords(names_, holdings_), req, "no channels");
     case ipc::AdminCommandId::kListStores:
-      return Table(StoreRecords(), req, "no KV stores");
+      return Table(tables.StoreRows(), req, "no KV stores");
     case ipc::AdminCommandId::kListHosts: {
       Result<std::vector<Record>> hosts = HostRecords(cluster_);
       if (!hosts.ok()) return RenderError(hosts.status().ToString(), json);
@@ -95,11 +100,11 @@ std::string Broker::AdminCommand(const std::string& line) {
       return RenderRecord(r, json);
     }
     case ipc::AdminCommandId::kListQuotas:
-      return Table(QuotaRecords(), req, "nothing charged");
+      return Table(tables.QuotaRows(), req, "nothing charged");
     case ipc::AdminCommandId::kShowClient: {
       const Session* s = sessions_.Find(id);
       if (s == nullptr) return RenderError("no client " + std::to_string(id), json);
-      Record r = ClientRecord(*s);
+      Record r = tables.Client(*s);
       std::vector<uint64_t> ids = s->ledger.Ids();
       std::sort(ids.begin(), ids.end());
       std::string held;
@@ -110,7 +115,7 @@ std::string Broker::AdminCommand(const std::string& line) {
     case ipc::AdminCommandId::kShowAllocation: {
       const Allocation* a = holdings_.Find(id);
       if (a == nullptr) return RenderError("no allocation " + std::to_string(id), json);
-      Record r = AllocationRecord(*a);
+      Record r = tables.OfAllocation(*a);
       std::string holders;
       for (const auto& [sid, s] : sessions_.all())
         if (s->ledger.Holds(id)) holders += (holders.empty() ? "" : ",") + std::to_string(sid);
@@ -133,7 +138,7 @@ std::string Broker::AdminCommand(const std::string& line) {
       return RenderRecord(r, json);
     }
     case ipc::AdminCommandId::kConfig:
-      return RenderRecord(ConfigRecord(), json);
+      return RenderRecord(tables.Config(), json);
     case ipc::AdminCommandId::kCheck: {
       Status st = CheckTables();
       if (!st.ok()) return RenderError(st.message(), json);

@@ -9,10 +9,21 @@
 #include <cstring>
 #include <sstream>
 
-#include "admin/admin_format.h"
+#include "admin/admin_tables.h"
 #include "admin/cluster_records.h"
-#include "broker.h"
+#include "admin/metrics_http.h"
+#include "cluster/cluster.h"
+#include "counters.h"
+#include "engine_registry.h"
+#include "kv/kv_stores.h"
 #include "log.h"
+#include "memory/holdings.h"
+#include "name_registry.h"
+#include "options.h"
+#include "restart/fd_store_sync.h"
+#include "server/admission.h"
+#include "server/sessions.h"
+#include "waiters.h"
 #include "membroker/ipc/admin_commands.h"
 #include "membroker/ipc/page_policy.h"
 
@@ -131,39 +142,39 @@ const StatMetric* FindStatMetric(const std::string& key) {
 
 }  // namespace
 
-Record Broker::StatsRecord() const {
+Record AdminTables::Stats() const {
   // Engines' connections to other hosts by the path taken, as their clients reported them.
   uint64_t net_ucx = 0, net_same_host = 0, net_refused = 0;
-  for (const auto& [name, e] : engines_.all()) {
+  for (const auto& [name, e] : engines.all()) {
     net_refused += e.network.refused;
     for (const auto& c : e.network.connections) (c.path == "ucx" ? net_ucx : net_same_host) += 1;
   }
   Record r;
-  const AllocationTable& table = holdings_.table();
+  const AllocationTable& table = holdings.table();
   const TableCounters& t = table.counters();
   uint64_t by_page[3] = {0, 0, 0};  // 4 KiB, 2 MiB, 1 GiB
   for (const auto& [id, a] : table.all())
     ++by_page[a.page_size == ipc::kHuge1GPageSize ? 2 : a.page_size == ipc::kHuge2MPageSize ? 1 : 0];
   uint64_t host_registered = 0;
-  for (const auto& [id, s] : sessions_.all())
+  for (const auto& [id, s] : sessions.all())
     for (const auto& [addr, size] : s->host_regs) host_registered += size;
-  const KvStoreStats kv = kv_.Totals();  // counters since start; the rest: now
-  const KvDiskStats disk = kv_.disk() ? kv_.disk()->stats() : KvDiskStats{};
+  const KvStoreStats totals = kv.Totals();  // counters since start; the rest: now
+  const KvDiskStats disk = kv.disk() ? kv.disk()->stats() : KvDiskStats{};
   uint64_t kv_sealed = 0, kv_writing = 0, kv_leases = 0;
-  for (const auto& [name, store] : kv_.all()) {
+  for (const auto& [name, store] : kv.all()) {
     kv_sealed += store->sealed_blocks();
     kv_writing += store->writing_blocks();
     kv_leases += store->leases_held();
   }
   r.Num("pid", static_cast<uint64_t>(::getpid()))
-      .Num("clients_connected", sessions_.size())
-      .Num("clients_total", counters_.clients_total)
-      .Num("clients_crashed", sessions_.Ends(CloseReason::kCrash))
-      .Num("clients_kicked", sessions_.Ends(CloseReason::kProtocolViolation) +
-                                 sessions_.Ends(CloseReason::kSlowReader) + sessions_.Ends(CloseReason::kKicked))
-      .Num("clients_refused", counters_.clients_refused)
-      .Num("clients_handshaking", sessions_.Handshaking())
-      .Num("connections_refused", admission_.refused())
+      .Num("clients_connected", sessions.size())
+      .Num("clients_total", counters.clients_total)
+      .Num("clients_crashed", sessions.Ends(CloseReason::kCrash))
+      .Num("clients_kicked", sessions.Ends(CloseReason::kProtocolViolation) + sessions.Ends(CloseReason::kSlowReader) +
+                                 sessions.Ends(CloseReason::kKicked))
+      .Num("clients_refused", counters.clients_refused)
+      .Num("clients_handshaking", sessions.Handshaking())
+      .Num("connections_refused", admission.refused())
       .Num("allocations_live", table.all().size())
       .Num("allocations_4k", by_page[0])
       .Num("allocations_2m", by_page[1])
@@ -172,39 +183,39 @@ Record Broker::StatsRecord() const {
       .Num("free_hugepages_2m", FreeHugePages(ipc::kHuge2MPageSize))
       .Num("free_hugepages_1g", FreeHugePages(ipc::kHuge1GPageSize))
       .Num("bytes_allocated", t.bytes_live)
-      .Num("bytes_pending", counters_.bytes_pending)
-      .Num("bytes_returning", workers_.bytes_returning())
-      .Num("bytes_budget", options_.max_bytes)
-      .Str("bytes_budget_source", holdings_.accounting().budget_source)
-      .Num("device_bytes", holdings_.accounting().total().device_bytes)
-      .Num("pinned_bytes", holdings_.accounting().total().pinned_bytes)
-      .Num("pinned_budget", options_.max_pinned_bytes)
-      .Str("pinned_budget_source", holdings_.accounting().pinned_budget_source)
+      .Num("bytes_pending", counters.bytes_pending)
+      .Num("bytes_returning", workers.bytes_returning())
+      .Num("bytes_budget", options.max_bytes)
+      .Str("bytes_budget_source", holdings.accounting().budget_source)
+      .Num("device_bytes", holdings.accounting().total().device_bytes)
+      .Num("pinned_bytes", holdings.accounting().total().pinned_bytes)
+      .Num("pinned_budget", options.max_pinned_bytes)
+      .Str("pinned_budget_source", holdings.accounting().pinned_budget_source)
       .Num("host_registered_bytes", host_registered)
-      .Num("same_address_bytes", holdings_.window().used())
-      .Num("engines", engines_.size())
+      .Num("same_address_bytes", holdings.window().used())
+      .Num("engines", engines.size())
       .Num("engine_connections_ucx", net_ucx)
       .Num("engine_connections_same_host_by_address", net_same_host)
       .Num("engine_network_refused", net_refused)
-      .Num("waiters", waiters_.size())
-      .Num("named_objects", names_.size())
-      .Num("kv_stores", kv_.all().size())
+      .Num("waiters", waiters.size())
+      .Num("named_objects", names.size())
+      .Num("kv_stores", kv.all().size())
       .Num("kv_blocks", kv_sealed)
       .Num("kv_writing", kv_writing)
       .Num("kv_leases", kv_leases)
-      .Num("kv_hits", kv.hits)
-      .Num("kv_misses", kv.misses)
-      .Num("kv_evictions", kv.evictions)
-      .Num("kv_stale", kv.stale)
-      .Num("kv_restored", kv.restored)
-      .Num("kv_lost", kv.lost)
-      .Num("kv_spilled", kv.spilled)
-      .Num("kv_disk_hits", kv.disk_hits)
+      .Num("kv_hits", totals.hits)
+      .Num("kv_misses", totals.misses)
+      .Num("kv_evictions", totals.evictions)
+      .Num("kv_stale", totals.stale)
+      .Num("kv_restored", totals.restored)
+      .Num("kv_lost", totals.lost)
+      .Num("kv_spilled", totals.spilled)
+      .Num("kv_disk_hits", totals.disk_hits)
       .Num("kv_disk_blocks", disk.blocks)
       .Num("kv_disk_bytes", disk.bytes)
       .Num("kv_disk_writing", disk.writing)
-      .Num("kv_stores_restoring", kv_.restoring_count())
-      .Num("kv_disk_capacity", kv_.disk() ? kv_.disk()->capacity() : 0)
+      .Num("kv_stores_restoring", kv.restoring_count())
+      .Num("kv_disk_capacity", kv.disk() ? kv.disk()->capacity() : 0)
       .Num("kv_disk_found", disk.found)
       .Num("kv_disk_trimmed", disk.trimmed)
       .Num("kv_disk_damaged", disk.damaged)
@@ -215,31 +226,31 @@ Record Broker::StatsRecord() const {
       .Num("exports_live", table.export_count())
       .Num("exports_created", t.exports_created)
       .Num("imports", t.imports)
-      .Num("released_on_disconnect", counters_.released_on_disconnect)
-      .Num("quota_rejections", counters_.quota_rejections)
-      .Num("clients_reattached", counters_.clients_reattached)
-      .Num("handles_reattached", counters_.handles_reattached)
-      .Num("handles_adopted", counters_.handles_adopted)
-      .Num("reattach_refused", counters_.reattach_refused)
-      .Num("exports_restored", counters_.exports_restored)
-      .Num("fd_store_stored", fd_store_.counters().stored)
-      .Num("fd_store_states", fd_store_.counters().states)
-      .Num("fd_store_failures", fd_store_.counters().failures)
-      .Num("fd_store_restored", fd_store_.counters().restored);
-  AddClusterStats(cluster_.View(), r);
-  r.Num("requests", counters_.requests)
-      .Num("errors_sent", counters_.errors_sent)
-      .Num("protocol_errors", counters_.protocol_errors)
-      .Num("bytes_queued", sessions_.queued_bytes())
+      .Num("released_on_disconnect", counters.released_on_disconnect)
+      .Num("quota_rejections", counters.quota_rejections)
+      .Num("clients_reattached", counters.clients_reattached)
+      .Num("handles_reattached", counters.handles_reattached)
+      .Num("handles_adopted", counters.handles_adopted)
+      .Num("reattach_refused", counters.reattach_refused)
+      .Num("exports_restored", counters.exports_restored)
+      .Num("fd_store_stored", fd_store.counters().stored)
+      .Num("fd_store_states", fd_store.counters().states)
+      .Num("fd_store_failures", fd_store.counters().failures)
+      .Num("fd_store_restored", fd_store.counters().restored);
+  AddClusterStats(cluster.View(), r);
+  r.Num("requests", counters.requests)
+      .Num("errors_sent", counters.errors_sent)
+      .Num("protocol_errors", counters.protocol_errors)
+      .Num("bytes_queued", sessions.queued_bytes())
       .Num("open_fds", OpenFdCount())
       .Num("fd_limit", FdLimit());
   return r;
 }
 
-Record Broker::ClientRecord(const Session& s) const {
+Record AdminTables::Client(const Session& s) const {
   uint64_t bytes = 0, allocations = 0, imports = 0;
   for (uint64_t aid : s.ledger.Ids()) {
-    const Allocation* a = holdings_.Find(aid);
+    const Allocation* a = holdings.Find(aid);
     if (a == nullptr) continue;
     bytes += a->size;
     (a->creator == s.id ? allocations : imports) += 1;
@@ -262,10 +273,10 @@ Record Broker::ClientRecord(const Session& s) const {
   return r;
 }
 
-Record Broker::AllocationRecord(const Allocation& a) const {
+Record AdminTables::OfAllocation(const Allocation& a) const {
   bool read_only = false;
   for (const std::string& t : a.tokens)
-    if (const ExportEntry* e = holdings_.table().FindExport(t); e && e->read_only_fd.valid()) read_only = true;
+    if (const ExportEntry* e = holdings.table().FindExport(t); e && e->read_only_fd.valid()) read_only = true;
   Record r;
   r.Num("id", a.id)
       .Num("size", a.size)
@@ -285,9 +296,9 @@ Record Broker::AllocationRecord(const Allocation& a) const {
   return r;
 }
 
-std::string Broker::MetricsText() const {
+std::string AdminTables::MetricsText() const {
   std::string out;
-  const Record stats = StatsRecord();
+  const Record stats = Stats();
   for (const auto& f : stats.fields()) {
     if (f.key == "pid" || f.quoted) continue;  // not a number
     const StatMetric* m = FindStatMetric(f.key);
@@ -298,7 +309,7 @@ std::string Broker::MetricsText() const {
     out += "# TYPE " + name + (counter ? " counter\n" : " gauge\n") + name + " " + f.value + "\n";
   }
   // Per CUDA device: what is in use and its budget (--max-device-bytes).
-  const Accounting& acc = holdings_.accounting();
+  const Accounting& acc = holdings.accounting();
   if (!acc.max_device_bytes.empty()) {
     out +=
         "# HELP membroker_device_bytes_on Bytes of live allocations on one CUDA device.\n"
@@ -316,10 +327,10 @@ std::string Broker::MetricsText() const {
   return out;
 }
 
-std::vector<Record> Broker::PoolRecords() const {
+std::vector<Record> AdminTables::PoolRows() const {
   std::vector<Record> rows;
-  for (size_t i = 0; i < pools_.all().size(); ++i) {
-    const Pool& p = pools_.all()[i];
+  for (size_t i = 0; i < pools.all().size(); ++i) {
+    const Pool& p = pools.all()[i];
     Record r;
     r.Num("pool", i)
         .Num("size", p.spec.size)
@@ -337,9 +348,9 @@ std::vector<Record> Broker::PoolRecords() const {
   return rows;
 }
 
-std::vector<Record> Broker::EngineRecords() const {
+std::vector<Record> AdminTables::EngineRows() const {
   std::vector<Record> rows;
-  for (const auto& [name, e] : engines_.all()) {
+  for (const auto& [name, e] : engines.all()) {
     uint64_t registered = 0;
     for (const auto& [addr, r] : e.regions) registered += r.length;
     Record r;
@@ -363,10 +374,10 @@ std::vector<Record> Broker::EngineRecords() const {
   return rows;
 }
 
-std::vector<Record> Broker::NameRecords() const {
+std::vector<Record> AdminTables::NameRows() const {
   std::vector<Record> rows;
-  for (const auto& [name, e] : names_.all()) {
-    const Allocation* a = holdings_.Find(e.allocation);
+  for (const auto& [name, e] : names.all()) {
+    const Allocation* a = holdings.Find(e.allocation);
     Record r;
     r.Str("name", name)
         .Num("allocation", e.allocation)
@@ -380,9 +391,9 @@ std::vector<Record> Broker::NameRecords() const {
   return rows;
 }
 
-std::vector<Record> Broker::StoreRecords() const {
+std::vector<Record> AdminTables::StoreRows() const {
   std::vector<Record> rows;
-  for (const auto& [name, store] : kv_.all()) {
+  for (const auto& [name, store] : kv.all()) {
     const KvStoreSpec& spec = store->spec();
     const KvStoreStats& k = store->stats();
     std::string clients;
@@ -409,16 +420,16 @@ std::vector<Record> Broker::StoreRecords() const {
         .Num("stale", k.stale)
         .Num("spilled", k.spilled)
         .Num("disk_hits", k.disk_hits)
-        .Num("disk_blocks", kv_.disk() ? kv_.disk()->StoreUsage(name).first : 0)
-        .Num("disk_trimmed", kv_.disk() ? kv_.disk()->LossesOf(name).trimmed : 0)
-        .Num("disk_write_skipped", kv_.disk() ? kv_.disk()->LossesOf(name).write_skipped : 0)
+        .Num("disk_blocks", kv.disk() ? kv.disk()->StoreUsage(name).first : 0)
+        .Num("disk_trimmed", kv.disk() ? kv.disk()->LossesOf(name).trimmed : 0)
+        .Num("disk_write_skipped", kv.disk() ? kv.disk()->LossesOf(name).write_skipped : 0)
         .Str("clients", clients.empty() ? "-" : clients);
     rows.push_back(std::move(r));
   }
   return rows;
 }
 
-std::vector<Record> Broker::QuotaRecords() const {
+std::vector<Record> AdminTables::QuotaRows() const {
   std::vector<Record> rows;
   auto row = [&](const std::string& who, const Usage& u, const QuotaLimits& l) {
     Record r;
@@ -430,45 +441,43 @@ std::vector<Record> Broker::QuotaRecords() const {
         .Str("limits", l.ToString());
     rows.push_back(std::move(r));
   };
-  const Accounting& accounting = holdings_.accounting();
+  const Accounting& accounting = holdings.accounting();
   for (const auto& [uid, u] : accounting.by_uid()) row("uid:" + std::to_string(uid), u, accounting.LimitsFor(uid));
-  for (const auto& [sid, s] : sessions_.all()) row("client:" + std::to_string(sid), s->usage, accounting.client_limits);
+  for (const auto& [sid, s] : sessions.all()) row("client:" + std::to_string(sid), s->usage, accounting.client_limits);
   return rows;
 }
 
-Record Broker::ConfigRecord() const {
+Record AdminTables::Config() const {
   Record r;
-  r.Str("socket", options_.socket_path)
-      .Str("admin-socket", options_.admin_socket_path)
-      .Num("max-bytes", options_.max_bytes)
-      .Num("max-pinned-bytes", options_.max_pinned_bytes)
-      .Num("max-clients", options_.max_clients)
-      .Str("quota-client", options_.quota_client.ToString())
-      .Str("quota-uid default", options_.quota_uid_default.ToString());
-  for (const auto& [uid, l] : options_.quota_uid)
-    r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
-  std::string pools;
-  for (const auto& p : options_.pools)
-    pools += (pools.empty() ? "" : " ") + std::to_string(p.size) + ":" +
-             std::string(ipc::PagePolicyName(p.policy)) + ":" + std::to_string(p.count);
+  r.Str("socket", options.socket_path)
+      .Str("admin-socket", options.admin_socket_path)
+      .Num("max-bytes", options.max_bytes)
+      .Num("max-pinned-bytes", options.max_pinned_bytes)
+      .Num("max-clients", options.max_clients)
+      .Str("quota-client", options.quota_client.ToString())
+      .Str("quota-uid default", options.quota_uid_default.ToString());
+  for (const auto& [uid, l] : options.quota_uid) r.Str(("quota-uid " + std::to_string(uid)).c_str(), l.ToString());
+  std::string pool_specs;
+  for (const auto& p : options.pools)
+    pool_specs += (pool_specs.empty() ? "" : " ") + std::to_string(p.size) + ":" +
+                  std::string(ipc::PagePolicyName(p.policy)) + ":" + std::to_string(p.count);
   std::string uids, gids;
-  for (uid_t u : options_.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
-  for (gid_t g : options_.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
+  for (uid_t u : options.allow_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
+  for (gid_t g : options.allow_gids) gids += (gids.empty() ? "" : ",") + std::to_string(g);
   char window[64];
-  std::snprintf(window, sizeof(window), "0x%llx:%llu",
-                static_cast<unsigned long long>(options_.va_window_base),
-                static_cast<unsigned long long>(options_.va_window_size));
-  r.Str("pool", pools)
+  std::snprintf(window, sizeof(window), "0x%llx:%llu", static_cast<unsigned long long>(options.va_window_base),
+                static_cast<unsigned long long>(options.va_window_size));
+  r.Str("pool", pool_specs)
       .Str("va-window", window)
       .Str("allow-uid", uids)
       .Str("allow-gid", gids)
-      .Str("socket-group", options_.socket_group)
-      .Str("log-level", kLogLevelNames[std::clamp(options_.log_level, 0, 3)])
-      .Str("log-format", options_.log_json ? "json" : "text")
-      .Str("metrics-listen", metrics_.address())
-      .Bool("fd-store", options_.fd_store)
-      .Str("state-file", options_.state_file);
-  AddClusterConfig(cluster_, options_.cluster, r);
+      .Str("socket-group", options.socket_group)
+      .Str("log-level", kLogLevelNames[std::clamp(options.log_level, 0, 3)])
+      .Str("log-format", options.log_json ? "json" : "text")
+      .Str("metrics-listen", metrics.address())
+      .Bool("fd-store", options.fd_store)
+      .Str("state-file", options.state_file);
+  AddClusterConfig(cluster, options.cluster, r);
   return r;
 }
 

@@ -147,6 +147,149 @@ ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session
   }
   return reply;
 }
+
+// What a reserve or a get that waits for the disk tier goes on with, from a
+// worker's completion or when slots free: the components it reads, and how
+// its answer is sent.
+struct KvWork {
+  Sessions& sessions;
+  KvStores& kv;
+  Workers& workers;
+  Holdings& holdings;
+  std::function<void(Session&, uint64_t rid, Result<ipc::KvBlocksReply>)> answer;
+};
+
+// A reserve or a get with a disk tier may wait for it: for blocks being
+// written out to free their slots, for promotions to be read in. It counts as
+// its session's work in flight until it is answered (a take-over waits).
+struct KvPending {
+  KvPending(KvWork w, Session& s, uint64_t request) : work(std::move(w)), session(s.id), rid(request) { ++s.inflight; }
+  ~KvPending() {
+    if (Session* s = work.sessions.Find(session)) --s->inflight;
+  }
+  KvPending(const KvPending&) = delete;
+  KvPending& operator=(const KvPending&) = delete;
+
+  KvWork work;
+  uint64_t session = 0, rid = 0;
+  ipc::KvReserveRequest reserve;
+  ipc::KvGetRequest get;
+  ipc::KvBlocksReply reply;                      // a reserve's, so far
+  size_t next = 0;                               // the reserve's next key
+  std::map<std::string, ipc::KvBlock> promoted;  // the get's keys read from the disk, leased
+};
+
+void ReserveFrom(const std::shared_ptr<KvPending>& p) {
+  KvWork& w = p->work;
+  Session* s = w.sessions.Find(p->session);
+  if (s == nullptr) return;
+  BlockStore* store = w.kv.Find(p->reserve.store);
+  if (store == nullptr) return w.answer(*s, p->rid, NoStore(p->reserve.store));
+  const KvDiskTier* disk = w.kv.disk();
+  if (disk != nullptr && p->next == 0) {
+    uint64_t unknown = 0;
+    for (const std::string& key : p->reserve.keys) unknown += !store->Knows(key) && !disk->Has(store->spec().name, key);
+    store->MakeRoom(unknown);
+  }
+  for (; p->next < p->reserve.keys.size(); ++p->next) {
+    const std::string& key = p->reserve.keys[p->next];
+    if (disk != nullptr && !store->Knows(key) && disk->Has(store->spec().name, key)) {
+      p->reply.blocks.push_back({ErrorCode::kAlreadyExists, 0, 0, 0});  // on the disk: a get promotes it
+      continue;
+    }
+    const uint64_t held = store->HeldBlocks(s->id);
+    ipc::KvBlock b = store->Reserve(s->id, key);
+    if (b.code == ErrorCode::kResourceExhausted && store->spilling()) {
+      SpillEvicted(w.kv, w.workers, *store);  // (evicted blocks the disk has are free at once)
+      if (store->free_slots() == 0) return w.kv.WhenSlotsFree(store->id(), [p] { ReserveFrom(p); });
+      b = store->Reserve(s->id, key);
+    }
+    if (store->HeldBlocks(s->id) > held) {
+      if (Status q = w.holdings.Charge(*s, Held(1, *store)); !q.ok()) {
+        (void)store->Abort(s->id, {b.slot, b.generation});  // past the client's or its uid's quota
+        b = {q.code(), 0, 0, 0};
+      }
+    }
+    p->reply.blocks.push_back(b);
+  }
+  if (disk != nullptr) SpillEvicted(w.kv, w.workers, *store);
+  w.answer(*s, p->rid, std::move(p->reply));
+}
+
+// Keys on the disk and not in memory are read into slots on a worker and
+// leased for the client at once (so that the next promotions cannot evict
+// them), then the get is answered. A pass that finds no free slot while
+// blocks are being written out, or a key whose file is being written (evicted
+// a moment ago), waits for a write to end. A pass may evict a block of the
+// batch that was in memory: the next pass finds it on the disk. Every pass
+// that promotes leases a key for good, so the passes end; the last one
+// promotes nothing, evicts nothing, and is answered at once.
+void GetFrom(const std::shared_ptr<KvPending>& p) {
+  KvWork& w = p->work;
+  Session* s = w.sessions.Find(p->session);
+  if (s == nullptr) return;
+  BlockStore* store = w.kv.Find(p->get.store);
+  if (store == nullptr) return w.answer(*s, p->rid, NoStore(p->get.store));
+  KvDiskTier& disk = *w.kv.disk();
+  struct Promotion {
+    KvDiskTier::Read read;
+    ipc::KvBlock block;
+    std::byte* to = nullptr;
+    Result<uint64_t> length = uint64_t{0};
+  };
+  auto promotions = std::make_shared<std::vector<Promotion>>();
+  bool full = false, being_written = false;
+  uint64_t wanted = 0;
+  for (const std::string& key : p->get.keys)
+    wanted += p->promoted.count(key) == 0 && !store->Knows(key) && disk.Has(store->spec().name, key);
+  store->MakeRoom(wanted);
+  for (const std::string& key : p->get.keys) {
+    if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
+    std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
+    if (!read) {  // not in the tier, or evicted a moment ago and not yet copied out
+      being_written = being_written || disk.BeingWritten(store->spec().name, key);
+      continue;
+    }
+    Promotion promotion{std::move(*read), {}, nullptr};
+    promotion.block = store->BeginPromote(key, &promotion.to);
+    if (promotion.block.code != ErrorCode::kOk) {
+      disk.CancelRead(promotion.read);  // no slot for it now
+      full = true;
+      break;
+    }
+    SpillEvicted(w.kv, w.workers, *store);  // (so that a key it evicted is found on the disk from here on)
+    promotions->push_back(std::move(promotion));
+  }
+  SpillEvicted(w.kv, w.workers, *store);
+  if (!promotions->empty()) {
+    w.workers.Run(
+        [promotions] {
+          for (Promotion& x : *promotions) x.length = KvDiskTier::Perform(x.read, x.to);
+        },
+        [promotions, p] {
+          KvWork& w = p->work;
+          BlockStore* st = w.kv.Find(p->get.store);  // (not dropped: a promotion in flight keeps it in use)
+          Session* session = w.sessions.Find(p->session);
+          for (const Promotion& x : *promotions) {
+            ipc::KvBlock b = st->EndPromote(x.block, x.length, session != nullptr ? session->id : 0);
+            w.kv.disk()->EndRead(x.read, x.length);
+            if (session == nullptr || b.code != ErrorCode::kOk) continue;
+            if (Status q = w.holdings.Charge(*session, Held(1, *st)); !q.ok()) {
+              (void)st->Release(session->id, {b.slot, b.generation});  // past the client's or its uid's quota
+              b = {q.code(), 0, 0, 0};
+            }
+            p->promoted.emplace(x.read.key, b);
+          }
+          GetFrom(p);  // the keys left, if any; then the answer
+        });
+    return;
+  }
+  if (full && store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
+  // (each write's end wakes what waits on the store's slots)
+  if ((full && store->spilling()) || being_written) return w.kv.WhenSlotsFree(store->id(), [p] { GetFrom(p); });
+  w.answer(*s, p->rid, GetBlocks(w.holdings, &disk, *s, *store, p->get, std::move(p->promoted)));
+}
+
 }  // namespace
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvOpenRequest& m) {
@@ -194,71 +337,16 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSlabRequest& m) {
   return Deferred{};
 }
 
-// A reserve or a get with a disk tier may wait for it: for blocks being
-// written out to free their slots, for promotions to be read in. It counts as
-// its session's work in flight until it is answered (a take-over waits).
-struct Broker::KvPending {
-  KvPending(Sessions& all, Session& s, uint64_t request) : sessions(all), session(s.id), rid(request) {
-    ++s.inflight;
-  }
-  ~KvPending() {
-    if (Session* s = sessions.Find(session)) --s->inflight;
-  }
-  KvPending(const KvPending&) = delete;
-  KvPending& operator=(const KvPending&) = delete;
-
-  Sessions& sessions;
-  uint64_t session = 0, rid = 0;
-  ipc::KvReserveRequest reserve;
-  ipc::KvGetRequest get;
-  ipc::KvBlocksReply reply;  // a reserve's, so far
-  size_t next = 0;           // the reserve's next key
-  std::map<std::string, ipc::KvBlock> promoted;  // the get's keys read from the disk, leased
-};
-
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvReserveRequest& m) {
   if (kv_.Find(m.store) == nullptr) return NoStore(m.store);
-  auto p = std::make_shared<KvPending>(sessions_, s, rid);
+  auto answer = [this](Session& c, uint64_t id, Result<ipc::KvBlocksReply> r) {
+    r.ok() ? Send(c, id, std::move(*r)) : SendError(c, id, r.status());
+  };
+  auto p = std::make_shared<KvPending>(KvWork{sessions_, kv_, workers_, holdings_, answer}, s, rid);
   p->reserve = m;
   p->reply.blocks.reserve(m.keys.size());
   ReserveFrom(p);
   return Deferred{};
-}
-
-void Broker::ReserveFrom(const std::shared_ptr<KvPending>& p) {
-  Session* s = sessions_.Find(p->session);
-  if (s == nullptr) return;
-  BlockStore* store = kv_.Find(p->reserve.store);
-  if (store == nullptr) return SendError(*s, p->rid, NoStore(p->reserve.store));
-  const KvDiskTier* disk = kv_.disk();
-  if (disk != nullptr && p->next == 0) {
-    uint64_t unknown = 0;
-    for (const std::string& key : p->reserve.keys) unknown += !store->Knows(key) && !disk->Has(store->spec().name, key);
-    store->MakeRoom(unknown);
-  }
-  for (; p->next < p->reserve.keys.size(); ++p->next) {
-    const std::string& key = p->reserve.keys[p->next];
-    if (disk != nullptr && !store->Knows(key) && disk->Has(store->spec().name, key)) {
-      p->reply.blocks.push_back({ErrorCode::kAlreadyExists, 0, 0, 0});  // on the disk: a get promotes it
-      continue;
-    }
-    const uint64_t held = store->HeldBlocks(s->id);
-    ipc::KvBlock b = store->Reserve(s->id, key);
-    if (b.code == ErrorCode::kResourceExhausted && store->spilling()) {
-      SpillEvicted(kv_, workers_, *store);  // (evicted blocks the disk has are free at once)
-      if (store->free_slots() == 0) return kv_.WhenSlotsFree(store->id(), [this, p] { ReserveFrom(p); });
-      b = store->Reserve(s->id, key);
-    }
-    if (store->HeldBlocks(s->id) > held) {
-      if (Status q = holdings_.Charge(*s, Held(1, *store)); !q.ok()) {
-        (void)store->Abort(s->id, {b.slot, b.generation});  // past the client's or its uid's quota
-        b = {q.code(), 0, 0, 0};
-      }
-    }
-    p->reply.blocks.push_back(b);
-  }
-  if (disk != nullptr) SpillEvicted(kv_, workers_, *store);
-  Send(*s, p->rid, std::move(p->reply));
 }
 
 Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvSealRequest& m) {
@@ -343,82 +431,13 @@ Answer Broker::Handle(Session& s, uint64_t rid, const ipc::KvGetRequest& m) {
   BlockStore* store = kv_.Find(m.store);
   if (store == nullptr) return NoStore(m.store);
   if (kv_.disk() == nullptr || !m.lease) return GetBlocks(holdings_, kv_.disk(), s, *store, m);
-  auto p = std::make_shared<KvPending>(sessions_, s, rid);
+  auto answer = [this](Session& c, uint64_t id, Result<ipc::KvBlocksReply> r) {
+    r.ok() ? Send(c, id, std::move(*r)) : SendError(c, id, r.status());
+  };
+  auto p = std::make_shared<KvPending>(KvWork{sessions_, kv_, workers_, holdings_, answer}, s, rid);
   p->get = m;
   GetFrom(p);
   return Deferred{};
-}
-
-// Keys on the disk and not in memory are read into slots on a worker and
-// leased for the client at once (so that the next promotions cannot evict
-// them), then the get is answered. A pass that finds no free slot while
-// blocks are being written out, or a key whose file is being written (evicted
-// a moment ago), waits for a write to end. A pass may evict a block of the
-// batch that was in memory: the next pass finds it on the disk. Every pass
-// that promotes leases a key for good, so the passes end; the last one
-// promotes nothing, evicts nothing, and is answered at once.
-void Broker::GetFrom(const std::shared_ptr<KvPending>& p) {
-  Session* s = sessions_.Find(p->session);
-  if (s == nullptr) return;
-  BlockStore* store = kv_.Find(p->get.store);
-  if (store == nullptr) return SendError(*s, p->rid, NoStore(p->get.store));
-  KvDiskTier& disk = *kv_.disk();
-  struct Promotion {
-    KvDiskTier::Read read;
-    ipc::KvBlock block;
-    std::byte* to = nullptr;
-    Result<uint64_t> length = uint64_t{0};
-  };
-  auto promotions = std::make_shared<std::vector<Promotion>>();
-  bool full = false, being_written = false;
-  uint64_t wanted = 0;
-  for (const std::string& key : p->get.keys)
-    wanted += p->promoted.count(key) == 0 && !store->Knows(key) && disk.Has(store->spec().name, key);
-  store->MakeRoom(wanted);
-  for (const std::string& key : p->get.keys) {
-    if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
-    std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
-    if (!read) {  // not in the tier, or evicted a moment ago and not yet copied out
-      being_written = being_written || disk.BeingWritten(store->spec().name, key);
-      continue;
-    }
-    Promotion promotion{std::move(*read), {}, nullptr};
-    promotion.block = store->BeginPromote(key, &promotion.to);
-    if (promotion.block.code != ErrorCode::kOk) {
-      disk.CancelRead(promotion.read);  // no slot for it now
-      full = true;
-      break;
-    }
-    SpillEvicted(kv_, workers_, *store);  // (so that a key it evicted is found on the disk from here on)
-    promotions->push_back(std::move(promotion));
-  }
-  SpillEvicted(kv_, workers_, *store);
-  if (!promotions->empty()) {
-    workers_.Run(
-        [promotions] {
-          for (Promotion& x : *promotions) x.length = KvDiskTier::Perform(x.read, x.to);
-        },
-        [this, promotions, p] {
-          BlockStore* st = kv_.Find(p->get.store);  // (not dropped: a promotion in flight keeps it in use)
-          Session* session = sessions_.Find(p->session);
-          for (const Promotion& x : *promotions) {
-            ipc::KvBlock b = st->EndPromote(x.block, x.length, session != nullptr ? session->id : 0);
-            kv_.disk()->EndRead(x.read, x.length);
-            if (session == nullptr || b.code != ErrorCode::kOk) continue;
-            if (Status q = holdings_.Charge(*session, Held(1, *st)); !q.ok()) {
-              (void)st->Release(session->id, {b.slot, b.generation});  // past the client's or its uid's quota
-              b = {q.code(), 0, 0, 0};
-            }
-            p->promoted.emplace(x.read.key, b);
-          }
-          GetFrom(p);  // the keys left, if any; then the answer
-        });
-    return;
-  }
-  if (full && store->free_slots() > 0) return GetFrom(p);  // evicted blocks the disk has were freed at once
-  // (each write's end wakes what waits on the store's slots)
-  if ((full && store->spilling()) || being_written) return kv_.WhenSlotsFree(store->id(), [this, p] { GetFrom(p); });
-  Send(*s, p->rid, GetBlocks(holdings_, &disk, *s, *store, p->get, std::move(p->promoted)));
 }
 
 Answer Broker::Handle(Session& s, uint64_t, const ipc::KvReleaseRequest& m) {
