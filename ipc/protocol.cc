@@ -306,10 +306,10 @@ struct Encoder {
   }
   fb::Offset<void> operator()(const TakeOverAck&) { return w::CreateTakeOverAck(b).Union(); }
   fb::Offset<void> operator()(const WakeRequest&) { return w::CreateWakeRequest(b).Union(); }
-  fb::Offset<fb::Vector<fb::Offset<w::KvKey>>> Keys(const std::vector<std::string>& keys) {
+  fb::Offset<fb::Vector<fb::Offset<w::KvKey>>> Keys(const KvKeys& keys) {
     std::vector<fb::Offset<w::KvKey>> ks;
     ks.reserve(keys.size());
-    for (const auto& k : keys)
+    for (std::string_view k : keys)
       ks.push_back(w::CreateKvKey(b, b.CreateVector(reinterpret_cast<const uint8_t*>(k.data()), k.size())));
     return b.CreateVector(ks);
   }
@@ -843,15 +843,16 @@ Result<Message> Read(const w::WakeRequest*) { return Message(WakeRequest{}); }
 
 // KV-cache stores: every batch at most kMaxKvBatch long, every key 1 to
 // kMaxKvKeyBytes bytes.
-Status ReadKeys(const fb::Vector<fb::Offset<w::KvKey>>* v, std::vector<std::string>* out) {
+Status ReadKeys(const fb::Vector<fb::Offset<w::KvKey>>* v, KvKeys* out) {
   if (v == nullptr) return Status::Ok();
   if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " keys");
-  out->reserve(v->size());
+  out->reserve(v->size(), v->size() * 32);  // (content hashes are 32 bytes)
   for (const auto* k : *v) {
-    std::string key;
-    MB_RETURN_IF_ERROR(ReadBytes(k->bytes(), kMaxKvKeyBytes, "key", &key));
-    if (key.empty()) return Malformed("an empty key");
-    out->push_back(std::move(key));
+    const fb::Vector<uint8_t>* bytes = k->bytes();
+    if (bytes == nullptr || bytes->size() == 0) return Malformed("an empty key");
+    if (bytes->size() > kMaxKvKeyBytes)
+      return Malformed("key longer than " + std::to_string(kMaxKvKeyBytes) + " bytes");
+    out->push_back(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   }
   return Status::Ok();
 }

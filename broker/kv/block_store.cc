@@ -286,7 +286,7 @@ void BlockStore::Spilled(uint64_t slot, bool written) {
   if (written) ++stats_.spilled;
 }
 
-std::optional<uint64_t> BlockStore::Claim(const std::string& key, State state) {
+std::optional<uint64_t> BlockStore::Claim(std::string_view key, State state) {
   const std::optional<uint64_t> taken = TakeSlot();
   if (!taken) return std::nullopt;
   ++used_;
@@ -295,11 +295,11 @@ std::optional<uint64_t> BlockStore::Claim(const std::string& key, State state) {
   s.generation += 1;
   s.length = 0;
   s.key = key;
-  index_.emplace(key, *taken);
+  index_.emplace(s.key, *taken);
   return taken;
 }
 
-ipc::KvBlock BlockStore::BeginPromote(const std::string& key, std::byte** to) {
+ipc::KvBlock BlockStore::BeginPromote(std::string_view key, std::byte** to) {
   if (Knows(key)) return {ErrorCode::kBusy, 0, 0, 0};
   const std::optional<uint64_t> taken = Claim(key, State::kPromoting);
   if (!taken) return {ErrorCode::kResourceExhausted, 0, 0, 0};
@@ -334,7 +334,7 @@ ipc::KvBlock BlockStore::EndPromote(const ipc::KvBlock& begun, const Result<uint
   return BlockOf(ErrorCode::kOk, begun.slot);
 }
 
-ipc::KvBlock BlockStore::Reserve(uint64_t session, const std::string& key) {
+ipc::KvBlock BlockStore::Reserve(uint64_t session, std::string_view key) {
   if (auto it = index_.find(key); it != index_.end()) {
     const Slot& s = slots_[it->second];
     return BlockOf(s.state == State::kSealed ? ErrorCode::kAlreadyExists : ErrorCode::kBusy, it->second);
@@ -415,7 +415,7 @@ ErrorCode BlockStore::Abort(uint64_t session, const ipc::KvRef& ref) {
   return ErrorCode::kOk;
 }
 
-ipc::KvBlock BlockStore::Get(uint64_t session, const std::string& key, bool lease, bool* newly_held) {
+ipc::KvBlock BlockStore::Get(uint64_t session, std::string_view key, bool lease, bool* newly_held) {
   auto it = index_.find(key);
   if (it == index_.end() || slots_[it->second].state != State::kSealed) {
     ++stats_.misses;

@@ -34,6 +34,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -113,7 +114,7 @@ class BlockStore {
   // The index's fd (kv_index.h): for the next broker only, never a client.
   int index_fd() const { return records_.fd(); }
 
-  ipc::KvBlock Reserve(uint64_t session, const std::string& key);
+  ipc::KvBlock Reserve(uint64_t session, std::string_view key);
   // Copies [seal.offset, seal.offset + seal.length) of src_fd into the block
   // the session reserved, and the key becomes visible.
   ipc::KvBlock Seal(uint64_t session, const ipc::KvSeal& seal, int src_fd);
@@ -129,9 +130,9 @@ class BlockStore {
   ErrorCode Abort(uint64_t session, const ipc::KvRef& ref);
   // NOT_FOUND for a key not sealed (absent or being written). newly_held:
   // set when this lease is the session's first on the block (HeldBlocks grew).
-  ipc::KvBlock Get(uint64_t session, const std::string& key, bool lease, bool* newly_held = nullptr);
+  ipc::KvBlock Get(uint64_t session, std::string_view key, bool lease, bool* newly_held = nullptr);
   // The key is in memory, sealed or being written or promoted.
-  bool Knows(const std::string& key) const { return index_.count(key) != 0; }
+  bool Knows(std::string_view key) const { return index_.find(key) != index_.end(); }
 
   // The disk tier (rule 5): from now on, an evicted block whose key
   // `unwritten` accepts is held back for it.
@@ -156,7 +157,7 @@ class BlockStore {
   // Takes a slot for a key read from the disk (none: RESOURCE_EXHAUSTED);
   // invisible until EndPromote seals it with the length read - leased for
   // `lease_for` unless that is 0, and counted a hit - or frees it (NOT_FOUND).
-  ipc::KvBlock BeginPromote(const std::string& key, std::byte** to);
+  ipc::KvBlock BeginPromote(std::string_view key, std::byte** to);
   ipc::KvBlock EndPromote(const ipc::KvBlock& begun, const Result<uint64_t>& length, uint64_t lease_for);
   ErrorCode Release(uint64_t session, const ipc::KvRef& ref);
   void OnSessionEnd(uint64_t session);
@@ -209,7 +210,7 @@ class BlockStore {
   // A free slot for a new block (evicting if the store is full), or none.
   std::optional<uint64_t> TakeSlot();
   // TakeSlot, given to key in state (a new generation), or none.
-  std::optional<uint64_t> Claim(const std::string& key, State state);
+  std::optional<uint64_t> Claim(std::string_view key, State state);
   void Free(uint64_t slot);
   void Unhold(uint64_t slot);
   std::byte* Address(uint64_t slot) const;
@@ -233,7 +234,11 @@ class BlockStore {
   uint64_t used_ = 0;           // slots writing, promoting or sealed
   uint64_t writing_blocks_ = 0;
   uint64_t promoting_blocks_ = 0;
-  std::unordered_map<std::string, uint64_t> index_;  // key -> slot (writing or sealed)
+  struct KeyHash {  // (a batch's keys are views: looked up without a copy)
+    using is_transparent = void;
+    size_t operator()(std::string_view key) const { return std::hash<std::string_view>{}(key); }
+  };
+  std::unordered_map<std::string, uint64_t, KeyHash, std::equal_to<>> index_;  // key -> slot (writing or sealed)
   std::unique_ptr<EvictionPolicy> policy_;
   // session -> slot -> leases. Hashed, and a session's table is kept, empty,
   // until the session ends: a batch's leases come and go at every get, and

@@ -260,12 +260,12 @@ void KvDiskTier::Forget(std::map<Name, Entry>::iterator it) {
   entries_.erase(it);
 }
 
-bool KvDiskTier::Has(const std::string& store, const std::string& key) const {
-  return entries_.count(Name{store, key}) != 0;
+bool KvDiskTier::Has(const std::string& store, std::string_view key) const {
+  return entries_.count(Name{store, std::string(key)}) != 0;
 }
 
-bool KvDiskTier::BeingWritten(const std::string& store, const std::string& key) const {
-  auto it = entries_.find(Name{store, key});
+bool KvDiskTier::BeingWritten(const std::string& store, std::string_view key) const {
+  auto it = entries_.find(Name{store, std::string(key)});
   return it != entries_.end() && !it->second.whole;
 }
 
@@ -406,9 +406,9 @@ void KvDiskTier::EndWrite(const Write& w, const Status& result) {
             static_cast<unsigned long long>(stats_.write_failed), LogText(result.message()).c_str());
 }
 
-std::optional<KvDiskTier::Read> KvDiskTier::BeginRead(const std::string& store, const std::string& key,
+std::optional<KvDiskTier::Read> KvDiskTier::BeginRead(const std::string& store, std::string_view key,
                                                       uint64_t block_size) {
-  auto it = entries_.find(Name{store, key});
+  auto it = entries_.find(Name{store, std::string(key)});
   if (it == entries_.end() || (!it->second.whole && !it->second.copy)) return std::nullopt;
   if (it->second.block_size != block_size) {  // a store of this name with other blocks, before
     if (!it->second.whole) return std::nullopt;  // (its write ends it)
@@ -417,8 +417,14 @@ std::optional<KvDiskTier::Read> KvDiskTier::BeginRead(const std::string& store, 
     return std::nullopt;
   }
   ++it->second.readers;
-  return Read{store,      key, block_size, it->second.sequence, PathOf(store, key, it->second.sequence),
-              it->second.copy, it->second.length};
+  const std::string& name = it->first.second;  // the key
+  return Read{store,
+              name,
+              block_size,
+              it->second.sequence,
+              PathOf(store, name, it->second.sequence),
+              it->second.copy,
+              it->second.length};
 }
 
 Result<uint64_t> KvDiskTier::Perform(const Read& r, std::byte* to) {

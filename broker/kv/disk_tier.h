@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,8 +74,8 @@ class KvDiskTier {
   int lock_fd() const { return dir_fd_.get(); }
 
   // The key has a file here, whole or being written.
-  bool Has(const std::string& store, const std::string& key) const;
-  bool BeingWritten(const std::string& store, const std::string& key) const;
+  bool Has(const std::string& store, std::string_view key) const;
+  bool BeingWritten(const std::string& store, std::string_view key) const;
 
   struct Write {
     std::string store, key;
@@ -107,7 +108,7 @@ class KvDiskTier {
   };
   // Nothing unless the key's file is whole or its block waits, copied, to be
   // written.
-  std::optional<Read> BeginRead(const std::string& store, const std::string& key, uint64_t block_size);
+  std::optional<Read> BeginRead(const std::string& store, std::string_view key, uint64_t block_size);
   // Reads the payload into `to` (block_size bytes of room) and checks it all:
   // its length, or why the file cannot be served.
   static Result<uint64_t> Perform(const Read& r, std::byte* to);

@@ -106,12 +106,13 @@ void SpillEvicted(KvStores& kv, Workers& workers, BlockStore& store) {
 // on the disk is there too (a get with a lease promotes it). `promoted`:
 // keys read from the disk for this get, leased and charged already.
 ipc::KvBlocksReply GetBlocks(Holdings& holdings, const KvDiskTier* disk, Session& s, BlockStore& store,
-                             const ipc::KvGetRequest& m, std::map<std::string, ipc::KvBlock>&& promoted = {}) {
+                             const ipc::KvGetRequest& m,
+                             std::map<std::string, ipc::KvBlock, std::less<>>&& promoted = {}) {
   ipc::KvBlocksReply reply;
   reply.blocks.reserve(m.keys.size());
   std::vector<bool> fresh(m.keys.size());  // the block's first lease for this client
   uint64_t fresh_blocks = 0;
-  for (const std::string& key : m.keys) {
+  for (std::string_view key : m.keys) {
     ipc::KvBlock b{ErrorCode::kOk, 0, 0, 0};
     if (auto it = promoted.find(key); it != promoted.end()) {
       b = it->second;  // (once: the key again in the batch takes a lease of its own)
@@ -176,7 +177,7 @@ struct KvPending {
   ipc::KvGetRequest get;
   ipc::KvBlocksReply reply;                      // a reserve's, so far
   size_t next = 0;                               // the reserve's next key
-  std::map<std::string, ipc::KvBlock> promoted;  // the get's keys read from the disk, leased
+  std::map<std::string, ipc::KvBlock, std::less<>> promoted;  // the get's keys read from the disk, leased
 };
 
 void ReserveFrom(const std::shared_ptr<KvPending>& p) {
@@ -188,11 +189,11 @@ void ReserveFrom(const std::shared_ptr<KvPending>& p) {
   const KvDiskTier* disk = w.kv.disk();
   if (disk != nullptr && p->next == 0) {
     uint64_t unknown = 0;
-    for (const std::string& key : p->reserve.keys) unknown += !store->Knows(key) && !disk->Has(store->spec().name, key);
+    for (std::string_view key : p->reserve.keys) unknown += !store->Knows(key) && !disk->Has(store->spec().name, key);
     store->MakeRoom(unknown);
   }
   for (; p->next < p->reserve.keys.size(); ++p->next) {
-    const std::string& key = p->reserve.keys[p->next];
+    const std::string_view key = p->reserve.keys[p->next];
     if (disk != nullptr && !store->Knows(key) && disk->Has(store->spec().name, key)) {
       p->reply.blocks.push_back({ErrorCode::kAlreadyExists, 0, 0, 0});  // on the disk: a get promotes it
       continue;
@@ -240,10 +241,10 @@ void GetFrom(const std::shared_ptr<KvPending>& p) {
   auto promotions = std::make_shared<std::vector<Promotion>>();
   bool full = false, being_written = false;
   uint64_t wanted = 0;
-  for (const std::string& key : p->get.keys)
+  for (std::string_view key : p->get.keys)
     wanted += p->promoted.count(key) == 0 && !store->Knows(key) && disk.Has(store->spec().name, key);
   store->MakeRoom(wanted);
-  for (const std::string& key : p->get.keys) {
+  for (std::string_view key : p->get.keys) {
     if (p->promoted.count(key) != 0 || store->Knows(key)) continue;
     std::optional<KvDiskTier::Read> read = disk.BeginRead(store->spec().name, key, store->spec().block_size);
     if (!read) {  // not in the tier, or evicted a moment ago and not yet copied out

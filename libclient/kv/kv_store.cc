@@ -235,8 +235,8 @@ Result<std::vector<bool>> KvStore::Exists(std::span<const std::string> keys) {
   out.reserve(keys.size());
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
-    MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvGetRequest{
-                                             id(), std::vector<std::string>(batch.begin(), batch.end()), false}));
+    MB_ASSIGN_OR_RETURN(detail::Reply r,
+                        state_->conn().Call(ipc::KvGetRequest{id(), ipc::KvKeys(batch.begin(), batch.end()), false}));
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvGetRequest"));
     for (const auto& b : m.blocks) out.push_back(b.code == ErrorCode::kOk);
   }
@@ -249,8 +249,8 @@ Result<size_t> KvStore::PrefixHits(std::span<const std::string> keys) {
   size_t hits = 0;
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
-    MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvGetRequest{
-                                             id(), std::vector<std::string>(batch.begin(), batch.end()), false}));
+    MB_ASSIGN_OR_RETURN(detail::Reply r,
+                        state_->conn().Call(ipc::KvGetRequest{id(), ipc::KvKeys(batch.begin(), batch.end()), false}));
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvGetRequest"));
     hits += m.leading;
     if (m.leading < batch.size()) break;
@@ -266,8 +266,8 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
   bool leading = true;
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
-    MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvGetRequest{
-                                             id(), std::vector<std::string>(batch.begin(), batch.end()), true}));
+    MB_ASSIGN_OR_RETURN(detail::Reply r,
+                        state_->conn().Call(ipc::KvGetRequest{id(), ipc::KvKeys(batch.begin(), batch.end()), true}));
     const uint64_t broker = r.broker;
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvGetRequest"));
     std::vector<ipc::KvRef> granted;
@@ -313,8 +313,8 @@ Result<KvPut> KvStore::Reserve(std::span<const std::string> keys) {
   put.blocks_.reserve(keys.size());
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
-    MB_ASSIGN_OR_RETURN(detail::Reply r, state_->conn().Call(ipc::KvReserveRequest{
-                                             id(), std::vector<std::string>(batch.begin(), batch.end())}));
+    MB_ASSIGN_OR_RETURN(detail::Reply r,
+                        state_->conn().Call(ipc::KvReserveRequest{id(), ipc::KvKeys(batch.begin(), batch.end())}));
     const uint64_t broker = r.broker;
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvReserveRequest"));
     if (at == 0) {

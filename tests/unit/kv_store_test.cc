@@ -600,6 +600,23 @@ TEST(KvDiskTier, OneBrokerPerDirectoryAndATakeOverHandsTheLockOver) {
   EXPECT_EQ((*fourth)->stats().blocks, 2u);
 }
 
+// A batch's keys share one buffer: each key keeps its own bytes and bounds
+// (keys that join to the same bytes differ), through encode and decode.
+TEST(KvWire, KeysKeepTheirBoundsInOneBuffer) {
+  const std::vector<std::string> given = {"ab", std::string("\0k", 2), std::string(ipc::kMaxKvKeyBytes, '\xff'), "c"};
+  const ipc::KvKeys keys(given);
+  ASSERT_EQ(keys.size(), given.size());
+  std::vector<std::string> seen;
+  for (std::string_view k : keys) seen.emplace_back(k);
+  EXPECT_EQ(seen, given);
+  EXPECT_EQ(keys[1], std::string_view("\0k", 2));
+  EXPECT_NE((ipc::KvKeys{"ab", "c"}), (ipc::KvKeys{"a", "bc"}));
+  EXPECT_EQ((ipc::KvKeys{"ab", "c"}), (ipc::KvKeys(std::vector<std::string>{"ab", "c"})));
+  auto decoded = ipc::Decode(ipc::Encode({ipc::kProtocolVersion, 1, 0, ipc::KvGetRequest{1, keys, true}}));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(std::get<ipc::KvGetRequest>(decoded->body).keys, keys);
+}
+
 TEST(KvWire, BatchesAndKeysAreCapped) {
   using ipc::Decode;
   using ipc::Encode;

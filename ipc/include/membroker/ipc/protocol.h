@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "membroker/ipc/kv_keys.h"
 #include "membroker/ipc/page_policy.h"
 #include "membroker/ipc/messages.h"
 #include "membroker/status.h"
@@ -468,7 +469,7 @@ struct KvRef {
 };
 struct KvReserveRequest {
   uint64_t store = 0;
-  std::vector<std::string> keys;
+  KvKeys keys;
   bool operator==(const KvReserveRequest&) const = default;
 };
 struct KvSeal {
@@ -491,7 +492,7 @@ struct KvAbortRequest {
 };
 struct KvGetRequest {
   uint64_t store = 0;
-  std::vector<std::string> keys;
+  KvKeys keys;
   bool lease = false;
   bool operator==(const KvGetRequest&) const = default;
 };
