@@ -441,16 +441,16 @@ ErrorCode BlockStore::Release(uint64_t session, const ipc::KvRef& ref) {
   }
   auto l = leases_.find(session);
   if (l == leases_.end()) return ErrorCode::kInvalidHandle;
-  auto c = l->second.find(ref.slot);
-  if (c == l->second.end()) return ErrorCode::kInvalidHandle;
+  uint32_t* mine = l->second.Find(ref.slot);
+  if (mine == nullptr) return ErrorCode::kInvalidHandle;
   --slots_[ref.slot].leases;
-  if (--c->second == 0) l->second.erase(c);
+  if (--*mine == 0) l->second.Erase(ref.slot);
   return ErrorCode::kOk;
 }
 
 void BlockStore::OnSessionEnd(uint64_t session) {
   if (auto l = leases_.find(session); l != leases_.end()) {
-    for (const auto& [slot, n] : l->second) slots_[slot].leases -= n;
+    l->second.ForEach([this](uint64_t slot, uint32_t n) { slots_[slot].leases -= n; });
     leases_.erase(l);
   }
   if (auto w = writing_.find(session); w != writing_.end()) {
@@ -472,8 +472,7 @@ bool BlockStore::InUse() const {
 
 uint64_t BlockStore::leases_held() const {
   uint64_t n = 0;
-  for (const auto& [session, slots] : leases_)
-    for (const auto& [slot, c] : slots) n += c;
+  for (const auto& [session, slots] : leases_) slots.ForEach([&n](uint64_t, uint32_t c) { n += c; });
   return n;
 }
 
@@ -487,7 +486,7 @@ uint64_t BlockStore::HeldBlocks(uint64_t session) const {
 std::map<uint64_t, std::pair<uint64_t, uint64_t>> BlockStore::BySession() const {
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> out;
   for (const auto& [session, slots] : leases_)
-    for (const auto& [slot, c] : slots) out[session].first += c;
+    slots.ForEach([&out, session = session](uint64_t, uint32_t c) { out[session].first += c; });
   for (const auto& [session, slots] : writing_) out[session].second += slots.size();
   return out;
 }
@@ -498,11 +497,15 @@ Status BlockStore::Check() const {
   };
   uint64_t used = 0, writing = 0, sealed = 0, promoting = 0;
   std::vector<uint32_t> leases(slots_.size(), 0);
+  bool stray = false;
   for (const auto& [session, slots] : leases_)
-    for (const auto& [slot, c] : slots) {
-      if (slot >= slots_.size() || c == 0) return broken("a lease on no block");
-      leases[slot] += c;
-    }
+    slots.ForEach([&](uint64_t slot, uint32_t c) {
+      if (slot >= slots_.size() || c == 0)
+        stray = true;
+      else
+        leases[slot] += c;
+    });
+  if (stray) return broken("a lease on no block");
   for (uint64_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     if (s.leases != leases[i]) return broken("slot " + std::to_string(i) + " counts leases its clients do not hold");

@@ -41,6 +41,7 @@
 
 #include "kv/eviction.h"
 #include "kv/kv_index.h"
+#include "kv/slot_counts.h"
 #include "kv/store_spec.h"
 #include "memory/memfd.h"
 #include "membroker/ipc/protocol.h"
@@ -240,10 +241,9 @@ class BlockStore {
   };
   std::unordered_map<std::string, uint64_t, KeyHash, std::equal_to<>> index_;  // key -> slot (writing or sealed)
   std::unique_ptr<EvictionPolicy> policy_;
-  // session -> slot -> leases. Hashed, and a session's table is kept, empty,
-  // until the session ends: a batch's leases come and go at every get, and
-  // the table's buckets stay for the next batch.
-  std::map<uint64_t, std::unordered_map<uint64_t, uint32_t>> leases_;
+  // session -> slot -> leases. A session's table is kept, empty, until the
+  // session ends: a batch's leases come and go at every get.
+  std::map<uint64_t, SlotCounts> leases_;
   std::map<uint64_t, std::set<uint64_t>> writing_;           // session -> slots it reserved
   KvStoreStats stats_;
 };
