@@ -41,6 +41,7 @@ namespace {
 
 struct Encoder {
   fb::FlatBufferBuilder& b;
+  bool key_tables = false;  // a KV batch's keys as clients before packed keys sent them
 
   fb::Offset<void> operator()(const HelloRequest& m) {
     auto name = b.CreateString(m.client_name);
@@ -313,6 +314,10 @@ struct Encoder {
       ks.push_back(w::CreateKvKey(b, b.CreateVector(reinterpret_cast<const uint8_t*>(k.data()), k.size())));
     return b.CreateVector(ks);
   }
+  std::pair<fb::Offset<fb::Vector<uint8_t>>, fb::Offset<fb::Vector<uint32_t>>> PackedKeys(const KvKeys& keys) {
+    auto bytes = b.CreateVector(reinterpret_cast<const uint8_t*>(keys.bytes().data()), keys.bytes().size());
+    return {bytes, b.CreateVector(keys.ends())};
+  }
   fb::Offset<fb::Vector<const w::KvRef*>> Refs(const std::vector<KvRef>& refs) {
     std::vector<w::KvRef> rs;
     rs.reserve(refs.size());
@@ -331,8 +336,9 @@ struct Encoder {
   fb::Offset<void> operator()(const KvSlabRequest& m) { return w::CreateKvSlabRequest(b, m.store, m.slab).Union(); }
   fb::Offset<void> operator()(const KvSlabReply& m) { return w::CreateKvSlabReply(b, m.size).Union(); }
   fb::Offset<void> operator()(const KvReserveRequest& m) {
-    auto ks = Keys(m.keys);
-    return w::CreateKvReserveRequest(b, m.store, ks).Union();
+    if (key_tables) return w::CreateKvReserveRequest(b, m.store, Keys(m.keys)).Union();
+    auto [bytes, ends] = PackedKeys(m.keys);
+    return w::CreateKvReserveRequest(b, m.store, 0, bytes, ends).Union();
   }
   fb::Offset<void> operator()(const KvSealRequest& m) {
     std::vector<w::KvSeal> ss;
@@ -346,8 +352,9 @@ struct Encoder {
     return w::CreateKvAbortRequest(b, m.store, rs).Union();
   }
   fb::Offset<void> operator()(const KvGetRequest& m) {
-    auto ks = Keys(m.keys);
-    return w::CreateKvGetRequest(b, m.store, ks, m.lease).Union();
+    if (key_tables) return w::CreateKvGetRequest(b, m.store, Keys(m.keys), m.lease).Union();
+    auto [bytes, ends] = PackedKeys(m.keys);
+    return w::CreateKvGetRequest(b, m.store, 0, m.lease, bytes, ends).Union();
   }
   fb::Offset<void> operator()(const KvReleaseRequest& m) {
     auto rs = Refs(m.refs);
@@ -842,8 +849,9 @@ Result<Message> Read(const w::TakeOverAck*) { return Message(TakeOverAck{}); }
 Result<Message> Read(const w::WakeRequest*) { return Message(WakeRequest{}); }
 
 // KV-cache stores: every batch at most kMaxKvBatch long, every key 1 to
-// kMaxKvKeyBytes bytes.
-Status ReadKeys(const fb::Vector<fb::Offset<w::KvKey>>* v, KvKeys* out) {
+// kMaxKvKeyBytes bytes, packed (key_bytes, key_ends) or a table each (keys,
+// as clients before packed keys sent them), not both.
+Status ReadKeyTables(const fb::Vector<fb::Offset<w::KvKey>>* v, KvKeys* out) {
   if (v == nullptr) return Status::Ok();
   if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " keys");
   out->reserve(v->size(), v->size() * 32);  // (content hashes are 32 bytes)
@@ -854,6 +862,29 @@ Status ReadKeys(const fb::Vector<fb::Offset<w::KvKey>>* v, KvKeys* out) {
       return Malformed("key longer than " + std::to_string(kMaxKvKeyBytes) + " bytes");
     out->push_back(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   }
+  return Status::Ok();
+}
+template <typename Request>
+Status ReadKeys(const Request* m, KvKeys* out) {
+  const fb::Vector<fb::Offset<w::KvKey>>* v = m->keys();
+  const fb::Vector<uint8_t>* bytes = m->key_bytes();
+  const fb::Vector<uint32_t>* ends = m->key_ends();
+  if (bytes == nullptr && ends == nullptr) return ReadKeyTables(v, out);
+  if (v != nullptr) return Malformed("keys both packed and as tables");
+  if (bytes == nullptr || ends == nullptr) return Malformed("packed keys without their bytes or their ends");
+  if (ends->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " keys");
+  const std::string_view all(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+  out->reserve(ends->size(), all.size());
+  uint32_t begin = 0;
+  for (uint32_t end : *ends) {
+    if (end <= begin) return Malformed("an empty key, or key ends out of order");
+    if (end - begin > kMaxKvKeyBytes)
+      return Malformed("key longer than " + std::to_string(kMaxKvKeyBytes) + " bytes");
+    if (end > all.size()) return Malformed("a key ends past the keys' bytes");
+    out->push_back(all.substr(begin, end - begin));
+    begin = end;
+  }
+  if (begin != all.size()) return Malformed("key bytes past the last key");
   return Status::Ok();
 }
 Status ReadRefs(const fb::Vector<const w::KvRef*>* v, std::vector<KvRef>* out) {
@@ -880,7 +911,7 @@ Result<Message> Read(const w::KvSlabReply* m) { return Message(KvSlabReply{m->si
 Result<Message> Read(const w::KvReserveRequest* m) {
   KvReserveRequest r;
   r.store = m->store();
-  MB_RETURN_IF_ERROR(ReadKeys(m->keys(), &r.keys));
+  MB_RETURN_IF_ERROR(ReadKeys(m, &r.keys));
   return Message(std::move(r));
 }
 Result<Message> Read(const w::KvSealRequest* m) {
@@ -903,7 +934,7 @@ Result<Message> Read(const w::KvGetRequest* m) {
   KvGetRequest r;
   r.store = m->store();
   r.lease = m->lease();
-  MB_RETURN_IF_ERROR(ReadKeys(m->keys(), &r.keys));
+  MB_RETURN_IF_ERROR(ReadKeys(m, &r.keys));
   return Message(std::move(r));
 }
 Result<Message> Read(const w::KvReleaseRequest* m) {
@@ -979,12 +1010,13 @@ Result<Message> DecodeBody(const w::Envelope* env) {
 
 }  // namespace
 
-std::vector<uint8_t> Encode(const Envelope& env) {
+namespace {
+std::vector<uint8_t> EncodeWith(const Envelope& env, bool key_tables) {
   fb::FlatBufferBuilder b(1024);  // (a batch of keys outgrows less: each growth copies the buffer)
   auto [type, body] = std::visit(
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
-        return std::pair{static_cast<w::Message>(MessageIndex<T>() + 1), Encoder{b}(m)};
+        return std::pair{static_cast<w::Message>(MessageIndex<T>() + 1), Encoder{b, key_tables}(m)};
       },
       env.body);
   auto root = w::CreateEnvelope(b, env.protocol_version, env.request_id,
@@ -992,6 +1024,10 @@ std::vector<uint8_t> Encode(const Envelope& env) {
   b.Finish(root);
   return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
 }
+}  // namespace
+
+std::vector<uint8_t> Encode(const Envelope& env) { return EncodeWith(env, false); }
+std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env) { return EncodeWith(env, true); }
 
 Result<Envelope> Decode(std::span<const uint8_t> bytes) {
   if (bytes.size() > kMaxFrameBytes) return Malformed("frame too large");

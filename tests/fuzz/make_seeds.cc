@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
   AddRecord(&kv, Encode({kProtocolVersion, 8, kFlagNoReplyOnSuccess, KvReleaseRequest{1, {{0, 1}}}}));
   AddRecord(&kv, Encode({kProtocolVersion, 9, 0, KvReleaseRequest{1, {{0, 7}}}}));
   AddRecord(&kv, Encode({kProtocolVersion, 10, 0, KvReserveRequest{1, {"c", "d", "e", "f"}}}));
+  // The keys as a table each, as clients before packed keys sent them.
+  AddRecord(&kv, EncodeWithKeyTables({kProtocolVersion, 11, 0, KvGetRequest{1, {"a", "b"}, true}}));
+  AddRecord(&kv, EncodeWithKeyTables({kProtocolVersion, 12, 0, KvReserveRequest{1, {"g", "h"}}}));
   Write(std::string(argv[2]) + "/kv-session", kv);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -615,6 +616,38 @@ TEST(KvWire, KeysKeepTheirBoundsInOneBuffer) {
   auto decoded = ipc::Decode(ipc::Encode({ipc::kProtocolVersion, 1, 0, ipc::KvGetRequest{1, keys, true}}));
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<ipc::KvGetRequest>(decoded->body).keys, keys);
+}
+
+// Keys are sent packed (their bytes, and where each ends); a client from
+// before sent a table per key, and a broker reads both the same.
+TEST(KvWire, PackedKeysAreCheckedAndTheOldFormIsRead) {
+  const ipc::Envelope get{ipc::kProtocolVersion, 1, 0, ipc::KvGetRequest{1, {"ab", "cd"}, true}};
+  const ipc::Envelope reserve{ipc::kProtocolVersion, 2, 0, ipc::KvReserveRequest{1, {"ab", "cd"}}};
+  for (const ipc::Envelope& env : {get, reserve}) {
+    auto old = ipc::Decode(ipc::EncodeWithKeyTables(env));
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    EXPECT_EQ(*old, env);
+    EXPECT_NE(ipc::EncodeWithKeyTables(env), ipc::Encode(env));
+  }
+  // key_ends [2, 4] in the frame, patched: out of order, past the bytes, short of them, an empty key.
+  const std::vector<uint8_t> frame = ipc::Encode(get);
+  const uint8_t ends[] = {2, 0, 0, 0, 4, 0, 0, 0};
+  auto at = std::search(frame.begin(), frame.end(), std::begin(ends), std::end(ends));
+  ASSERT_NE(at, frame.end());
+  ASSERT_EQ(std::search(at + 1, frame.end(), std::begin(ends), std::end(ends)), frame.end());
+  const size_t off = static_cast<size_t>(at - frame.begin());
+  const std::pair<std::array<uint8_t, 2>, const char*> bad[] = {{{4, 2}, "out of order"},
+                                                                  {{2, 5}, "past the keys' bytes"},
+                                                                  {{2, 3}, "past the last key"},
+                                                                  {{0, 4}, "an empty key"}};
+  for (const auto& [patch, why] : bad) {
+    std::vector<uint8_t> f = frame;
+    f[off] = patch[0];
+    f[off + 4] = patch[1];
+    auto r = ipc::Decode(f);
+    ASSERT_EQ(r.status().code(), ErrorCode::kProtocolError) << why;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(KvWire, BatchesAndKeysAreCapped) {

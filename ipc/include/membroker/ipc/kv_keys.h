@@ -42,6 +42,8 @@ class KvKeys {
     bytes_.reserve(bytes);
   }
   size_t size() const { return ends_.size(); }
+  std::string_view bytes() const { return bytes_; }    // every key's, one after another
+  const std::vector<uint32_t>& ends() const { return ends_; }  // past each key's last byte
   bool empty() const { return ends_.empty(); }
   std::string_view operator[](size_t i) const {
     const uint32_t begin = i == 0 ? 0 : ends_[i - 1];

@@ -582,6 +582,9 @@ struct Envelope {
 // Serialises env into a self-contained byte buffer (at most kMaxFrameBytes for
 // any message whose strings respect the caps above).
 std::vector<uint8_t> Encode(const Envelope& env);
+// Encode, with a KV batch's keys as a table each, as clients before packed
+// keys sent them (a broker reads both; tests and the fuzz seeds write this).
+std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env);
 
 // Verifies and decodes one frame. Any malformed, truncated or over-long input
 // gives PROTOCOL_ERROR; it never crashes or reads out of bounds.
