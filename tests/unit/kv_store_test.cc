@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -452,6 +454,36 @@ TEST(KvDiskTier, ABlockWrittenOutReadsBackAndAnotherTierFindsIt) {
   EXPECT_FALSE(again->BeginRead("test", "k1", 2 * kBlock).has_value());
   EXPECT_EQ(again->stats().damaged, 1u);
   EXPECT_FALSE(again->Has("test", "k1"));
+}
+
+// Block files are written as version 2 (a four-lane payload checksum) and
+// version 1 files are still read, and still checked: the fuzz corpus's
+// "whole" is one (store model/kv, key key-0, 1 KiB of a 4 KiB block).
+TEST(KvDiskTier, AVersion1FileIsStillReadAndChecked) {
+  TierDir dir;
+  std::ifstream in(std::string(MEMBROKER_SOURCE_DIR) + "/tests/fuzz/corpus/kv_disk_file/whole", std::ios::binary);
+  std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(file.size(), 248u + 1024u);
+  ASSERT_EQ(std::string(file.data(), 8), "MBKVDSK1");
+  const std::string path = dir.path + "/block.kv";
+  auto read = [&](const std::vector<char>& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::vector<std::byte> to(4096);
+    KvDiskTier::Read r;
+    r.store = "model/kv";
+    r.key = "key-0";
+    r.block_size = 4096;
+    r.sequence = 1;
+    r.path = path;
+    return KvDiskTier::Perform(r, to.data());
+  };
+  auto got = read(file);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 1024u);
+  file[248 + 600] ^= 0x5a;  // one byte of the payload
+  got = read(file);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("payload fails its checksum"), std::string::npos) << got.status().message();
 }
 
 TEST(KvDiskTier, TheOldestGoButNotOneBeingRead) {
