@@ -458,16 +458,14 @@ TEST(KvDiskTier, ABlockWrittenOutReadsBackAndAnotherTierFindsIt) {
 
 // Block files are written as version 2 (a four-lane payload checksum) and
 // version 1 files are still read, and still checked: the fuzz corpus's
-// "whole" is one (store model/kv, key key-0, 1 KiB of a 4 KiB block).
-TEST(KvDiskTier, AVersion1FileIsStillReadAndChecked) {
+// "whole" and "whole_v2" are one of each (store model/kv, key key-0, 1 KiB of
+// a 4 KiB block), and pin the format.
+TEST(KvDiskTier, BothFileVersionsAreReadAndChecked) {
   TierDir dir;
-  std::ifstream in(std::string(MEMBROKER_SOURCE_DIR) + "/tests/fuzz/corpus/kv_disk_file/whole", std::ios::binary);
-  std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_EQ(file.size(), 248u + 1024u);
-  ASSERT_EQ(std::string(file.data(), 8), "MBKVDSK1");
   const std::string path = dir.path + "/block.kv";
   auto read = [&](const std::vector<char>& bytes) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     std::vector<std::byte> to(4096);
     KvDiskTier::Read r;
     r.store = "model/kv";
@@ -477,13 +475,23 @@ TEST(KvDiskTier, AVersion1FileIsStillReadAndChecked) {
     r.path = path;
     return KvDiskTier::Perform(r, to.data());
   };
-  auto got = read(file);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(*got, 1024u);
-  file[248 + 600] ^= 0x5a;  // one byte of the payload
-  got = read(file);
-  ASSERT_FALSE(got.ok());
-  EXPECT_NE(got.status().message().find("payload fails its checksum"), std::string::npos) << got.status().message();
+  for (const auto& [name, magic] : {std::pair{"whole", "MBKVDSK1"}, std::pair{"whole_v2", "MBKVDSK2"}}) {
+    std::ifstream in(std::string(MEMBROKER_SOURCE_DIR) + "/tests/fuzz/corpus/kv_disk_file/" + name, std::ios::binary);
+    std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(file.size(), 248u + 1024u) << name;
+    ASSERT_EQ(std::string(file.data(), 8), magic);
+    auto got = read(file);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status().ToString();
+    EXPECT_EQ(*got, 1024u);
+    for (size_t at : {size_t{248}, size_t{248 + 600}, file.size() - 1}) {  // payload bytes: lanes and tail
+      std::vector<char> damaged = file;
+      damaged[at] ^= 0x5a;
+      got = read(damaged);
+      ASSERT_FALSE(got.ok()) << name << " with byte " << at << " changed";
+      EXPECT_NE(got.status().message().find("payload fails its checksum"), std::string::npos)
+          << got.status().message();
+    }
+  }
 }
 
 TEST(KvDiskTier, TheOldestGoButNotOneBeingRead) {
