@@ -678,8 +678,15 @@ for name, v, floor_name, floor in rows:
                      "later takes, on 2 cores. With the cap lifted (--background-delay-ms 60000 on the pool broker) "
                      "the same case measured 24-29 µs per take in three runs, 0.2x the round trip with fd")
         else:
-            limit = (f"the {takes} back-to-back takes span {span_ms:.1f} ms, within the pause refills wait for, "
-                     "so no refill ran beside them; " + limit)
+            limit = (f"the {takes} back-to-back takes span {span_ms:.1f} ms, but refills and returns of freed "
+                     "pages start once takes pause 1 ms (--background-delay-ms 1): measured alone (64 takes of "
+                     "2 MiB, 3 runs), a median take of 31-70 µs and a mean of 67-244 µs from one or two takes of "
+                     "1.1-5.0 ms; with --background-delay-ms 60000 a mean of 22 µs, the longest 85 µs. perf sched "
+                     "timehist: the client's thread runnable 2.1 ms while a worker ran 2.0 ms - on kernel 6.18's "
+                     "EEVDF scheduler a woken thread waits for a nice-10 worker's slice to end, so nice 10 does "
+                     "not keep the workers off a client's or the loop's CPU on 2 cores (not fixed: SCHED_IDLE for "
+                     "that work would let a woken thread in at once, and would starve the returns on a saturated "
+                     "machine); not measured interleaved")
     if name == "connect + handshake":
         limit = connect_limit(limit)
     goal("control path", f"{name} <= {bound}x {floor_name}" + (" (interleaved medians)" if two else " (means)"),
