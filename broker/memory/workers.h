@@ -22,7 +22,10 @@ namespace membroker::broker {
 
 // Worker threads create, zero and return memory: bulk work that must not take
 // a CPU from the loop thread, which serves every client. Nice 10 per thread
-// (Linux threads have their own nice value) lets the loop preempt them.
+// (Linux threads have their own nice value) gives them a tenth of a CPU's
+// share against the loop; it does not make a woken loop or client run at
+// once: on kernel 6.18 (EEVDF) a woken thread waited up to 2 ms for a
+// worker's slice to end (docs/BENCHMARKS.md, the pooled 2 MiB row).
 void LowerWorkerPriority();
 
 // Freed allocations' memory, to be given back to the backend together on a worker.
