@@ -70,8 +70,7 @@ Broker::Broker(Options options)
       takeover_(
           &loop_, [this] { BeginHandOver(); }, [this] { ContinueHandOver(); }),
       fd_store_(&loop_, [this] { return StateRecords(); }),
-      pools_(&loop_, MemfdBackend(), options_.pools,
-             [this](const std::string& what) { return state_file_->NameFor(what); }),
+      pools_(MemfdBackend(), options_.pools, [this](const std::string& what) { return state_file_->NameFor(what); }),
       workers_(&loop_, MemfdBackend(), pools_, options_.background_delay_ms),
       holdings_(MemfdBackend(), pools_, workers_, fd_store_,
                 AddressWindow(options_.va_window_base, options_.va_window_size), options_.inline_alloc_bytes),

@@ -9,23 +9,19 @@
 
 namespace membroker::broker {
 
-// Creates `count` allocations for one pool: up to 64 MiB of them per work
-// item, so refilling a pool of small allocations costs one worker wake-up and
-// one completion per batch rather than per allocation.
-struct Pools::RefillWork {
-  static constexpr uint64_t kBatchBytes = 64ull << 20;
-  uv_work_t req{};
-  Pools* pools = nullptr;
-  size_t pool = 0;
-  uint32_t count = 0;
-  MemorySpec spec;
+// What one refill made for a pool on a worker: up to 8 MiB of allocations
+// per work item, so refilling a pool of small allocations costs one worker
+// wake-up and one completion per batch rather than per allocation, and a
+// request's work waits for at most one batch on a busy thread.
+struct Pools::Refilled {
+  static constexpr uint64_t kBatchBytes = 8ull << 20;
   std::vector<PhysicalMemory> created;
   uint32_t failures = 0;
 };
 
-Pools::Pools(uv_loop_t* loop, PhysicalBackend& backend, const std::vector<PoolSpec>& specs,
+Pools::Pools(PhysicalBackend& backend, const std::vector<PoolSpec>& specs,
              std::function<std::string(const std::string&)> name)
-    : loop_(loop), backend_(backend), name_(std::move(name)) {
+    : backend_(backend), name_(std::move(name)) {
   for (const PoolSpec& spec : specs) pools_.emplace_back().spec = spec;
 }
 
@@ -62,53 +58,39 @@ void Pools::Fill() {
   }
 }
 
-void Pools::Refill() {
-  for (size_t i = 0; i < pools_.size(); ++i) RefillPool(i);
+void Pools::Refill(Workers& workers) {
+  for (size_t i = 0; i < pools_.size(); ++i) RefillPool(i, workers);
 }
 
-void Pools::RefillPool(size_t index) {
+void Pools::RefillPool(size_t index, Workers& workers) {
   Pool& pool = pools_[index];
   while (!stopping_ && pool.NeedsRefill()) {
-    auto* w = new RefillWork();
-    w->req.data = w;
-    w->pools = this;
-    w->pool = index;
-    w->spec = {"", pool.spec.size, pool.spec.policy, false};
+    const MemorySpec spec{"", pool.spec.size, pool.spec.policy, false};
     const uint64_t needed = pool.spec.count - pool.ready.size() - pool.refilling;
-    w->count = static_cast<uint32_t>(std::clamp<uint64_t>(RefillWork::kBatchBytes / pool.spec.size, 1, needed));
-    pool.refilling += w->count;
-    int rc = uv_queue_work(
-        loop_, &w->req,
-        [](uv_work_t* r) {
-          LowerWorkerPriority();
-          auto* w = static_cast<RefillWork*>(r->data);
-          for (uint32_t i = 0; i < w->count; ++i) {
-            MemorySpec spec = w->spec;
-            spec.name = w->pools->name_("membroker:pool");  // thread-safe; a nonce each
-            auto mem = w->pools->backend_.Create(spec);
+    const auto count = static_cast<uint32_t>(std::clamp<uint64_t>(Refilled::kBatchBytes / spec.size, 1, needed));
+    pool.refilling += count;
+    auto refilled = std::make_shared<Refilled>();
+    workers.RunInBackground(
+        [this, spec, count, refilled] {
+          for (uint32_t i = 0; i < count; ++i) {
+            MemorySpec one = spec;
+            one.name = name_("membroker:pool");  // thread-safe; a nonce each
+            auto mem = backend_.Create(one);
             if (!mem.ok()) {
-              w->failures = w->count - i;
+              refilled->failures = count - i;
               break;
             }
-            w->created.push_back(std::move(*mem));
+            refilled->created.push_back(std::move(*mem));
           }
         },
-        [](uv_work_t* r, int) {
-          std::unique_ptr<RefillWork> w(static_cast<RefillWork*>(r->data));
-          Pool& pool = w->pools->pools_[w->pool];
-          pool.refilling -= w->count;
-          pool.refill_failures += w->failures;  // retried on the next refill
-          if (w->pools->stopping_) return;
-          pool.refills += w->created.size();
-          for (auto& mem : w->created) pool.ready.push_back(std::move(mem));
+        [this, index, count, refilled] {
+          Pool& pool = pools_[index];
+          pool.refilling -= count;
+          pool.refill_failures += refilled->failures;  // retried on the next refill
+          if (stopping_) return;
+          pool.refills += refilled->created.size();
+          for (auto& mem : refilled->created) pool.ready.push_back(std::move(mem));
         });
-    if (rc != 0) {  // not queued: the next pause retries
-      pool.refilling -= w->count;
-      ++pool.refill_failures;
-      delete w;
-      MB_WARN("worker_refused", "work=refill error=\"%s\"", uv_strerror(rc));
-      return;
-    }
   }
 }
 

@@ -1,15 +1,13 @@
 // Pools: allocations of one size class and page policy created ahead of time,
 // so MallocPhysical of that size takes a ready memfd instead of creating and
 // reserving memory on the request path. Filled before the broker reports
-// ready; refilled on libuv's worker threads once takes pause (Workers).
+// ready; refilled on worker threads once takes pause (Workers).
 //
 // Memory is never recycled from one holder to the next: a process that once
 // received an allocation's fd can keep a copy of it (dup, /proc/PID/fd) and
 // would read whatever the next tenant writes. So a freed allocation's pages go
 // back to the kernel, and the pool gets fresh (zeroed) memory in its place.
 #pragma once
-
-#include <uv.h>
 
 #include <cstdint>
 #include <deque>
@@ -24,6 +22,8 @@
 #include "options.h"
 
 namespace membroker::broker {
+
+class Workers;
 
 struct Pool {
   PoolSpec spec;
@@ -48,7 +48,7 @@ struct Pool {
 class Pools {
  public:
   // name(what) is the tagged memfd name of new memory (restart/state_file.h).
-  Pools(uv_loop_t* loop, PhysicalBackend& backend, const std::vector<PoolSpec>& specs,
+  Pools(PhysicalBackend& backend, const std::vector<PoolSpec>& specs,
         std::function<std::string(const std::string&)> name);
   Pools(const Pools&) = delete;
   Pools& operator=(const Pools&) = delete;
@@ -66,8 +66,8 @@ class Pools {
 
   // Creates every pool's memory here and now (before the broker is ready).
   void Fill();
-  // Queues the creation of what is missing on worker threads.
-  void Refill();
+  // Queues the creation of what is missing on the workers' threads.
+  void Refill(Workers& workers);
   // No refill starts after this, and refills in flight are dropped.
   void Stop() { stopping_ = true; }
 
@@ -76,10 +76,9 @@ class Pools {
   Status Check(const std::vector<int>& live_pool_indexes) const;
 
  private:
-  struct RefillWork;
-  void RefillPool(size_t index);
+  struct Refilled;
+  void RefillPool(size_t index, Workers& workers);
 
-  uv_loop_t* loop_;
   PhysicalBackend& backend_;
   std::function<std::string(const std::string&)> name_;
   std::deque<Pool> pools_;  // deque: a Pool is not copyable and never moves

@@ -1,102 +1,44 @@
 // Workers (workers.h).
 #include "memory/workers.h"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <memory>
 #include <optional>
 #include <utility>
 
-#include "log.h"
 #include "uv_status.h"
 
 namespace membroker::broker {
 
-void LowerWorkerPriority() {
-  thread_local bool lowered = false;
-  if (!lowered) {
-    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
-    lowered = true;
+// The loop runs work itself once the threads are closed (Stop): freed
+// memory then goes back at once.
+void Workers::RunIn(WorkerThreads::Lane lane, std::function<void()> work, std::function<void()> done) {
+  if (!threads_.open()) {
+    work();
+    done();
+    return;
   }
+  threads_.Submit(lane, std::move(work), std::move(done));
 }
 
-struct Workers::MallocWork {
-  uv_work_t req{};
-  Workers* workers = nullptr;
-  MemorySpec spec;
-  Created done;
-  std::optional<Result<PhysicalMemory>> result;
-};
-
-// Freed allocations whose memory a worker gives back: closing the last fd of
-// 4 KiB pages frees them one by one, which takes milliseconds for a large
-// allocation or for the thousands a crashed client may leave.
-struct Workers::ReturnWork {
-  uv_work_t req{};
-  Workers* workers = nullptr;
-  ReturnBatch batch;
-};
-
-struct Workers::RunWork {
-  uv_work_t req{};
-  std::function<void()> work;
-  std::function<void()> done;
-};
-
 void Workers::Run(std::function<void()> work, std::function<void()> done) {
-  auto* w = new RunWork();
-  w->req.data = w;
-  w->work = std::move(work);
-  w->done = std::move(done);
-  int rc = uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        LowerWorkerPriority();
-        static_cast<RunWork*>(r->data)->work();
-      },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<RunWork> w(static_cast<RunWork*>(r->data));
-        w->done();
-      });
-  if (rc != 0) {  // not queued: here, rather than never
-    std::unique_ptr<RunWork> owned(w);
-    MB_WARN("worker_refused", "work=run error=\"%s\"", uv_strerror(rc));
-    owned->work();
-    owned->done();
-  }
+  RunIn(WorkerThreads::Lane::kRequest, std::move(work), std::move(done));
+}
+
+void Workers::RunInBackground(std::function<void()> work, std::function<void()> done) {
+  RunIn(WorkerThreads::Lane::kBackground, std::move(work), std::move(done));
 }
 
 Status Workers::Init() {
   MB_RETURN_IF_ERROR(UvStatus("uv_timer_init", uv_timer_init(loop_, &timer_)));
   timer_.data = this;
-  return Status::Ok();
+  return threads_.Start(kThreads, kNice);
 }
 
 void Workers::Create(MemorySpec spec, Created done) {
-  auto* w = new MallocWork();
-  w->req.data = w;
-  w->workers = this;
-  w->spec = std::move(spec);
-  w->done = std::move(done);
-  int rc = uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        LowerWorkerPriority();
-        auto* w = static_cast<MallocWork*>(r->data);
-        w->result = BackendFor(w->spec, w->workers->backend_).Create(w->spec);
-      },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<MallocWork> w(static_cast<MallocWork*>(r->data));
-        if (!w->result) w->result = Status(ErrorCode::kInternal, "allocation was cancelled");
-        w->done(std::move(*w->result));
-      });
-  if (rc != 0) {  // not queued: create it here rather than lose the request
-    std::unique_ptr<MallocWork> owned(w);
-    MB_WARN("worker_refused", "work=malloc error=\"%s\"", uv_strerror(rc));
-    owned->done(BackendFor(owned->spec, backend_).Create(owned->spec));
-  }
+  auto result = std::make_shared<std::optional<Result<PhysicalMemory>>>();
+  Run([this, spec = std::move(spec), result] { *result = BackendFor(spec, backend_).Create(spec); },
+      [result, done = std::move(done)] { done(std::move(**result)); });
 }
 
 void Workers::ReturnLater(PhysicalMemory&& m) {
@@ -120,8 +62,8 @@ void Workers::Defer() {
 
 void Workers::RunBackground() {
   uv_timer_stop(&timer_);
-  pools_.Refill();
-  if (!deferred_.empty()) Return(std::exchange(deferred_, ReturnBatch{}));
+  pools_.Refill(*this);
+  if (!deferred_.empty()) ReturnIn(WorkerThreads::Lane::kBackground, std::exchange(deferred_, ReturnBatch{}));
 }
 
 void Workers::Stop() {
@@ -129,33 +71,26 @@ void Workers::Stop() {
   stopping_ = true;
   pools_.Stop();
   RunBackground();  // deferred returns go now; refills do not (stopping)
+  threads_.Close();  // what is queued still runs; the loop runs its completions
   uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
 }
 
-void Workers::Return(ReturnBatch batch) {
-  auto* w = new ReturnWork();
-  w->req.data = w;
-  w->workers = this;
-  w->batch = std::move(batch);
-  returning_ += w->batch.bytes;
-  int rc = uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        LowerWorkerPriority();
-        auto* w = static_cast<ReturnWork*>(r->data);
-        for (auto& mem : w->batch.memories) BackendOf(mem, w->workers->backend_).Release(std::move(mem));
-        w->batch.memories.clear();
+// Closing the last fd of 4 KiB pages frees them one by one, which takes
+// milliseconds for a large allocation or for the thousands a crashed client
+// may leave.
+void Workers::Return(ReturnBatch batch) { ReturnIn(WorkerThreads::Lane::kRequest, std::move(batch)); }
+
+void Workers::ReturnIn(WorkerThreads::Lane lane, ReturnBatch batch) {
+  const uint64_t bytes = batch.bytes;
+  returning_ += bytes;
+  auto memories = std::make_shared<std::vector<PhysicalMemory>>(std::move(batch.memories));
+  RunIn(
+      lane,
+      [this, memories] {
+        for (auto& mem : *memories) BackendOf(mem, backend_).Release(std::move(mem));
+        memories->clear();
       },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<ReturnWork> w(static_cast<ReturnWork*>(r->data));
-        w->workers->returning_ -= w->batch.bytes;
-      });
-  if (rc != 0) {  // not queued: give it back here
-    std::unique_ptr<ReturnWork> owned(w);
-    MB_WARN("worker_refused", "work=return error=\"%s\"", uv_strerror(rc));
-    returning_ -= owned->batch.bytes;
-    for (auto& mem : owned->batch.memories) BackendOf(mem, backend_).Release(std::move(mem));
-  }
+      [this, bytes] { returning_ -= bytes; });
 }
 
 }  // namespace membroker::broker

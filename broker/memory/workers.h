@@ -1,10 +1,10 @@
-// Workers: libuv's thread pool creates large allocations, refills pools and
-// returns freed pages to the kernel, so the loop keeps serving. Pool refills
-// and single returns wait until takes and frees pause (--background-delay-ms),
-// so a burst does not share the CPUs with the workers creating and zeroing
-// memory behind it. Each work item is allocated by the loop, filled in on a
-// worker, and completed back on the loop; if libuv refuses to queue one, the
-// loop does the work itself rather than lose it.
+// Workers: worker threads (WorkerThreads) create large allocations, refill
+// pools and return freed pages to the kernel, so the loop keeps serving. Pool
+// refills and single returns wait until takes and frees pause
+// (--background-delay-ms), so a burst does not share the CPUs with the workers
+// creating and zeroing memory behind it. Each work item is made by the loop, done on a worker and
+// completed back on the loop; once the threads are closed (Stop), the loop
+// does the work itself.
 #pragma once
 
 #include <uv.h>
@@ -16,17 +16,10 @@
 #include "memory/backend.h"
 #include "memory/pools.h"
 #include "memory/memfd.h"
+#include "memory/worker_threads.h"
 #include "membroker/status.h"
 
 namespace membroker::broker {
-
-// Worker threads create, zero and return memory: bulk work that must not take
-// a CPU from the loop thread, which serves every client. Nice 10 per thread
-// (Linux threads have their own nice value) gives them a tenth of a CPU's
-// share against the loop; it does not make a woken loop or client run at
-// once: on kernel 6.18 (EEVDF) a woken thread waited up to 2 ms for a
-// worker's slice to end (docs/BENCHMARKS.md, the pooled 2 MiB row).
-void LowerWorkerPriority();
 
 // Freed allocations' memory, to be given back to the backend together on a worker.
 struct ReturnBatch {
@@ -42,17 +35,22 @@ struct ReturnBatch {
 class Workers {
  public:
   Workers(uv_loop_t* loop, PhysicalBackend& backend, Pools& pools, uint32_t background_delay_ms)
-      : loop_(loop), backend_(backend), pools_(pools), delay_ms_(background_delay_ms) {}
+      : loop_(loop), backend_(backend), pools_(pools), delay_ms_(background_delay_ms), threads_(loop) {}
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
   Status Init();
+  // Threads (as many as libuv's pool had) at nice 10. Pool refills and
+  // deferred returns go in their background lane (WorkerThreads::Lane).
+  static constexpr unsigned kThreads = 4;
+  static constexpr int kNice = 10;
 
   using Created = std::function<void(Result<PhysicalMemory>)>;
   // Creates spec's memory on a worker; done() runs on the loop.
   void Create(MemorySpec spec, Created done);
-  // Runs work on a worker, then done on the loop (both on the loop if libuv
-  // refuses to queue it).
+  // Runs work on a worker, then done on the loop (both on the loop, at once,
+  // after Stop). RunInBackground: in the background lane.
   void Run(std::function<void()> work, std::function<void()> done);
+  void RunInBackground(std::function<void()> work, std::function<void()> done);
   // Closes the batch's memory on a worker now, counted in bytes_returning meanwhile.
   void Return(ReturnBatch batch);
   // Returns this memory with the next background run.
@@ -61,16 +59,16 @@ class Workers {
   // takes and frees pause (at most ten pauses later).
   void Defer();
   void RunBackground();
-  // Deferred returns go now; nothing runs in the background after this.
+  // Deferred returns go now; nothing runs in the background after this, and
+  // work queued from here on runs on the loop.
   void Stop();
 
   // Freed bytes not yet back with the kernel: on a worker, or waiting for a pause.
   uint64_t bytes_returning() const { return returning_ + deferred_.bytes; }
 
  private:
-  struct MallocWork;
-  struct ReturnWork;
-  struct RunWork;
+  void RunIn(WorkerThreads::Lane lane, std::function<void()> work, std::function<void()> done);
+  void ReturnIn(WorkerThreads::Lane lane, ReturnBatch batch);
 
   uv_loop_t* loop_;
   PhysicalBackend& backend_;
@@ -81,6 +79,7 @@ class Workers {
   ReturnBatch deferred_;   // frees waiting for a pause
   uint64_t deadline_ = 0;  // uv_now() by which they start; valid while the timer runs
   uint64_t returning_ = 0;  // bytes a worker is returning now
+  WorkerThreads threads_;
 };
 
 }  // namespace membroker::broker

@@ -1,17 +1,24 @@
 // The broker's components on their own, without a Broker or a socket: each
 // owns its state and keeps its rules (engine_registry.h, name_registry.h,
-// waiters.h, server/sessions.h, memory/holdings.h). Waiters and Holdings get a
-// libuv loop of the test's own, for their timers; nothing waits on time.
+// waiters.h, server/sessions.h, memory/holdings.h, memory/worker_threads.h).
+// Waiters, Holdings and WorkerThreads get a libuv loop of the test's own;
+// nothing waits on time.
+#include <sys/resource.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_registry.h"
 #include "memory/holdings.h"
+#include "memory/worker_threads.h"
 #include "name_registry.h"
 #include "server/sessions.h"
 #include "waiters.h"
@@ -235,6 +242,99 @@ TEST(Sessions, IdsHandshakesAndQueuedBytes) {
   EXPECT_STREQ(CloseReasonName(CloseReason::kRefused), "refused");
 }
 
+// ---- WorkerThreads -----------------------------------------------------------
+
+TEST(WorkerThreads, WorkRunsOffTheLoopAtNice10AndCompletionsRunOnTheLoop) {
+  uv_loop_t loop{};
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    WorkerThreads threads(&loop);
+    EXPECT_EQ(threads.Start(0, 10).code(), ErrorCode::kParamInvalid);
+    ASSERT_TRUE(threads.Start(4, 10).ok());
+    using Lane = WorkerThreads::Lane;
+    const std::thread::id loop_thread = std::this_thread::get_id();
+    std::atomic<int> off_loop{0}, niced{0};
+    std::vector<int> completed;
+    bool completed_on_loop = true;
+    auto work = [&] {
+      if (std::this_thread::get_id() != loop_thread) ++off_loop;
+      if (::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())) >= 10) ++niced;
+    };
+    auto complete = [&](int i) {
+      completed_on_loop = completed_on_loop && std::this_thread::get_id() == loop_thread;
+      completed.push_back(i);
+    };
+    // A completion may queue more work, and may close the threads.
+    threads.Submit(Lane::kRequest, work, [&] {
+      complete(0);
+      threads.Submit(Lane::kBackground, work, [&] {
+        complete(1);
+        threads.Close();
+      });
+    });
+    uv_run(&loop, UV_RUN_DEFAULT);  // returns once closed and the handle is gone
+    EXPECT_EQ(completed, (std::vector<int>{0, 1}));
+    EXPECT_TRUE(completed_on_loop);
+    EXPECT_EQ(off_loop.load(), 2);
+    EXPECT_EQ(niced.load(), 2);
+    EXPECT_EQ(threads.outstanding(), 0u);
+  }
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(WorkerThreads, RequestWorkGoesBeforeQueuedBackgroundWork) {
+  uv_loop_t loop{};
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    using Lane = WorkerThreads::Lane;
+    WorkerThreads threads(&loop);
+    ASSERT_TRUE(threads.Start(1, 10).ok());
+    std::promise<void> gate;
+    std::vector<std::string> ran;  // by the one thread; read after it is joined
+    threads.Submit(
+        Lane::kBackground, [&] { gate.get_future().wait(); }, [] {});  // holds the thread
+    threads.Submit(
+        Lane::kBackground, [&] { ran.push_back("b1"); }, [] {});
+    threads.Submit(
+        Lane::kRequest, [&] { ran.push_back("r1"); }, [] {});
+    threads.Submit(
+        Lane::kBackground, [&] { ran.push_back("b2"); }, [] {});
+    threads.Submit(
+        Lane::kRequest, [&] { ran.push_back("r2"); }, [&] { threads.Close(); });
+    gate.set_value();
+    uv_run(&loop, UV_RUN_DEFAULT);
+    EXPECT_EQ(ran, (std::vector<std::string>{"r1", "r2", "b1", "b2"}));
+  }
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(WorkerThreads, WorkQueuedWhenTheyCloseStillRunsAndCompletes) {
+  uv_loop_t loop{};
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    WorkerThreads threads(&loop);
+    ASSERT_TRUE(threads.Start(2, 19).ok());
+    std::atomic<int> worked{0}, at_19{0};
+    int completed = 0;
+    for (int i = 0; i < 200; ++i)
+      threads.Submit(
+          i % 2 ? WorkerThreads::Lane::kRequest : WorkerThreads::Lane::kBackground,
+          [&] {
+            ++worked;
+            if (::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())) == 19) ++at_19;
+          },
+          [&] { ++completed; });
+    threads.Close();
+    EXPECT_FALSE(threads.open());
+    uv_run(&loop, UV_RUN_DEFAULT);
+    EXPECT_EQ(worked.load(), 200);
+    EXPECT_EQ(at_19.load(), 200);
+    EXPECT_EQ(completed, 200);
+    EXPECT_EQ(threads.outstanding(), 0u);
+  }
+  EXPECT_EQ(uv_loop_close(&loop), 0);  // nothing of the threads is left in the loop
+}
+
 // ---- Holdings ----------------------------------------------------------------
 
 struct RecordingJournal : MemoryJournal {
@@ -270,7 +370,7 @@ class HoldingsTest : public ::testing::Test {
     return holdings_.Insert(s, std::move(*mem), ipc::PagePolicy::kNormalOnly, false, charged, 0, -1);
   }
   uv_loop_t loop_{};
-  Pools pools_{&loop_, MemfdBackend(), {}, [](const std::string& w) { return w; }};
+  Pools pools_{MemfdBackend(), {}, [](const std::string& w) { return w; }};
   Workers workers_{&loop_, MemfdBackend(), pools_, 0};
   RecordingJournal journal_;
   Holdings holdings_{MemfdBackend(), pools_, workers_, journal_, AddressWindow(0x400000000000ull, 1ull << 40),
