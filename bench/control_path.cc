@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -311,10 +312,14 @@ bool PoolBrokerQuiet() {
 // refills them on its worker threads. Each run starts once the refills of the
 // previous one are done, so every request is a pool hit and no refill competes
 // for the CPUs while it is timed.
-void BM_Broker_MallocPooled(benchmark::State& state) {
+void WaitForQuietPoolBroker() {
   for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
        !PoolBrokerQuiet() && std::chrono::steady_clock::now() < deadline;)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void BM_Broker_MallocPooled(benchmark::State& state) {
+  WaitForQuietPoolBroker();
   Client c = Connect(g_pool_socket);
   const size_t size = static_cast<size_t>(state.range(0));
   for (auto _ : state) {
@@ -414,11 +419,18 @@ struct Pair {
   const char* floor;
   std::function<void()> run_op, run_floor;
   pid_t op_server, floor_server;  // the broker, or the echo process
+  std::function<void()> before_round = {};  // untimed, before the pair's two calls
   std::vector<double> op_us = {}, floor_us = {};
 };
 
 // Microseconds a process has run.
 double CpuTimeUs(pid_t pid) { return bench::ReadSchedStat("/proc/" + std::to_string(pid) + "/schedstat").cpu_us; }
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / v.size();
+}
 
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -478,6 +490,26 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
                      OneWay(echo.fd);
                    },
                    g_pool_broker, echo.pid});
+  // 2 MiB from a pool, run only when named (--only): "malloc_2m_pooled" starts
+  // each round once the pool is full again and no freed memory is being
+  // returned, as between bursts (BM_Broker_MallocPooled), so it times the take,
+  // not the refill that the last free started; "malloc_2m_pooled_sustained"
+  // takes on without waiting, faster than the workers can zero new memory, so
+  // refills, returns and misses run beside the pairs.
+  auto take_2m = [&] {
+    auto h = pooled.MallocPhysical(2 << 20);
+    if (!h.ok() || !h->from_pool()) ++pool_misses;
+  };
+  auto fd_floor = [&] {
+    RoundTrip(echo.fd, memfd);
+    OneWay(echo.fd);
+  };
+  if (only == "malloc_2m_pooled")
+    pairs.push_back({"malloc_2m_pooled", "round trip with fd + one-way message", take_2m, fd_floor, g_pool_broker,
+                     echo.pid, WaitForQuietPoolBroker});
+  if (only == "malloc_2m_pooled_sustained")
+    pairs.push_back({"malloc_2m_pooled_sustained", "round trip with fd + one-way message", take_2m, fd_floor,
+                     g_pool_broker, echo.pid});
   pairs.push_back({"export", "round trip",
                    [&] { (void)c.ExportToShareableHandle(*held, kExportNoPidCheck); },
                    [&] { RoundTrip(echo.fd, -1); }, g_broker, echo.pid});
@@ -503,6 +535,7 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
     for (pid_t pid : {p.op_server, p.floor_server}) cpu_before[pid] = CpuTimeUs(pid);
   for (int r = 0; r < rounds; ++r) {
     for (Pair& p : pairs) {
+      if (p.before_round) p.before_round();
       if (r % 2 == 0) {
         p.floor_us.push_back(time_us(p.run_floor));
         p.op_us.push_back(time_us(p.run_op));
@@ -517,10 +550,11 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
   for (const Pair& p : pairs) {
     double op50 = Percentile(p.op_us, 0.5), floor50 = Percentile(p.floor_us, 0.5);
     std::string extra;
-    if (pairs.size() == 1)
+    if (pairs.size() == 1 && !p.before_round)  // (its waits ask the broker, which counts)
       extra += ", \"op_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.op_server)) +
                ", \"floor_server_cpu_us\": " + std::to_string(server_cpu_per_call(p.floor_server));
-    if (!std::strcmp(p.op, "malloc_4k_pooled")) extra += ", \"pool_misses\": " + std::to_string(pool_misses);
+    if (std::string_view(p.op).find("_pooled") != std::string_view::npos)
+      extra += ", \"pool_misses\": " + std::to_string(pool_misses);
     // The ratio of medians in each tenth of the run, in order: its spread tells a
     // tie from a loss, and a drift of the machine from noise.
     extra += ", \"block_ratios\": [";
@@ -533,11 +567,12 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
       extra += one;
     }
     extra += "]";
-    std::printf("{\"bench\": \"paired\", \"placement\": \"%s\", \"op\": \"%s\", \"floor\": \"%s\", \"rounds\": %d, "
-                "\"op_p50_us\": %.1f, \"op_p99_us\": %.1f, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
-                "\"ratio_p50\": %.3f%s}\n",
-                PlacementName(placement), p.op, p.floor, rounds, op50, Percentile(p.op_us, 0.99), floor50,
-                Percentile(p.floor_us, 0.99), op50 / floor50, extra.c_str());
+    std::printf(
+        "{\"bench\": \"paired\", \"placement\": \"%s\", \"op\": \"%s\", \"floor\": \"%s\", \"rounds\": %d, "
+        "\"op_p50_us\": %.1f, \"op_p99_us\": %.1f, \"floor_p50_us\": %.1f, \"floor_p99_us\": %.1f, "
+        "\"op_mean_us\": %.1f, \"floor_mean_us\": %.1f, \"ratio_p50\": %.3f%s}\n",
+        PlacementName(placement), p.op, p.floor, rounds, op50, Percentile(p.op_us, 0.99), floor50,
+        Percentile(p.floor_us, 0.99), Mean(p.op_us), Mean(p.floor_us), op50 / floor50, extra.c_str());
   }
   return 0;
 }
