@@ -76,11 +76,12 @@ int Subscriber(int ctl, const std::string& channel, WakeMode wake, bool report_e
   for (;;) {
     auto chunk = sub->Receive(30000);
     if (!chunk.ok()) break;  // the publisher has gone
+    const uint64_t ta = NowNs();  // has the chunk
     const uint64_t sum = Sum(chunk->data, chunk->size);
     const uint64_t t1 = NowNs();
     (void)sub->Release(*chunk);
     ++received;
-    if (report_each) SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum));
+    if (report_each) SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum) + " " + std::to_string(ta));
   }
   if (!report_each) SendLine(ctl, std::to_string(NowNs()) + " " + std::to_string(received));
   return 0;
@@ -139,7 +140,7 @@ void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subsc
   }
   Subscribers subs(subscribers, name, wake, true);
   if (!pub->WaitForSubscribers(static_cast<uint32_t>(subscribers), 10000).ok()) std::exit(5);
-  std::vector<double> us;
+  std::vector<double> us, wake_us, read_us;  // until the last subscriber has the chunk; the longest read
   std::string error;
   for (int i = 0; i < iterations && error.empty(); ++i) {
     auto chunk = pub->Loan(size, 10000);
@@ -155,24 +156,29 @@ void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subsc
       error = "publish: " + st.message();
       break;
     }
-    uint64_t last = 0;
+    uint64_t last = 0, last_has = 0, longest_read = 0;
     for (int fd : subs.ctl) {
-      unsigned long long t1 = 0, sum = 0;
-      std::sscanf(RecvLine(fd).c_str(), "%llu %llu", &t1, &sum);
+      unsigned long long t1 = 0, sum = 0, ta = 0;
+      std::sscanf(RecvLine(fd).c_str(), "%llu %llu %llu", &t1, &sum, &ta);
       if (sum != expect) error = "a subscriber read wrong bytes";
       last = std::max<uint64_t>(last, t1);
+      last_has = std::max<uint64_t>(last_has, ta);
+      longest_read = std::max<uint64_t>(longest_read, t1 - ta);
     }
     us.push_back((last - t0) / 1000.0);
+    wake_us.push_back((last_has - t0) / 1000.0);
+    read_us.push_back(longest_read / 1000.0);
   }
   *pub = ChannelPublisher();
   subs.Wait();
   std::sort(us.begin(), us.end());
   const double median = us.empty() ? 0 : us[us.size() / 2];
-  std::printf("{\"bench\": \"channel\", \"method\": \"%s\", \"wake\": \"%s\", \"subscribers\": %zu, "
-              "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
-              "\"error\": \"%s\"}\n",
-              Method(), WakeName(wake), subscribers, g_cpus, size, us.size(), median,
-              median > 0 ? size / median / 1e3 : 0.0, error.c_str());
+  std::printf(
+      "{\"bench\": \"channel\", \"method\": \"%s\", \"wake\": \"%s\", \"subscribers\": %zu, "
+      "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
+      "\"wake_us\": %.1f, \"read_us\": %.1f, \"error\": \"%s\"}\n",
+      Method(), WakeName(wake), subscribers, g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
+      bench::Median(wake_us), bench::Median(read_us), error.c_str());
   std::fflush(stdout);
 }
 

@@ -79,10 +79,11 @@ int WakingConsumer(int ctl, size_t size, Wake wake, int index) {
       // The producer closed the control socket: done (checked now and then while spinning).
       if ((wake == Wake::kWaitSet || (wake == Wake::kPoll && spins % 1024 == 0)) && ::poll(&p, 1, 0) == 1) return 0;
     }
+    const uint64_t ta = NowNs();  // has the chunk
     uint64_t sum = Sum(chunk, size);
     uint64_t t1 = NowNs();
     sub.release(chunk);
-    SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum));
+    SendLine(ctl, std::to_string(t1) + " " + std::to_string(sum) + " " + std::to_string(ta));
   }
 }
 
@@ -92,7 +93,7 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
   iox::popo::UntypedPublisher pub(Service(size));
   for (int fd : ctls)
     if (RecvLine(fd) != "joined") return 1;
-  std::vector<double> us;
+  std::vector<double> us, wake_us, read_us;  // until the last subscriber has the chunk; the longest read
   std::string error;
   for (int i = 0; i < iterations && error.empty(); ++i) {
     void* chunk = nullptr;
@@ -104,14 +105,18 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
     pub.publish(chunk);
     if (wake == Wake::kSocket)
       for (int fd : ctls) SendLine(fd, "go");
-    uint64_t last = 0;
+    uint64_t last = 0, last_has = 0, longest_read = 0;
     for (int fd : ctls) {
-      unsigned long long t1 = 0, sum = 0;
-      std::sscanf(RecvLine(fd).c_str(), "%llu %llu", &t1, &sum);
+      unsigned long long t1 = 0, sum = 0, ta = 0;
+      std::sscanf(RecvLine(fd).c_str(), "%llu %llu %llu", &t1, &sum, &ta);
       if (sum != expect) error = "a subscriber read wrong bytes";
       last = std::max<uint64_t>(last, t1);
+      last_has = std::max<uint64_t>(last_has, ta);
+      longest_read = std::max<uint64_t>(longest_read, t1 - ta);
     }
     us.push_back((last - t0) / 1000.0);
+    wake_us.push_back((last_has - t0) / 1000.0);
+    read_us.push_back(longest_read / 1000.0);
   }
   std::sort(us.begin(), us.end());
   double median = us.empty() ? 0 : us[us.size() / 2];
@@ -120,11 +125,12 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
                 "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
                 size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0, error.c_str());
   } else {
-    std::printf("{\"bench\": \"channel\", \"method\": \"iceoryx\", \"wake\": \"%s\", \"subscribers\": %zu, "
-                "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
-                "\"error\": \"%s\"}\n",
-                WakeName(wake), ctls.size(), g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
-                error.c_str());
+    std::printf(
+        "{\"bench\": \"channel\", \"method\": \"iceoryx\", \"wake\": \"%s\", \"subscribers\": %zu, "
+        "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
+        "\"wake_us\": %.1f, \"read_us\": %.1f, \"error\": \"%s\"}\n",
+        WakeName(wake), ctls.size(), g_cpus, size, us.size(), median, median > 0 ? size / median / 1e3 : 0.0,
+        membroker::bench::Median(wake_us), membroker::bench::Median(read_us), error.c_str());
   }
   std::fflush(stdout);
   return error.empty() ? 0 : 1;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +39,13 @@ inline std::vector<size_t> ParseSizes(const std::string& list) {
     at = comma + 1;
   }
   return out;
+}
+
+// The middle value (the upper one of an even count); 0 for none.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 inline uint64_t NowNs() {

@@ -794,6 +794,22 @@ if takeover:
          f"{extra:+.2f} ms, {takeover['failed']} failed", extra <= 10 and takeover["failed"] == 0, "")
 # Channels (issue 19): at or below iceoryx's latency, at or above its rate, cleanup < 10 ms.
 ice_ch = {(x["wake"], x["subscribers"], x.get("cpus", "all"), x["size"]): x for x in channel if x["method"] == "iceoryx"}
+def channel_split(method, m):
+    """Medians over the rounds of the time until the last subscriber had the chunk and of
+    the longest read of its bytes, for the case of m (None where not measured)."""
+    key = (m["wake"], m["subscribers"], m.get("cpus", "all"), m["size"])
+    xs = [x for x in load if x["bench"] == "channel" and x["method"] == method and "read_us" in x and
+          (x["wake"], x["subscribers"], x.get("cpus", "all"), x["size"]) == key]
+    return (median([x["wake_us"] for x in xs]), median([x["read_us"] for x in xs])) if xs else None
+def tie_text(m, i, behind, rounds):
+    ours, theirs = channel_split("membroker-channel", m), channel_split("iceoryx", m)
+    text = f"both read every byte at about memory speed ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s)"
+    if ours and theirs:
+        text += (f"; until the last subscriber had the chunk {ours[0]:.0f} against {theirs[0]:.0f} µs, its longest "
+                 f"read of the bytes {ours[1]:.0f} against {theirs[1]:.0f} µs (medians over the rounds; the same "
+                 "summing loop in both, bench/payload.h)")
+    return text + f"; more than 5% behind in {behind} of {rounds} rounds" + ("" if ours and theirs else
+                                                                               "; not profiled further")
 for m in (x for x in channel if x["method"] == "membroker-channel"):
     if m.get("cpus", "all") == "all":
         continue  # unpinned: placement varies by run (see the channels section)
@@ -814,9 +830,7 @@ for m in (x for x in channel if x["method"] == "membroker-channel"):
          "a futex wake that must bring an idle vCPU back dominates a 4 KiB hand-off on this VM, and how often "
          "it happens varies from run to run for both (see the channels section); why ours pays it more often "
          "was not found" if wake_bound else
-         (f"both read every byte at about memory speed ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s); "
-          f"more than 5% behind in {behind} of {len(pairs)} rounds; not profiled further"
-          if pairs and tie else "not profiled"), spread(pairs))
+         (tie_text(m, i, behind, len(pairs)) if pairs and tie else "not profiled"), spread(pairs))
 for wake in ("futex", "poll"):
     m = next((x for x in channel_rates if x["method"] == "membroker-channel" and x["wake"] == wake), None)
     i = next((x for x in channel_rates if x["method"] == "iceoryx" and x["wake"] == wake), None)
