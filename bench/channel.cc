@@ -171,8 +171,7 @@ void HandOff(Client& c, size_t size, int iterations, WakeMode wake, size_t subsc
   }
   *pub = ChannelPublisher();
   subs.Wait();
-  std::sort(us.begin(), us.end());
-  const double median = us.empty() ? 0 : us[us.size() / 2];
+  const double median = bench::Median(us);
   std::printf(
       "{\"bench\": \"channel\", \"method\": \"%s\", \"wake\": \"%s\", \"subscribers\": %zu, "
       "\"cpus\": \"%s\", \"size\": %zu, \"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, "
@@ -301,9 +300,10 @@ void FutexFloor(int gap_us, int iterations) {
   ::close(sv[0]);
   ::close(sv[1]);
   ::munmap(mem, 4096);
-  std::sort(us.begin(), us.end());
-  std::printf("{\"bench\": \"futex_floor\", \"cpus\": \"%s\", \"gap_us\": %d, \"iterations\": %d, "
-              "\"median_us\": %.1f}\n", g_cpus, gap_us, iterations, us[us.size() / 2]);
+  std::printf(
+      "{\"bench\": \"futex_floor\", \"cpus\": \"%s\", \"gap_us\": %d, \"iterations\": %d, "
+      "\"median_us\": %.1f}\n",
+      g_cpus, gap_us, iterations, bench::Median(us));
   std::fflush(stdout);
 }
 

@@ -480,15 +480,19 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
                      OneWay(echo.fd);
                    },
                    g_broker, echo.pid});
-  pairs.push_back({"malloc_4k_pooled", "round trip with fd + one-way message",
-                   [&] {
-                     auto h = pooled.MallocPhysical(4096);
-                     if (!h.ok() || !h->from_pool()) ++pool_misses;
-                   },
-                   [&] {
-                     RoundTrip(echo.fd, memfd);
-                     OneWay(echo.fd);
-                   },
+  // A take from the pool broker and its one-way free; its floor sends a
+  // memfd in a round trip and one message more.
+  auto take_pooled = [&](size_t size) {
+    return [&, size] {
+      auto h = pooled.MallocPhysical(size);
+      if (!h.ok() || !h->from_pool()) ++pool_misses;
+    };
+  };
+  auto fd_floor = [&] {
+    RoundTrip(echo.fd, memfd);
+    OneWay(echo.fd);
+  };
+  pairs.push_back({"malloc_4k_pooled", "round trip with fd + one-way message", take_pooled(4096), fd_floor,
                    g_pool_broker, echo.pid});
   // 2 MiB from a pool, run only when named (--only): "malloc_2m_pooled" starts
   // each round once the pool is full again and no freed memory is being
@@ -496,30 +500,17 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
   // not the refill that the last free started; "malloc_2m_pooled_sustained"
   // takes on without waiting, faster than the workers can zero new memory, so
   // refills, returns and misses run beside the pairs.
-  auto take_2m = [&] {
-    auto h = pooled.MallocPhysical(2 << 20);
-    if (!h.ok() || !h->from_pool()) ++pool_misses;
-  };
-  auto fd_floor = [&] {
-    RoundTrip(echo.fd, memfd);
-    OneWay(echo.fd);
-  };
   if (only == "malloc_2m_pooled")
-    pairs.push_back({"malloc_2m_pooled", "round trip with fd + one-way message", take_2m, fd_floor, g_pool_broker,
-                     echo.pid, WaitForQuietPoolBroker});
+    pairs.push_back({"malloc_2m_pooled", "round trip with fd + one-way message", take_pooled(2 << 20), fd_floor,
+                     g_pool_broker, echo.pid, WaitForQuietPoolBroker});
   if (only == "malloc_2m_pooled_sustained")
-    pairs.push_back({"malloc_2m_pooled_sustained", "round trip with fd + one-way message", take_2m, fd_floor,
-                     g_pool_broker, echo.pid});
+    pairs.push_back({"malloc_2m_pooled_sustained", "round trip with fd + one-way message", take_pooled(2 << 20),
+                     fd_floor, g_pool_broker, echo.pid});
   pairs.push_back({"export", "round trip",
                    [&] { (void)c.ExportToShareableHandle(*held, kExportNoPidCheck); },
                    [&] { RoundTrip(echo.fd, -1); }, g_broker, echo.pid});
   pairs.push_back({"import", "round trip with fd + one-way message",
-                   [&] { (void)importer.ImportFromShareableHandle(*token); },
-                   [&] {
-                     RoundTrip(echo.fd, memfd);
-                     OneWay(echo.fd);
-                   },
-                   g_broker, echo.pid});
+                   [&] { (void)importer.ImportFromShareableHandle(*token); }, fd_floor, g_broker, echo.pid});
   if (!only.empty())
     std::erase_if(pairs, [&](const Pair& p) { return only != p.op; });
   auto time_us = [](const std::function<void()>& f) {

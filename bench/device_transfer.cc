@@ -34,6 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using bench::Median;
+
 [[noreturn]] void Die(const std::string& why) {
   std::fprintf(stderr, "bench_device_transfer: %s\n", why.c_str());
   std::exit(1);
@@ -45,11 +47,6 @@ template <typename T>
 T Must(Result<T> r, const char* what) {
   if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
   return std::move(*r);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Memory of one side: device memory mapped into a device reservation, and

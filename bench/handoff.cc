@@ -41,6 +41,7 @@ std::string g_socket;
 bool g_huge = false;
 
 using bench::Fill;
+using bench::Median;
 using bench::NowNs;
 using bench::Sum;
 
@@ -306,11 +307,6 @@ Timing Run(Method& m, size_t size, int iterations) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   return t;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "membroker/client.h"
+#include "payload.h"
 
 using namespace membroker;
+using bench::Median;
 
 namespace {
 
@@ -35,11 +37,6 @@ uint64_t Sum(const void* p, size_t n) {
   for (size_t i = 0; i < n / 8; ++i) s += b[i];
   return s;
 }
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 constexpr int kSteps = 7;
 const char* kStepNames[kSteps] = {"export_us", "wakeup_us", "import_us", "reserve_us", "map_us", "read_us", "teardown_us"};
 

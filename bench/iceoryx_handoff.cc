@@ -118,8 +118,7 @@ int WakingProducer(const std::vector<int>& ctls, size_t size, int iterations, Wa
     wake_us.push_back((last_has - t0) / 1000.0);
     read_us.push_back(longest_read / 1000.0);
   }
-  std::sort(us.begin(), us.end());
-  double median = us.empty() ? 0 : us[us.size() / 2];
+  const double median = membroker::bench::Median(us);
   if (wake == Wake::kSocket) {  // a line of bench_handoff's table
     std::printf("{\"bench\": \"handoff\", \"method\": \"iceoryx\", \"pages\": \"4K\", \"size\": %zu, "
                 "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",

@@ -32,8 +32,10 @@
 #include "membroker/client.h"
 #include "membroker/ipc/admin_client.h"
 #include "membroker/kv_store.h"
+#include "payload.h"
 
 using namespace membroker;
+using bench::Median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -69,10 +71,6 @@ std::vector<std::string> KeysFrom(size_t first, size_t n) {
   return out;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 double P99(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, v.size() * 99 / 100)];
