@@ -1,6 +1,6 @@
 // Sends a fixed script of requests to a broker: N times one operation. Used by
 // bench/run to count the broker's instructions per request under callgrind.
-//   script --socket PATH --op ping|malloc|export|import|kv_get64 --count N
+//   script --socket PATH --op ping|malloc|export|import|connect|kv_get64 --count N
 // kv_get64: a leased get of 64 blocks of 16 KiB (+ its one-way release).
 #include <cstdio>
 #include <vector>
@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
     else if (op == "malloc") ok = c->MallocPhysical(4096).ok();  // + its one-way free
     else if (op == "export") ok = c->ExportToShareableHandle(exportable[i / 60]).ok();
     else if (op == "import") ok = importer->ImportFromShareableHandle(*token).ok();  // + free
+    else if (op == "connect")
+      ok = Client::Connect({socket, "script-connect"}).ok();  // + goodbye and close
     else if (op == "kv_get64") {
       auto got = store->Get(keys);  // + its release
       ok = got.ok() && got->leading() == keys.size();
