@@ -119,9 +119,13 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::HelloRequest& m) {
 
 Answer Broker::Handle(Session&, uint64_t, const ipc::PingRequest&) { return Status::Ok(); }
 
+// Never answered: the client is closing. Its session ends now, not when the
+// last copy of its socket closes (a child it forked may hold one for long,
+// and could not use the session: a connection is its opener's alone).
 Answer Broker::Handle(Session& s, uint64_t, const ipc::GoodbyeRequest&) {
   s.said_goodbye = true;
-  return Deferred{};  // never answered: the client is closing
+  CloseSession(s, CloseReason::kClean, "said goodbye");
+  return Deferred{};
 }
 
 void Broker::AnswerWaiters(Waiter::Kind kind, const std::string& key,

@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -146,6 +147,31 @@ TEST(Crash, CleanExitIsNotCountedAsACrash) {
   EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
   EXPECT_EQ(b.Stat("clients_crashed"), 0u);
   EXPECT_EQ(b.Stat("allocations_live"), 0u);
+}
+
+// A session ends at its client's goodbye, not when the last copy of the
+// socket closes: a child the client forked keeps a copy it cannot use.
+TEST(Crash, GoodbyeEndsTheSessionWhileAForkedChildHoldsItsSocket) {
+  BrokerProcess b;
+  std::optional<Client> c(*Client::Connect({b.socket(), "forks"}));
+  ASSERT_TRUE(c->MallocPhysical(4096).ok());
+  int release[2];
+  ASSERT_EQ(::pipe(release), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the inherited socket until told to go (or the test ends)
+    char byte;
+    ::close(release[1]);
+    (void)!::read(release[0], &byte, 1);
+    ::_exit(0);
+  }
+  ::close(release[0]);
+  c.reset();  // goodbye
+  EXPECT_EQ(b.WaitForStat("clients_connected", 0), 0u);
+  EXPECT_EQ(b.Stat("allocations_live"), 0u);
+  EXPECT_EQ(b.Stat("clients_crashed"), 0u);
+  ::close(release[1]);
+  EXPECT_EQ(WaitChild(child), 0);
 }
 
 }  // namespace
