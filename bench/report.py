@@ -656,9 +656,10 @@ def connect_limit(fallback):
             f"(schedstat): the echo {close_first['floor_server_cpu_us']:.0f} µs, the session-keeping server "
             f"{kept['floor_server_cpu_us']:.0f}, the broker {kept['op_server_cpu_us']:.0f}. The close-first echo "
             "is woken once per connection; a server that keeps it is woken again by the goodbye and close, "
-            "which wakes a halted vCPU on this VM. The broker makes 15 system calls besides epoll_wait (accept4, "
-            "SO_PEERCRED, pidfd_open, four epoll_ctl and an ioctl from libuv's poll set-up, recvmsg three times, "
-            "sendmsg, two more epoll_ctl, two closes; strace) where the session-keeping server makes 8" +
+            "which wakes a halted vCPU on this VM. The broker makes 14 system calls besides epoll_wait (accept4, "
+            "SO_PEERCRED, pidfd_open, four epoll_ctl and an ioctl from libuv's poll set-up, recvmsg of the hello "
+            "and of the goodbye, sendmsg, an epoll_ctl and two closes at the end; strace) where the "
+            "session-keeping server makes 8" +
             (f"; its own code is {instr['connect']} instructions per connect (instructions table), a few µs: "
              "the rest of its CPU is in the kernel" if "connect" in instr else ""))
 def wake_ups(two, one, bound):
