@@ -146,6 +146,13 @@ Result<std::unique_ptr<Broker>> Broker::Create(Options options) {
   if (b->options_.fd_store || systemd::StoreAnnounced()) b->fd_store_.Enable();
   if (!passed.stored.empty() && !b->options_.take_over)
     MB_RETURN_IF_ERROR(b->RestoreFromFdStore(std::move(passed.stored)));
+  // --kv-store: after the restores have begun, so a store a restart brings back is kept.
+  std::vector<KvStoreSpec> configured;
+  for (const KvStoreOption& o : b->options_.kv_stores)
+    configured.push_back({o.name, o.block_size, o.capacity / o.block_size, o.policy,
+                          static_cast<EvictionKind>(o.eviction), ::geteuid()});
+  b->kv_.Configure(std::move(configured));
+  MB_RETURN_IF_ERROR(b->kv_.MakeConfigured(b->holdings_.limits()));
   MB_RETURN_IF_ERROR(b->admin_.Listen(b->options_.admin_socket_path));
   if (!b->options_.metrics_listen.empty()) MB_RETURN_IF_ERROR(b->metrics_.Listen(b->options_.metrics_listen));
   MB_RETURN_IF_ERROR(b->takeover_.Listen(b->options_.socket_path + ".takeover"));

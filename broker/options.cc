@@ -12,6 +12,7 @@
 #include "log.h"
 #include "memory/memfd.h"
 #include "server/socket_path.h"
+#include "membroker/ipc/escape.h"
 #include "membroker/ipc/page_policy.h"
 #include "size_text.h"
 
@@ -62,6 +63,10 @@ const char kUsage[] =
     "                           there and read back by a get (docs/KV.md); the broker's own\n"
     "                           directory, made mode 0700 if absent\n"
     "  --kv-disk-bytes SIZE     the disk tier's capacity; past it the oldest blocks go (default 4G)\n"
+    "  --kv-store NAME:BLOCK:CAPACITY[:PAGES[:EVICTION]]  make this KV store at the start (kept if a\n"
+    "                           restart brought it back), e.g. llama-70b/kv:16K:8G:huge-first:s3fifo;\n"
+    "                           PAGES normal (default), huge-first, huge or huge1g; EVICTION s3fifo\n"
+    "                           (default) or lru; repeatable\n"
     "  --cluster etcd://HOST:PORT[,HOST:PORT]  join a cluster kept in etcd: register this host and\n"
     "                           see the others (docs/CLUSTER.md); off by default; etcds:// for TLS\n"
     "  --cluster-ca FILE        etcds://: the CA that signed etcd's certificate (default: the system's)\n"
@@ -82,10 +87,44 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
   return Status(ErrorCode::kParamInvalid, "bad value '" + value + "' for " + key + " (" + want + ")");
 }
 
+std::vector<std::string> SplitColons(const std::string& s) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  for (size_t colon; (colon = s.find(':', at)) != std::string::npos; at = colon + 1)
+    parts.push_back(s.substr(at, colon - at));
+  parts.push_back(s.substr(at));
+  return parts;
+}
+
 bool ParsePolicy(const std::string& s, ipc::PagePolicy* out) {
   const std::optional<ipc::PagePolicy> p = ipc::PagePolicyFromName(s);
   if (p) *out = *p;
   return p.has_value();
+}
+
+// NAME:BLOCK:CAPACITY[:PAGES[:EVICTION]] (the name is what comes before the
+// first colon: a store whose name has one is made by a client, not here).
+Status ParseKvStore(const std::string& key, const std::string& value, Options* o) {
+  const std::vector<std::string> f = SplitColons(value);
+  const std::string want = "NAME:BLOCK:CAPACITY[:PAGES[:EVICTION]], e.g. llama-70b/kv:16K:8G:huge-first:s3fifo";
+  KvStoreOption kv;
+  if (f.size() < 3 || f.size() > 5 || !ParseSize(f[1], &kv.block_size) || !ParseSize(f[2], &kv.capacity) ||
+      kv.block_size == 0)
+    return Bad(key, value, want);
+  kv.name = f[0];
+  if (Status st = ipc::CheckName(kv.name, ipc::kMaxKvStoreNameBytes, "a store name"); !st.ok())
+    return Bad(key, value, st.message());
+  if (kv.capacity < kv.block_size) return Bad(key, value, "a capacity of at least one block");
+  if (f.size() > 3 && !ParsePolicy(f[3], &kv.policy))
+    return Bad(key, value, "PAGES: normal, huge-first, huge or huge1g");
+  if (f.size() > 4) {
+    if (f[4] != "s3fifo" && f[4] != "lru") return Bad(key, value, "EVICTION: s3fifo or lru");
+    kv.eviction = f[4] == "lru" ? 1 : 0;
+  }
+  for (const KvStoreOption& other : o->kv_stores)
+    if (other.name == kv.name) return Bad(key, value, "a store named once");
+  o->kv_stores.push_back(kv);
+  return Status::Ok();
 }
 
 std::string Trim(const std::string& s) {
@@ -196,6 +235,8 @@ Status ApplySetting(const std::string& key, const std::string& value, Options* o
   } else if (key == "kv-disk") {
     if (value.empty()) return Bad(key, value, "a directory");
     o->kv_disk = value;
+  } else if (key == "kv-store") {
+    MB_RETURN_IF_ERROR(ParseKvStore(key, value, o));
   } else if (key == "kv-disk-bytes") {
     if (!ParseSize(value, &n) || n == 0) return Bad(key, value, "a size such as 16G");
     o->kv_disk_bytes = n;

@@ -21,6 +21,16 @@ struct PoolSpec {
   uint32_t count = 0;  // allocations kept ready
 };
 
+// A KV store the broker makes at its start (--kv-store), owned by the
+// broker's uid: clients open it by name, and only root or that uid drops it.
+struct KvStoreOption {
+  std::string name;
+  uint64_t block_size = 0;
+  uint64_t capacity = 0;  // bytes
+  ipc::PagePolicy policy = ipc::PagePolicy::kNormalOnly;
+  uint8_t eviction = 0;  // EvictionKind (kv/eviction.h): 0 S3-FIFO, 1 LRU
+};
+
 struct Options {
   std::string socket_path;
   std::string admin_socket_path;
@@ -57,6 +67,7 @@ struct Options {
   QuotaLimits quota_uid_default;
   std::vector<std::pair<uid_t, QuotaLimits>> quota_uid;
   std::vector<PoolSpec> pools;
+  std::vector<KvStoreOption> kv_stores;
   uint64_t va_window_base = 0x400000000000ull;  // same-address allocations live here
   uint64_t va_window_size = 1ull << 42;         // 4 TiB
   // Admission: the broker's own uid and root always; these uids and groups too.

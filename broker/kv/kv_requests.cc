@@ -310,22 +310,7 @@ Answer Broker::Handle(Session& s, uint64_t, const ipc::KvOpenRequest& m) {
                                                 std::to_string(m.block_size) + " bytes");
   KvStoreSpec spec{m.name,    m.block_size, m.capacity / m.block_size, m.policy, static_cast<EvictionKind>(m.eviction),
                    s.cred.uid};
-  // The slabs' pages are reserved now: the whole capacity is charged to the
-  // creator's uid (a store outlives its creator, as a persistent name does).
-  const Usage charge = Usage::For(spec.blocks * spec.block_size, false, -1);
-  MB_RETURN_IF_ERROR(holdings_.limits().Check(Usage{}, s.cred.uid, charge));
-  MB_ASSIGN_OR_RETURN(BlockStore * store, kv_.Add(std::move(spec)));
-  const Usage actual = Usage::For(store->bytes(), false, -1);
-  if (Status st = holdings_.limits().Check(Usage{}, s.cred.uid, actual); !st.ok()) {
-    (void)kv_.Remove(m.name);  // rounded to its pages, it no longer fits
-    return st;
-  }
-  holdings_.limits().ChargeUid(s.cred.uid, actual);
-  MB_INFO("kv_store_created", "store=\"%s\" id=%llu block_size=%llu blocks=%llu slabs=%u eviction=%s uid=%u",
-          LogText(m.name).c_str(), static_cast<unsigned long long>(store->id()),
-          static_cast<unsigned long long>(store->spec().block_size),
-          static_cast<unsigned long long>(store->spec().blocks), store->slab_count(),
-          std::string(EvictionName(store->spec().eviction)).c_str(), static_cast<unsigned>(s.cred.uid));
+  MB_ASSIGN_OR_RETURN(BlockStore * store, kv_.Create(std::move(spec), holdings_.limits()));
   return store->Describe();
 }
 
@@ -464,6 +449,9 @@ Status DropStore(KvStores& kv, Accounting& limits, const std::string& name) {
   limits.ReleaseUid(store->spec().uid, Usage::For(store->bytes(), false, -1));
   MB_INFO("kv_store_dropped", "store=\"%s\" id=%llu", LogText(name).c_str(),
           static_cast<unsigned long long>(store->id()));
+  // A store the broker is configured to have (--kv-store) is made again, empty.
+  if (Status st = kv.MakeConfigured(limits); !st.ok())
+    MB_WARN("kv_store_not_made", "reason=\"%s\"", LogText(st.message()).c_str());
   return Status::Ok();
 }
 

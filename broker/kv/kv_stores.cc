@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <variant>
 
+#include "log.h"
+#include "memory/accounting.h"
 #include "membroker/ipc/escape.h"
 
 namespace membroker::broker {
@@ -26,10 +28,14 @@ namespace {
 constexpr uint64_t kIdMask = (uint64_t{1} << 53) - 1;
 }  // namespace
 
+bool KvStores::Restoring(const std::string& name) const {
+  for (const auto& [id, restoring] : restoring_)
+    if (restoring == name) return true;
+  return false;
+}
+
 Status KvStores::Admit(const std::string& name) const {
-  bool being_restored = false;
-  for (const auto& [id, restoring] : restoring_) being_restored = being_restored || restoring == name;
-  if (stores_.count(name) != 0 || being_restored)
+  if (stores_.count(name) != 0 || Restoring(name))
     return Status(ErrorCode::kAlreadyExists, "a store named \"" + ipc::EscapeText(name) + "\" exists");
   if (stores_.size() >= kKvMaxStores)
     return Status(ErrorCode::kResourceExhausted,
@@ -115,6 +121,47 @@ Result<BlockStore*> KvStores::EndRestore(uint64_t id, Result<std::unique_ptr<Blo
   Result<BlockStore*> adopted = made.ok() ? Adopt(std::move(*made)) : Result<BlockStore*>(made.status());
   SlotsFreed(id);  // what waited for it runs (and hears it is gone, if it was lost)
   return adopted;
+}
+
+Result<BlockStore*> KvStores::Create(KvStoreSpec spec, Accounting& limits) {
+  const uid_t uid = spec.uid;
+  const std::string name = spec.name;
+  // The slabs' pages are reserved now: the whole capacity is charged to the
+  // creator's uid (a store outlives its creator, as a persistent name does).
+  MB_RETURN_IF_ERROR(limits.Check(Usage{}, uid, Usage::For(spec.blocks * spec.block_size, false, -1)));
+  MB_ASSIGN_OR_RETURN(BlockStore * store, Add(std::move(spec)));
+  const Usage actual = Usage::For(store->bytes(), false, -1);
+  if (Status st = limits.Check(Usage{}, uid, actual); !st.ok()) {
+    (void)Remove(name);  // rounded to its pages, it no longer fits
+    return st;
+  }
+  limits.ChargeUid(uid, actual);
+  MB_INFO("kv_store_created", "store=\"%s\" id=%llu block_size=%llu blocks=%llu slabs=%u eviction=%s uid=%u",
+          LogText(name).c_str(), static_cast<unsigned long long>(store->id()),
+          static_cast<unsigned long long>(store->spec().block_size),
+          static_cast<unsigned long long>(store->spec().blocks), store->slab_count(),
+          std::string(EvictionName(store->spec().eviction)).c_str(), static_cast<unsigned>(uid));
+  return store;
+}
+
+Status KvStores::MakeConfigured(Accounting& limits) {
+  for (const KvStoreSpec& spec : configured_) {
+    if (const BlockStore* had = FindByName(spec.name)) {
+      const KvStoreSpec& is = had->spec();
+      if ((is.block_size != spec.block_size || is.blocks != spec.blocks) && warned_.insert(spec.name).second)
+        MB_WARN("kv_store_kept",
+                "store=\"%s\" block_size=%llu blocks=%llu reason=\"a restart brought it back; --kv-store asks for "
+                "block_size=%llu blocks=%llu: dropped, it is made as asked\"",
+                LogText(spec.name).c_str(), static_cast<unsigned long long>(is.block_size),
+                static_cast<unsigned long long>(is.blocks), static_cast<unsigned long long>(spec.block_size),
+                static_cast<unsigned long long>(spec.blocks));
+      continue;
+    }
+    if (Restoring(spec.name)) continue;
+    if (auto made = Create(spec, limits); !made.ok())
+      return Status(made.status().code(), "--kv-store " + ipc::EscapeText(spec.name) + ": " + made.status().message());
+  }
+  return Status::Ok();
 }
 
 Result<BlockStore*> KvStores::Adopt(std::unique_ptr<BlockStore> store) {

@@ -9,7 +9,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "kv/block_store.h"
 #include "kv/disk_tier.h"
@@ -17,6 +19,8 @@
 #include "membroker/status.h"
 
 namespace membroker::broker {
+
+class Accounting;
 
 // Told when a store comes and goes (the fd store keeps its fds).
 class KvJournal {
@@ -64,6 +68,15 @@ class KvStores {
   // A store's id is random, so that a client's id from an earlier broker
   // that did not keep the store names no store here rather than another one.
   Result<BlockStore*> Add(KvStoreSpec spec);
+  // Add, with the slabs' memory charged to the spec's uid (refused past its
+  // limits), and logged: a store made by a client or by --kv-store.
+  Result<BlockStore*> Create(KvStoreSpec spec, Accounting& limits);
+  // The stores this broker is to have whenever it serves (--kv-store).
+  // MakeConfigured makes each that is neither here nor being made again by a
+  // restore: at the start, once the restores have begun, again when a
+  // restore loses one, and when one is dropped (it comes back empty).
+  void Configure(std::vector<KvStoreSpec> specs) { configured_ = std::move(specs); }
+  Status MakeConfigured(Accounting& limits);
   // A store an earlier broker made (BlockStore::Restore), with its id.
   Result<BlockStore*> Adopt(std::unique_ptr<BlockStore> store);
   // The store goes (BUSY while a client leases from it or writes to it).
@@ -79,6 +92,7 @@ class KvStores {
 
  private:
   Status Admit(const std::string& name) const;
+  bool Restoring(const std::string& name) const;
   void HoldEvictedFor(BlockStore& store);
   void StartDiskWrite(Workers& workers);
 
@@ -90,11 +104,12 @@ class KvStores {
   std::unique_ptr<KvDiskTier> disk_;
   std::multimap<uint64_t, std::function<void()>> waiting_;  // store id -> retries
   std::map<uint64_t, std::string> restoring_;                // id -> name
+  std::vector<KvStoreSpec> configured_;
+  std::set<std::string> warned_;  // configured stores a restart brought back unlike their option
   std::deque<std::pair<std::function<void()>, std::function<void()>>> disk_writes_;
   bool disk_writing_ = false;
 };
 
-class Accounting;
 // Removes a store and gives its slabs' charge back to its creator's uid
 // (kv/kv_requests.cc: the drop request's and the broker's own drop).
 Status DropStore(KvStores& kv, Accounting& limits, const std::string& name);

@@ -103,6 +103,9 @@ size_t KvStoreParts::RestoreInto(KvStores& kv, Accounting& limits, Workers& work
                   }
                   Result<BlockStore*> adopted = kv.EndRestore(id, std::move(store));
                   ended(id);
+                  // A store the broker is configured to have and the restore lost is made anew.
+                  if (Status st = kv.MakeConfigured(limits); !st.ok())
+                    MB_WARN("kv_store_not_made", "reason=\"%s\"", LogText(st.message()).c_str());
                   if (!adopted.ok()) return LogLost(id, adopted.status());
                   limits.ChargeUid(uid, charge);
                   MB_INFO("kv_store_restored", "store=\"%s\" id=%llu blocks=%llu dropped=%llu ms=%lld",

@@ -833,5 +833,66 @@ TEST(KvStore, ADiskTierDirectoryOthersCanWriteIsRefused) {
   EXPECT_NE(r.output.find("writable by no one else"), std::string::npos) << r.output;
 }
 
+// --kv-store: the operator's stores are there as soon as the broker serves,
+// owned by its uid; a take-over keeps one with its blocks; a drop makes it
+// again, empty.
+TEST(KvStore, TheOperatorsStoresAreThereFromTheStartAndAfterADrop) {
+  BrokerProcess broker({"--kv-store", "op/kv:4K:256K:normal:lru", "--kv-store", "op/second:16K:1M"});
+  auto c = *Client::Connect({broker.socket(), "engine"});
+  auto store = KvStore::Open(c, "op/kv");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(store->block_size(), kBlock);
+  EXPECT_EQ(store->blocks(), 64u);
+  auto second = KvStore::Open(c, "op/second");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->block_size(), 16384u);
+  const std::string rows = broker.Admin("list stores --json");
+  EXPECT_NE(rows.find("\"eviction\": \"lru\""), std::string::npos) << rows;
+  EXPECT_NE(rows.find("\"uid\": " + std::to_string(::geteuid())), std::string::npos) << rows;
+  for (ErrorCode code : PutAll(*store, Keys(0, 10))) ASSERT_EQ(code, ErrorCode::kOk);
+
+  // The next broker (same flags) keeps the store it took over, blocks and all.
+  ASSERT_EQ(broker.TakeOver(), 0);
+  ASSERT_TRUE(c.WaitForReattach(1, 10000).ok());
+  EXPECT_EQ(broker.WaitForStat("kv_stores_restoring", 0), 0u);  // (each store is made again on a worker)
+  auto got = store->Get(Keys(0, 10));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->leading(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_TRUE(Holds(got->data(i), Key(static_cast<int>(i)))) << i;
+  got->Release();
+  EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
+
+  // Dropped, it is made again at once, empty.
+  const uint64_t before = store->id();
+  ASSERT_TRUE(KvStore::Drop(c, "op/kv").ok());
+  auto again = KvStore::Open(c, "op/kv");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NE(again->id(), before);
+  EXPECT_EQ(again->blocks(), 64u);
+  EXPECT_EQ(*again->PrefixHits(Keys(0, 10)), 0u);
+  EXPECT_EQ(broker.Stat("kv_stores"), 2u);
+  EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
+}
+
+// A store the broker cannot make is a failed start that says which and why.
+TEST(KvStore, AnOperatorsStoreThatCannotBeMadeFailsTheStart) {
+  DiskDir home;  // (for the sockets)
+  const std::string sock = home.path + "/b.sock", admin = home.path + "/b.admin";
+  auto r = RunBrokerExpectingExit(
+      {"--socket", sock, "--admin-socket", admin, "--kv-store", "op/kv:4K:64M", "--max-bytes", "16M"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--kv-store op/kv"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(sock));
+  for (const char* bad : {"op/kv", "op/kv:4K", "op/kv:0:1M", "op/kv:4K:1K", "op/kv:4K:1M:tiny",
+                          "op/kv:4K:1M:normal:mru", "op/kv:4K:1M:normal:lru:more"}) {
+    r = RunBrokerExpectingExit({"--socket", sock, "--kv-store", bad});
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.output.find("for kv-store"), std::string::npos) << bad << ": " << r.output;
+  }
+  r = RunBrokerExpectingExit({"--socket", sock, "--kv-store", "a:4K:1M", "--kv-store", "a:8K:1M"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("a store named once"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace membroker::testing
