@@ -874,22 +874,22 @@ Status ReadKeys(const Request* m, KvKeys* out) {
   if (bytes == nullptr || ends == nullptr) return Malformed("packed keys without their bytes or their ends");
   if (ends->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " keys");
   const std::string_view all(reinterpret_cast<const char*>(bytes->data()), bytes->size());
-  out->reserve(ends->size(), all.size());
   uint32_t begin = 0;
   for (uint32_t end : *ends) {
     if (end <= begin) return Malformed("an empty key, or key ends out of order");
     if (end - begin > kMaxKvKeyBytes)
       return Malformed("key longer than " + std::to_string(kMaxKvKeyBytes) + " bytes");
     if (end > all.size()) return Malformed("a key ends past the keys' bytes");
-    out->push_back(all.substr(begin, end - begin));
     begin = end;
   }
   if (begin != all.size()) return Malformed("key bytes past the last key");
+  out->Assign(all, std::span<const uint32_t>(ends->data(), ends->size()));  // (checked: one copy of each)
   return Status::Ok();
 }
 Status ReadRefs(const fb::Vector<const w::KvRef*>* v, std::vector<KvRef>* out) {
   if (v == nullptr) return Status::Ok();
   if (v->size() > kMaxKvBatch) return Malformed("more than " + std::to_string(kMaxKvBatch) + " refs");
+  out->reserve(v->size());
   for (const auto* r : *v) out->push_back({r->slot(), r->generation()});
   return Status::Ok();
 }

@@ -26,8 +26,8 @@ Status NoStore(uint64_t id) {
 }
 // Applies op to every ref of a batch answered by one status (abort, release):
 // OK, or the first failure and how many failed (the others were done).
-Status EachRef(const char* what, const std::vector<ipc::KvRef>& refs,
-               const std::function<ErrorCode(const ipc::KvRef&)>& op) {
+template <typename Op>
+Status EachRef(const char* what, const std::vector<ipc::KvRef>& refs, const Op& op) {
   size_t failed = 0, first = 0;
   ErrorCode code = ErrorCode::kOk;
   for (size_t i = 0; i < refs.size(); ++i)

@@ -176,7 +176,10 @@ void SendRefs(State& st, std::vector<ipc::KvRef> refs) {
     Request req;
     req.store = st.geometry.store;
     const size_t n = std::min(ipc::kMaxKvBatch, refs.size() - at);
-    req.refs.assign(refs.begin() + static_cast<ptrdiff_t>(at), refs.begin() + static_cast<ptrdiff_t>(at + n));
+    if (n == refs.size())
+      req.refs = std::move(refs);  // one batch: no copy
+    else
+      req.refs.assign(refs.begin() + static_cast<ptrdiff_t>(at), refs.begin() + static_cast<ptrdiff_t>(at + n));
     (void)st.conn().SendOneWay(std::move(req));
   }
 }
@@ -263,6 +266,7 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
   MB_RETURN_IF_ERROR(CheckKeys(keys));
   KvLeases out;
   out.blocks_.reserve(keys.size());
+  out.refs_.reserve(keys.size());
   bool leading = true;
   for (size_t at = 0; at < keys.size(); at += ipc::kMaxKvBatch) {
     const auto batch = keys.subspan(at, std::min(ipc::kMaxKvBatch, keys.size() - at));
@@ -270,9 +274,6 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
                         state_->conn().Call(ipc::KvGetRequest{id(), ipc::KvKeys(batch.begin(), batch.end()), true}));
     const uint64_t broker = r.broker;
     MB_ASSIGN_OR_RETURN(ipc::KvBlocksReply m, Blocks(std::move(r), batch.size(), "KvGetRequest"));
-    std::vector<ipc::KvRef> granted;
-    for (const auto& b : m.blocks)
-      if (b.code == ErrorCode::kOk) granted.push_back({b.slot, b.generation});
     if (!out.state_) {
       out.state_ = state_;
       out.epoch_ = broker;
@@ -280,11 +281,15 @@ Result<KvLeases> KvStore::Get(std::span<const std::string> keys) {
     } else if (broker != out.epoch_) {
       // The broker restarted between two batches: this batch's leases end at
       // the broker that granted them, and the call is to be made again.
+      std::vector<ipc::KvRef> granted;
+      for (const auto& b : m.blocks)
+        if (b.code == ErrorCode::kOk) granted.push_back({b.slot, b.generation});
       if (state_->Epoch() == broker) SendRefs<ipc::KvReleaseRequest>(*state_, std::move(granted));
       return detail::KvStoreState::Restarted();
     }
     // Every lease is recorded before anything can fail, so `out` releases them all.
-    for (const auto& g : granted) out.refs_.emplace_back(g.slot, g.generation);
+    for (const auto& b : m.blocks)
+      if (b.code == ErrorCode::kOk) out.refs_.emplace_back(b.slot, b.generation);
     for (const auto& b : m.blocks)
       if (b.code == ErrorCode::kQuotaExceeded)
         return Status(ErrorCode::kQuotaExceeded,

@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <ranges>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,12 @@ class KvKeys {
   void push_back(std::string_view key) {
     bytes_.append(key);
     ends_.push_back(static_cast<uint32_t>(bytes_.size()));
+  }
+  // The keys whose bytes are `bytes` and which end at `ends` (ascending, the
+  // last at bytes.size(): the caller has checked them).
+  void Assign(std::string_view bytes, std::span<const uint32_t> ends) {
+    bytes_.assign(bytes);
+    ends_.assign(ends.begin(), ends.end());
   }
   void reserve(size_t keys, size_t bytes) {
     ends_.reserve(keys);
