@@ -17,7 +17,8 @@
 //    bytes from 64 files of the same filesystem;
 //  - put into a full store with a disk tier (each eviction written out).
 // Prints one JSON line per case; asserts nothing.
-//   bench_kv --socket PATH [--quick] [--disk-broker MEMBROKERD]
+//   bench_kv --socket PATH [--quick] [--disk-broker MEMBROKERD] [--only BLOCK BATCH]
+//            [--batches-only | --no-batches] [--cpus LABEL]
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -181,13 +182,17 @@ void DiskTier(const std::string& binary, bool quick) {
 int main(int argc, char** argv) {
   std::string socket;
   bool quick = false;
-  std::string disk_broker;
+  std::string disk_broker, cpus = "unpinned";
+  bool batches_only = false, no_batches = false;
   size_t only_block = 0, only_batch = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc) socket = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--disk-broker" && i + 1 < argc) disk_broker = argv[++i];
+    if (a == "--cpus" && i + 1 < argc) cpus = argv[++i];  // where bench/run placed the processes (a label)
+    if (a == "--batches-only") batches_only = true;       // no eviction or disk cases
+    if (a == "--no-batches") no_batches = true;           // only those
     if (a == "--only" && i + 2 < argc) {  // one case: --only BLOCK_BYTES BATCH
       only_block = std::stoul(argv[++i]);
       only_batch = std::stoul(argv[++i]);
@@ -215,7 +220,7 @@ int main(int argc, char** argv) {
   cases.push_back({16 << 10, 64, true});
   cases.push_back({16 << 10, 256, true});
   for (const auto& [block, batch, huge] : cases) {
-    if (only_block != 0 && (block != only_block || batch != only_batch)) continue;
+    if (no_batches || (only_block != 0 && (block != only_block || batch != only_batch))) continue;
     const size_t bytes = block * batch;
     // Rounds by the bytes a get reads (about 256 MiB a side in a quick run),
     // at least 20 and at most 1024: a batch of 1 MiB gets 256 rounds, whose
@@ -331,12 +336,12 @@ int main(int argc, char** argv) {
     };
     const double gb = static_cast<double>(bytes) / 1e9;
     std::printf(
-        "{\"bench\": \"kv\", \"pages\": \"%s\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"get_us\": "
+        "{\"bench\": \"kv\", \"cpus\": \"%s\", \"pages\": \"%s\", \"block_bytes\": %zu, \"batch\": %zu, \"rounds\": %d, \"get_us\": "
         "%.1f, "
         "\"get_floor_us\": %.1f, \"get_gbps\": %.2f, \"acquire_us\": %.1f, \"round_trip_us\": %.1f, "
         "\"put_us\": %.1f, \"put_floor_us\": %.1f, \"put_gbps\": %.2f, \"acquire_pairs\": %zu, "
         "\"acquire_tenths\": [%s], \"get_tenths\": [%s]}\n",
-        huge ? "2M" : "4K", block, batch, rounds, Median(get_s) * 1e6, Median(get_floor_s) * 1e6, gb / Median(get_s),
+        cpus.c_str(), huge ? "2M" : "4K", block, batch, rounds, Median(get_s) * 1e6, Median(get_floor_s) * 1e6, gb / Median(get_s),
         Median(acquire_s) * 1e6, Median(rt_s) * 1e6, Median(put_s) * 1e6, Median(put_floor_s) * 1e6, gb / Median(put_s),
         acquire_s.size(), tenths(acquire_s, rt_s).c_str(), tenths(get_s, get_floor_s).c_str());
     std::fflush(stdout);
@@ -347,7 +352,7 @@ int main(int argc, char** argv) {
   // 1024 blocks kept full (every batch past the watermark evicts), against
   // the same puts into a store with room for all of them.
   for (bool full : {false, true}) {
-    if (only_block != 0) break;
+    if (only_block != 0 || batches_only) break;
     const size_t block = 16 << 10, batch = 64, rounds = quick ? 200 : 1000;
     const size_t blocks = full ? 1024 : rounds * batch + 64;
     const std::string name = full ? "bench/full" : "bench/room";
@@ -368,6 +373,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     Check(KvStore::Drop(*c, name), "Drop");
   }
-  if (!disk_broker.empty() && only_block == 0) DiskTier(disk_broker, quick);
+  if (!disk_broker.empty() && only_block == 0 && !batches_only) DiskTier(disk_broker, quick);
   return 0;
 }

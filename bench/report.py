@@ -438,10 +438,12 @@ if kv:
            "writing the bytes once.", "",
            "Keys are 32 bytes, as content hashes are. Pages: the store's (2M: a store of 2 MiB pages, where",
            "the kernel has them; the floor's memory is of 4 KiB pages in every row).", "",
-           "| pages | block | batch | rounds | get | get floor | get / floor | GB/s | acquire | round trip | acquire / round trip | put | put floor | put / floor |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "CPUs: \"across\", the broker on CPU 0 and the client on CPU 1 (the goals are judged on these);",
+           "\"one\", both on CPU 0, where every message is a context switch.", "",
+           "| CPUs | pages | block | batch | rounds | get | get floor | get / floor | GB/s | acquire | round trip | acquire / round trip | put | put floor | put / floor |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for k in kv:
-        md.append(f"| {k.get('pages', '4K')} | {human(k['block_bytes'])} | {k['batch']} | {k['rounds']} | {k['get_us']:.0f} us | "
+        md.append(f"| {k.get('cpus', 'unpinned')} | {k.get('pages', '4K')} | {human(k['block_bytes'])} | {k['batch']} | {k['rounds']} | {k['get_us']:.0f} us | "
                   f"{k['get_floor_us']:.0f} us | {k['get_us'] / k['get_floor_us']:.2f}x | {k['get_gbps']:.2f} | "
                   f"{k['acquire_us']:.0f} us | {k['round_trip_us']:.0f} us | {k['acquire_us'] / k['round_trip_us']:.2f}x | "
                   f"{k['put_us']:.0f} us | {k['put_floor_us']:.0f} us | {k['put_us'] / k['put_floor_us']:.2f}x |")
@@ -612,16 +614,22 @@ def kv_get_limit(k):
     return (f"the acquire took {k['acquire_us']:.0f} us against a {k['round_trip_us']:.0f} us round trip (pairs); "
             "both read the same blocks, so the rest is the one-way release (a second sendmsg, where the floor "
             "sends one request: with the broker on the client's CPU, two context switches)")
-for k in kv:
+# Judged where the broker and the client are placed apart, as the control path's pairs are.
+kv_judged = [k for k in kv if k.get("cpus") == "across"] or [k for k in kv if k.get("cpus", "unpinned") == "unpinned"]
+kv_one = {(k["pages"], k["block_bytes"], k["batch"]): k for k in kv if k.get("cpus") == "one"}
+for k in kv_judged:
     where = f"{human(k['block_bytes'])} x {k['batch']}" + (", 2 MiB pages" if k.get("pages") == "2M" else "")
     r = k["get_us"] / k["get_floor_us"]
-    goal("kv", f"get of {where}, every byte read: within 1.5x of one round trip + reading the bytes (medians)",
-         f"{r:.2f}x", r <= 1.5, kv_get_limit(k),
+    one = kv_one.get((k["pages"], k["block_bytes"], k["batch"]))
+    placed = " across CPUs" if k.get("cpus") == "across" else ""
+    goal("kv", f"get of {where}, every byte read{placed}: within 1.5x of one round trip + reading the bytes (medians)",
+         f"{r:.2f}x" + (f" (one CPU: {one['get_us'] / one['get_floor_us']:.2f}x)" if one else ""), r <= 1.5,
+         kv_get_limit(k),
          spread(k["get_tenths"], what=f" tenths of {k['rounds']} rounds") if "get_tenths" in k
          else f"{k['rounds']} rounds")
     if k["batch"] == 64 and "acquire_tenths" in k:
         r = k["acquire_us"] / k["round_trip_us"]
-        goal("kv", f"acquire of {where} (leases, no read): within 2x a round trip (interleaved medians)",
+        goal("kv", f"acquire of {where}{placed} (leases, no read): within 2x a round trip (interleaved medians)",
              f"{r:.2f}x", r <= 2, f"the broker's work per key ({instr.get('kv_get64', '?')} instructions per get of "
              "64 with its release, instructions table) and the client's",
              spread(k["acquire_tenths"], what=f" tenths of {k['acquire_pairs']} pairs"))
