@@ -874,6 +874,26 @@ TEST(KvStore, TheOperatorsStoresAreThereFromTheStartAndAfterADrop) {
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
 }
 
+// A take-over whose --kv-store asks for another size keeps the store it
+// brings back, blocks and all, and says so in its log.
+TEST(KvStore, ATakeOverKeepsAnOperatorsStoreItsOptionNowSizesOtherwise) {
+  BrokerProcess broker({"--kv-store", "op/kv:4K:256K"}, /*log_to_file=*/true);
+  auto c = *Client::Connect({broker.socket(), "engine"});
+  auto store = KvStore::Open(c, "op/kv");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  for (ErrorCode code : PutAll(*store, Keys(0, 10))) ASSERT_EQ(code, ErrorCode::kOk);
+  ASSERT_EQ(broker.TakeOver(std::vector<std::string>{"--kv-store", "op/kv:4K:512K"}), 0);
+  ASSERT_TRUE(c.WaitForReattach(1, 10000).ok());
+  EXPECT_EQ(broker.WaitForStat("kv_stores_restoring", 0), 0u);
+  auto again = KvStore::Open(c, "op/kv");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->blocks(), 64u);  // as it was, not the 128 asked for now
+  EXPECT_EQ(*again->PrefixHits(Keys(0, 10)), 10u);
+  std::ifstream log(broker.log_path());
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("kv_store_kept store=\"op/kv\" block_size=4096 blocks=64"), std::string::npos) << text;
+}
+
 // A store the broker cannot make is a failed start that says which and why.
 TEST(KvStore, AnOperatorsStoreThatCannotBeMadeFailsTheStart) {
   DiskDir home;  // (for the sockets)

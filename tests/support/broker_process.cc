@@ -114,8 +114,12 @@ void BrokerProcess::Restart() {
   Start();
 }
 
-int BrokerProcess::TakeOver() {
+int BrokerProcess::TakeOver(std::optional<std::vector<std::string>> extra_args) {
   const pid_t old = pid_;
+  if (extra_args) {  // the new broker's own flags, kept for its restarts
+    args_ = {"--socket", socket_};
+    args_.insert(args_.end(), extra_args->begin(), extra_args->end());
+  }
   const std::vector<std::string> args = args_;
   args_.push_back("--take-over");
   Start();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,8 @@ class BrokerProcess {
   void Restart();
   // Starts a new broker with --take-over on the same sockets, waits for it to
   // be ready, then for the old one to exit: returns the old one's exit code.
-  int TakeOver();
+  // extra_args: the new broker's flags in place of the old one's.
+  int TakeOver(std::optional<std::vector<std::string>> extra_args = std::nullopt);
 
  private:
   void Start();
