@@ -824,13 +824,15 @@ def channel_split(method, m):
     return (median([x["wake_us"] for x in xs]), median([x["read_us"] for x in xs])) if xs else None
 def tie_text(m, i, behind, rounds):
     ours, theirs = channel_split("membroker-channel", m), channel_split("iceoryx", m)
-    text = f"both read every byte at about memory speed ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s)"
+    speeds = f"{m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s"
     if ours and theirs and ours[1] > 1.2 * theirs[1]:
         # Seen on 2026-12-04: the same broker and client builds read a fresh channel's
         # 1 MiB in 35.6 or in 60-68 us from run to run; RouDi's segment is made once.
-        text = (f"the subscriber's read of the chunk ({m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s): each "
-                "run's channel is new memory, RouDi's segment was made once at its start, and on this VM fresh "
-                "pages read at one of two speeds for any build of the broker (docs/BENCHMARKS.md, channels)")
+        text = (f"the subscriber's read of the chunk ({speeds}): each run's channel is new memory, RouDi's "
+                "segment was made once at its start, and on this VM fresh pages read at one of two speeds for "
+                "any build of the broker (docs/BENCHMARKS.md, channels)")
+    else:
+        text = f"both read every byte at about memory speed ({speeds})"
     if ours and theirs:
         text += (f"; until the last subscriber had the chunk {ours[0]:.0f} against {theirs[0]:.0f} µs, its longest "
                  f"read of the bytes {ours[1]:.0f} against {theirs[1]:.0f} µs (medians over the rounds; the same "
