@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "membroker/ipc/syscall.h"
+#include "memory/memfd.h"
 
 namespace membroker::broker {
 
@@ -65,8 +66,7 @@ KvIndex::~KvIndex() {
 
 Result<KvIndex> KvIndex::Create(uint64_t store, uint64_t generation, const KvStoreSpec& spec) {
   KvIndex index;
-  index.fd_.reset(::memfd_create("membroker-kv-index", MFD_CLOEXEC));
-  if (!index.fd_.valid()) return ipc::ErrnoStatus("memfd_create", "a store's index", errno);
+  MB_ASSIGN_OR_RETURN(index.fd_, CreateMemfd("membroker-kv-index", MFD_CLOEXEC, "a store's index"));
   index.size_ = FileBytes(spec.blocks);
   if (::ftruncate(index.fd_.get(), static_cast<off_t>(index.size_)) != 0)
     return ipc::ErrnoStatus("ftruncate", "a store's index", errno);

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -34,6 +36,18 @@ unsigned HugeFlags(uint64_t page_size) {
 // writable: where to map the memory read-write before it is sealed against
 // any further writer (F_SEAL_FUTURE_WRITE), or nullptr for memory every
 // holder may write.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kUnderTsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kUnderTsan = true;
+#else
+constexpr bool kUnderTsan = false;
+#endif
+#else
+constexpr bool kUnderTsan = false;
+#endif
+
 Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size, uint64_t page_size,
                                           void** writable, const std::function<Status(int fd)>& fill) {
   uint64_t rounded = RoundUp(size, page_size);
@@ -44,12 +58,7 @@ Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size
   static const CgroupHeadroom headroom(MemoryAvailable());
   if (page_size == kNormalPageSize) MB_RETURN_IF_ERROR(headroom.Check(rounded));
   std::string args = "size=" + std::to_string(rounded) + ", page_size=" + std::to_string(page_size);
-  const char* call = page_size == kNormalPageSize ? "memfd_create" : "memfd_create(huge)";
-  int raw = -1;
-  MB_RETURN_IF_ERROR(ipc::CheckedCall(call, args, &raw, [&] {
-    return ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | HugeFlags(page_size));
-  }));
-  UniqueFd fd(raw);
+  MB_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | HugeFlags(page_size), args));
   MB_RETURN_IF_ERROR(ipc::CheckedCall<int>("ftruncate", args, nullptr, [&] {
     return ::ftruncate(fd.get(), static_cast<off_t>(rounded));
   }));
@@ -132,6 +141,20 @@ uint64_t FreeHugePages(uint64_t page_size) {
   if (std::fscanf(f, "%llu", &n) != 1) n = 0;
   std::fclose(f);
   return n;
+}
+
+Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags, const std::string& args) {
+  const char* call = (flags & MFD_HUGETLB) != 0 ? "memfd_create(huge)" : "memfd_create";
+  int raw = -1;
+  MB_RETURN_IF_ERROR(ipc::CheckedCall(call, args, &raw, [&] { return ::memfd_create(name.c_str(), flags); }));
+  if constexpr (!kUnderTsan) return UniqueFd(raw);
+  std::array<char, 64> path{};
+  std::snprintf(path.data(), path.size(), "/proc/self/fd/%d", raw);
+  const int seen = ::open(path.data(), O_RDWR | ((flags & MFD_CLOEXEC) != 0 ? O_CLOEXEC : 0));
+  const int err = errno;
+  (void)::syscall(SYS_close, raw);  // unseen, as its creation was
+  if (seen < 0) return ipc::ErrnoStatus("open", path.data(), err);
+  return UniqueFd(seen);
 }
 
 Result<UniqueFd> ReopenReadOnly(int fd) {

@@ -40,6 +40,13 @@ struct PhysicalMemory {
   int device = -1;         // CUDA device memory (its fd is the driver's), or -1
 };
 
+// memfd_create(name, flags), with args naming what it is for in an error.
+// Under ThreadSanitizer the file is opened again through /proc and the first
+// fd closed unseen: TSan does not see memfd_create (nor libuv's closes, raw
+// system calls), so on a worker it would take a reused fd number for the
+// socket the loop thread last had there and report a race between the two.
+Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags, const std::string& args);
+
 // Creates a sealed memfd of at least `size` bytes with its pages reserved
 // (fallocate), so running out of memory is an error now, never a SIGBUS later.
 // Sealed against shrink and grow so no holder can truncate it under the others.

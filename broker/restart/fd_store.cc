@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "membroker/ipc/syscall.h"
+#include "memory/memfd.h"
 
 namespace membroker::broker {
 
@@ -79,8 +80,8 @@ Result<ipc::UniqueFd> WriteStoredState(const std::vector<ipc::Message>& records)
     bytes.insert(bytes.end(), len, len + sizeof(n));
     bytes.insert(bytes.end(), frame.begin(), frame.end());
   }
-  ipc::UniqueFd fd(::memfd_create("membroker-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ipc::ErrnoStatus("memfd_create", "the stored state", errno);
+  MB_ASSIGN_OR_RETURN(ipc::UniqueFd fd,
+                      CreateMemfd("membroker-state", MFD_CLOEXEC | MFD_ALLOW_SEALING, "the stored state"));
   for (size_t done = 0; done < bytes.size();) {
     const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n <= 0) return ipc::ErrnoStatus("write", "the stored state", n < 0 ? errno : EIO);

@@ -589,29 +589,55 @@ void PutThroughASmallStore(KvStore& store, const BrokerProcess& broker, int n) {
   ASSERT_EQ(broker.WaitForStat("kv_disk_writing", 0), 0u);
 }
 
-// Gets keys [0, n) in batches of 10 in another process, every byte checked:
-// 0 when each was found, else why not.
-int GetAllElsewhere(const std::string& socket, int n) {
-  pid_t child = ForkChild([&] {
-    auto c = Client::Connect({socket, "reader"});
-    if (!c.ok()) return 10;
-    auto s = KvStore::Open(*c, "kv");
-    if (!s.ok()) return 11;
-    for (int at = 0; at < n; at += 10) {
-      auto got = s->Get(Keys(at, 10));
-      if (!got.ok()) return 12;
-      if (got->leading() != 10) return 13;
-      for (size_t i = 0; i < 10; ++i)
-        if (!Holds(got->data(i), Key(at + static_cast<int>(i)))) return 14;
+// A reader in another process: GetAll(n) has it get keys [0, n) in batches
+// of 10, every byte checked, and answers its exit code: 0 when each was
+// found, else why not. Made before this process has a client: a child forked
+// later may copy a thread that ended but is not yet joined (the client's
+// reattach thread, after a take-over), which TSan then takes for a live one
+// when the child starts its own ("dup thread with used id").
+class ReaderElsewhere {
+ public:
+  explicit ReaderElsewhere(const std::string& socket) {
+    child_ = ForkChild([&] {
+      ch_.AsChild();
+      const std::string line = ch_.Receive();  // "get N", or nothing: the test ended first
+      if (line.rfind("get ", 0) != 0) return 9;
+      const int n = std::stoi(line.substr(4));
+      auto c = Client::Connect({socket, "reader"});
+      if (!c.ok()) return 10;
+      auto s = KvStore::Open(*c, "kv");
+      if (!s.ok()) return 11;
+      for (int at = 0; at < n; at += 10) {
+        auto got = s->Get(Keys(at, 10));
+        if (!got.ok()) return 12;
+        if (got->leading() != 10) return 13;
+        for (size_t i = 0; i < 10; ++i)
+          if (!Holds(got->data(i), Key(at + static_cast<int>(i)))) return 14;
+      }
+      return 0;
+    });
+    ch_.AsParent();
+  }
+  ~ReaderElsewhere() {
+    if (child_ > 0) {
+      ch_.Send("end");
+      (void)WaitChild(child_);
     }
-    return 0;
-  });
-  return WaitChild(child);
-}
+  }
+  int GetAll(int n) {
+    ch_.Send("get " + std::to_string(n));
+    return WaitChild(std::exchange(child_, -1));
+  }
+
+ private:
+  Channel ch_;
+  pid_t child_ = -1;
+};
 
 TEST(KvStore, EvictedBlocksGoToTheDiskAndAGetBringsThemBack) {
   DiskDir disk;
   BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  ReaderElsewhere reader(broker.socket());
   auto c = *Client::Connect({broker.socket(), "writer"});
   KvStore store = Made(c, "kv", 20);
   PutThroughASmallStore(store, broker, 60);
@@ -624,7 +650,7 @@ TEST(KvStore, EvictedBlocksGoToTheDiskAndAGetBringsThemBack) {
   EXPECT_EQ(*store.PrefixHits(Keys(0, 60)), 60u);
   for (ErrorCode code : PutAll(store, Keys(0, 5))) EXPECT_EQ(code, ErrorCode::kAlreadyExists);
 
-  EXPECT_EQ(GetAllElsewhere(broker.socket(), 60), 0);
+  EXPECT_EQ(reader.GetAll(60), 0);
   EXPECT_GE(broker.Stat("kv_disk_hits"), 40u);
   EXPECT_EQ(broker.Stat("kv_misses"), 0u);
   EXPECT_EQ(broker.WaitForStat("kv_leases", 0), 0u);
@@ -692,12 +718,13 @@ TEST(KvStore, ABrokerThatStartsFindsTheDiskTiersBlocks) {
   EXPECT_EQ(broker.Stat("kv_disk_damaged"), 1u);
   EXPECT_FALSE(std::filesystem::exists(junk));
   EXPECT_FALSE(std::filesystem::exists(unfinished));
+  ReaderElsewhere reader(broker.socket());
   auto c = *Client::Connect({broker.socket(), "writer"});
   KvStore store = Made(c, "kv", 20);
   // Every key that was on the disk comes back, byte for byte.
   const int first_in_memory = static_cast<int>(files.size());  // (keys were evicted oldest first)
   EXPECT_EQ(*store.PrefixHits(Keys(0, first_in_memory)), static_cast<size_t>(first_in_memory));
-  EXPECT_EQ(GetAllElsewhere(broker.socket(), first_in_memory / 10 * 10), 0);
+  EXPECT_EQ(reader.GetAll(first_in_memory / 10 * 10), 0);
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
   broker.Stop();
 
@@ -761,6 +788,7 @@ TEST(KvStore, RequestsForAStoreBeingMadeAgainWaitForIt) {
 TEST(KvStore, ATakeOverKeepsTheStoreAndItsDiskTier) {
   DiskDir disk;
   BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+  ReaderElsewhere reader(broker.socket());
   auto c = *Client::Connect({broker.socket(), "writer"});
   KvStore store = Made(c, "kv", 20);
   PutThroughASmallStore(store, broker, 60);
@@ -768,7 +796,7 @@ TEST(KvStore, ATakeOverKeepsTheStoreAndItsDiskTier) {
   ASSERT_EQ(broker.TakeOver(), 0);
   EXPECT_EQ(broker.Stat("kv_disk_found"), 60u);
   EXPECT_EQ(broker.Stat("kv_disk_writing"), 0u);
-  EXPECT_EQ(GetAllElsewhere(broker.socket(), 80), 0);
+  EXPECT_EQ(reader.GetAll(80), 0);
   EXPECT_EQ(broker.Stat("kv_lost"), 0u);
   EXPECT_GE(broker.Stat("kv_disk_hits"), 60u);
   EXPECT_EQ(broker.Admin("check"), "tables: consistent\n");
@@ -785,6 +813,7 @@ TEST(KvStore, ADiskTierDirectoryServesOneBroker) {
   std::vector<std::string> files;
   {
     BrokerProcess broker({"--kv-disk", disk.path, "--kv-disk-bytes", "1M"});
+    ReaderElsewhere reader(broker.socket());
     auto c = *Client::Connect({broker.socket(), "writer"});
     KvStore store = Made(c, "kv", 20);
     PutThroughASmallStore(store, broker, 40);
@@ -794,7 +823,7 @@ TEST(KvStore, ADiskTierDirectoryServesOneBroker) {
     EXPECT_NE(second.exit_code, 0);
     EXPECT_NE(second.output.find("another running broker"), std::string::npos) << second.output;
     EXPECT_EQ(disk.Files(), files);  // it removed nothing
-    EXPECT_EQ(GetAllElsewhere(broker.socket(), 40), 0);  // the first serves on
+    EXPECT_EQ(reader.GetAll(40), 0);  // the first serves on
     ASSERT_EQ(broker.WaitForStat("kv_disk_writing", 0), 0u);
     files = disk.Files();  // (with the blocks the get evicted)
     broker.Kill();

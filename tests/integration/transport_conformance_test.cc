@@ -67,12 +67,16 @@ class TransportConformance : public ::testing::TestWithParam<Path> {
   // Starts the peer engine "decode" in its own process; remote_ is how we name it.
   void StartPeer() {
     agent_ = std::make_unique<EngineAgent>(peer_broker_->socket());
+    // 45 s for our transfers to end before its DeregisterMem gives up
+    // (10 s by default; the agent answers within 60): a verdict on the protocol,
+    // not on a loaded machine's speed.
+    const std::string drain = " drain_timeout_ms=45000";
     if (GetParam() == Path::kSameHost) {
-      agent_->Ok("init decode");
+      agent_->Ok("init decode" + drain);
       remote_ = "decode";
       return;
     }
-    const std::string answer = agent_->Command("init decode listen_address=127.0.0.1:0 secret_file=" + secret_);
+    const std::string answer = agent_->Command("init decode listen_address=127.0.0.1:0 secret_file=" + secret_ + drain);
 #ifndef MEMBROKER_TEST_HAVE_NET_MODULE
     if (answer.rfind("err UNSUPPORTED", 0) == 0) GTEST_SKIP() << "built without UCX: " << answer;
 #endif

@@ -25,16 +25,23 @@ namespace membroker::testing {
 
 namespace {
 
-std::string ReadAllFromFd(int fd) {
-  std::string out;
+// Reads until EOF, for at most 100 s (far past anything a test asks of a
+// process, however loaded the machine): false when that passed first.
+bool ReadAllFromFd(int fd, std::string* out) {
+  const auto bound = std::chrono::steady_clock::now() + std::chrono::seconds(100);
   char buf[4096];
   for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(bound - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) return false;
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    if (n <= 0) return true;
+    out->append(buf, static_cast<size_t>(n));
   }
-  return out;
 }
 
 pid_t SpawnBroker(const std::vector<std::string>& args, int ready_write, int out_fd,
@@ -138,10 +145,12 @@ void BrokerProcess::Start() {
   pid_ = SpawnBroker(args_, ready[1], log_fd, fd_limit_, cgroup_procs_);
   ::close(ready[1]);
   if (log_fd >= 0) ::close(log_fd);
-  std::string line = ReadAllFromFd(ready[0]);  // "READY <pid>\n", then the broker closes it
+  std::string line;
+  const bool ended = ReadAllFromFd(ready[0], &line);  // "READY <pid>\n", then the broker closes it
   ::close(ready[0]);
-  if (line.rfind("READY ", 0) != 0) {
-    ADD_FAILURE() << "membrokerd did not become ready (got '" << line << "')";
+  if (!ended || line.rfind("READY ", 0) != 0) {
+    ADD_FAILURE() << "membrokerd did not become ready " << (ended ? "" : "in 100 s ") << "(got '" << line << "')";
+    ::kill(pid_, SIGKILL);
     std::abort();
   }
 }
@@ -221,7 +230,10 @@ namespace {
 RunResult Collect(pid_t pid, int out[2]) {
   ::close(out[1]);
   RunResult r;
-  r.output = ReadAllFromFd(out[0]);
+  if (!ReadAllFromFd(out[0], &r.output)) {
+    ADD_FAILURE() << "process " << pid << " still wrote or held its output open after 100 s; killed";
+    ::kill(pid, SIGKILL);
+  }
   ::close(out[0]);
   r.exit_code = WaitChild(pid);
   return r;
