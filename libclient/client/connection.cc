@@ -1,6 +1,8 @@
 #include "client/connection.h"
 
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -181,14 +183,10 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
     }
     reader_active_ = true;
     lk.unlock();
-    // Read only once the socket has a frame, so the wait stays bounded.
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-    pollfd p{sock_.get(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
-    const int poll_errno = errno;
     ipc::Frame frame;
     Status st;
-    if (ready > 0) st = ipc::RecvFrame(sock_.get(), &frame);
+    int poll_errno = 0;
+    const int ready = ReadFrame(deadline, &frame, &st, &poll_errno);
     lk.lock();
     reader_active_ = false;
     if (ready > 0) {
@@ -200,6 +198,31 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
       broken_ = ipc::ErrnoStatus("poll", "broker socket", poll_errno);
     }
     cv_.notify_all();
+  }
+}
+
+bool Connection::SetReceiveSlice(int sock) {
+  timeval slice{0, static_cast<suseconds_t>(kReceiveSlice.count() * 1000)};
+  return ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice)) == 0;
+}
+
+int Connection::ReadFrame(Clock::time_point deadline, ipc::Frame* frame, Status* st, int* poll_errno) {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return 0;
+    if (timed_receive_ && left > kReceiveSlice) {
+      bool would_block = false;
+      *st = ipc::RecvFrame(sock_.get(), frame, &would_block);
+      if (!would_block) return 1;
+      continue;  // a slice passed without a frame
+    }
+    // Read only once the socket has a frame, so the wait ends at the deadline.
+    pollfd p{sock_.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    *poll_errno = errno;
+    if (ready <= 0) return ready;
+    *st = ipc::RecvFrame(sock_.get(), frame);
+    return 1;
   }
 }
 
@@ -223,6 +246,7 @@ void Connection::Replace(ipc::UniqueFd sock) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !reader_active_; });
   sock_ = std::move(sock);
+  timed_receive_ = SetReceiveSlice(sock_.get());
   broken_ = Status::Ok();
   ++generation_;
   waiting_.clear();

@@ -36,7 +36,7 @@ class Connection {
   // Every Call waits at most call_timeout for its reply (plus what the request
   // itself asks to wait in the broker).
   Connection(ipc::UniqueFd sock, std::chrono::milliseconds call_timeout)
-      : sock_(std::move(sock)), call_timeout_(call_timeout) {}
+      : sock_(std::move(sock)), call_timeout_(call_timeout), timed_receive_(SetReceiveSlice(sock_.get())) {}
 
   // Sends request and waits for its reply, at most call_timeout + waits_in_broker
   // (the timeout of a Lookup, Connect or WaitEvents): TIMEOUT then, and the
@@ -95,9 +95,22 @@ class Connection {
   // NOT_CONNECTED for a call from a forked child of the process that connected.
   Status NotOurs() const;
 
+  // A reply is waited for in recvmsg itself, which the socket's receive
+  // timeout (SO_RCVTIMEO, kReceiveSlice) bounds: one system call per reply
+  // where poll and then recvmsg were two. The last slice before a deadline
+  // is waited for in poll, which keeps the deadline exact. False where the
+  // socket took no timeout: every wait is then in poll.
+  static constexpr std::chrono::milliseconds kReceiveSlice{250};
+  static bool SetReceiveSlice(int sock);
+  // Waits for and reads one frame, until `deadline` at most: 1 with a frame
+  // (or *st the reason none came), 0 when the time is up, -1 when poll failed
+  // (errno in *poll_errno). Called without mu_, as the one reader.
+  int ReadFrame(Clock::time_point deadline, ipc::Frame* frame, Status* st, int* poll_errno);
+
   const pid_t owner_ = CurrentPid();
   ipc::UniqueFd sock_;
   const std::chrono::milliseconds call_timeout_;
+  bool timed_receive_;  // sock_ has the receive timeout (Replace sets it again)
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
 

@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <atomic>
@@ -136,6 +137,11 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   opt.call_timeout_ms = 200;
   auto c = Client::Connect(opt);
   ASSERT_TRUE(c.ok());
+  // Longer than the receive slice (250 ms, client/connection.h): the wait is
+  // slices in recvmsg, then poll until the deadline.
+  opt.call_timeout_ms = 1200;
+  auto slow = Client::Connect(opt);
+  ASSERT_TRUE(slow.ok());
   ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());  // the broker is stopped now
@@ -145,12 +151,17 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   EXPECT_NE(ping.message().find("did not answer PingRequest"), std::string::npos) << ping.message();
   auto h = c->MallocPhysical(1 << 20);
   EXPECT_EQ(h.code(), ErrorCode::kTimeout);
+  const auto asked = std::chrono::steady_clock::now();
+  ping = slow->Ping();
+  EXPECT_EQ(ping.code(), ErrorCode::kTimeout) << ping.ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, std::chrono::milliseconds(1200)) << "gave up early";
   ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
   // This call reads the two late replies first: the allocation is given back.
   EXPECT_TRUE(c->Ping().ok());
+  EXPECT_TRUE(slow->Ping().ok());
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
   EXPECT_EQ(c->async_errors(), 0u);
-  EXPECT_EQ(b.Stat("clients_connected"), 1u);
+  EXPECT_EQ(b.Stat("clients_connected"), 2u);
 }
 
 // --ready-fd 1 (stdout) is common: once READY is written the broker keeps fd 1
