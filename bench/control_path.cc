@@ -494,15 +494,17 @@ int RunPaired(int rounds, Placement placement, const std::string& only) {
   };
   pairs.push_back({"malloc_4k_pooled", "round trip with fd + one-way message", take_pooled(4096), fd_floor,
                    g_pool_broker, echo.pid});
-  // 2 MiB from a pool, run only when named (--only): "malloc_2m_pooled" starts
-  // each round once the pool is full again and no freed memory is being
-  // returned, as between bursts (BM_Broker_MallocPooled), so it times the take,
-  // not the refill that the last free started; "malloc_2m_pooled_sustained"
-  // takes on without waiting, faster than the workers can zero new memory, so
-  // refills, returns and misses run beside the pairs.
-  if (only == "malloc_2m_pooled")
-    pairs.push_back({"malloc_2m_pooled", "round trip with fd + one-way message", take_pooled(2 << 20), fd_floor,
-                     g_pool_broker, echo.pid, WaitForQuietPoolBroker});
+  // 2 and 64 MiB from a pool, run only when named (--only):
+  // "malloc_2m_pooled" and "malloc_64m_pooled" start each round once the pool
+  // is full again and no freed memory is being returned, as between bursts
+  // (BM_Broker_MallocPooled), so they time the take, not the refill that the
+  // last free started; "malloc_2m_pooled_sustained" takes on without waiting,
+  // faster than the workers can zero new memory, so refills, returns and
+  // misses run beside the pairs.
+  for (auto [op, size] : {std::pair{"malloc_2m_pooled", size_t{2} << 20}, {"malloc_64m_pooled", size_t{64} << 20}})
+    if (only == op)
+      pairs.push_back({op, "round trip with fd + one-way message", take_pooled(size), fd_floor, g_pool_broker, echo.pid,
+                       WaitForQuietPoolBroker});
   if (only == "malloc_2m_pooled_sustained")
     pairs.push_back({"malloc_2m_pooled_sustained", "round trip with fd + one-way message", take_pooled(2 << 20),
                      fd_floor, g_pool_broker, echo.pid});
