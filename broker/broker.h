@@ -128,6 +128,7 @@ class Broker {
   uv_timer_t watchdog_timer_{};  // WATCHDOG=1 pings, when systemd asks for them
   bool stopping_ = false;
   BrokerCounters counters_;
+  ipc::MessageEncoder encoder_;  // every reply and notice Send encodes (on the loop)
   std::unique_ptr<StateFile> state_file_ = StateFile::Ephemeral();
   ipc::UniqueFd proc_fd_dir_;  // /proc/self/fd, where reattach reads memfd names
   Admission admission_;

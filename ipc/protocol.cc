@@ -1011,23 +1011,40 @@ Result<Message> DecodeBody(const w::Envelope* env) {
 }  // namespace
 
 namespace {
-std::vector<uint8_t> EncodeWith(const Envelope& env, bool key_tables) {
-  fb::FlatBufferBuilder b(1024);  // (a batch of keys outgrows less: each growth copies the buffer)
-  auto [type, body] = std::visit(
+std::vector<uint8_t> EncodeWith(fb::FlatBufferBuilder& b, uint16_t version, uint64_t request_id, uint32_t flags,
+                                const Message& body, bool key_tables) {
+  b.Clear();  // (keeps the buffer it grew to)
+  auto [type, offset] = std::visit(
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
         return std::pair{static_cast<w::Message>(MessageIndex<T>() + 1), Encoder{b, key_tables}(m)};
       },
-      env.body);
-  auto root = w::CreateEnvelope(b, env.protocol_version, env.request_id,
-                                static_cast<w::EnvelopeFlags>(env.flags), type, body);
+      body);
+  auto root = w::CreateEnvelope(b, version, request_id, static_cast<w::EnvelopeFlags>(flags), type, offset);
   b.Finish(root);
   return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
 }
+// (A batch of keys outgrows less: each growth copies the buffer.)
+constexpr size_t kFirstBuffer = 1024;
 }  // namespace
 
-std::vector<uint8_t> Encode(const Envelope& env) { return EncodeWith(env, false); }
-std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env) { return EncodeWith(env, true); }
+std::vector<uint8_t> Encode(const Envelope& env) {
+  fb::FlatBufferBuilder b(kFirstBuffer);
+  return EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, false);
+}
+std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env) {
+  fb::FlatBufferBuilder b(kFirstBuffer);
+  return EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, true);
+}
+
+struct MessageEncoder::Builder {
+  fb::FlatBufferBuilder b{kFirstBuffer};
+};
+MessageEncoder::MessageEncoder() : builder_(std::make_unique<Builder>()) {}
+MessageEncoder::~MessageEncoder() = default;
+std::vector<uint8_t> MessageEncoder::operator()(uint64_t request_id, uint32_t flags, const Message& body) {
+  return EncodeWith(builder_->b, kProtocolVersion, request_id, flags, body, false);
+}
 
 Result<Envelope> Decode(std::span<const uint8_t> bytes) {
   if (bytes.size() > kMaxFrameBytes) return Malformed("frame too large");

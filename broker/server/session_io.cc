@@ -65,8 +65,7 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
                   std::span<const int> fds) {
   if (s.closing) return;
   ++s.frames_sent;
-  ipc::Envelope env{ipc::kProtocolVersion, request_id, 0, std::move(body)};
-  std::vector<uint8_t> bytes = ipc::Encode(env);
+  std::vector<uint8_t> bytes = encoder_(request_id, 0, body);
   if (s.outbound.empty()) {
     bool would_block = false;
     Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);

@@ -21,9 +21,9 @@ Status RefusalIn(const ipc::Envelope& env) {
 }
 }  // namespace
 
-Status Connection::Send(uint64_t rid, uint32_t flags, ipc::Message request, std::span<const int> fds) {
-  std::vector<uint8_t> bytes = ipc::Encode({ipc::kProtocolVersion, rid, flags, std::move(request)});
+Status Connection::Send(uint64_t rid, uint32_t flags, const ipc::Message& request, std::span<const int> fds) {
   std::lock_guard<std::mutex> lk(send_mu_);
+  std::vector<uint8_t> bytes = encoder_(rid, flags, request);
   Status st = ipc::SendFrame(sock_.get(), bytes, fds);
   if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
@@ -50,6 +50,14 @@ void Connection::DrainLocked() {
   }
 }
 
+bool Connection::Unwait(uint64_t rid) {
+  auto it = std::find(waiting_.begin(), waiting_.end(), rid);
+  if (it == waiting_.end()) return false;
+  *it = waiting_.back();
+  waiting_.pop_back();
+  return true;
+}
+
 Status Connection::NotOurs() const {
   return Status(ErrorCode::kNotConnected, "this connection belongs to the process that connected (pid " +
                                               std::to_string(owner_) +
@@ -61,7 +69,7 @@ Status Connection::SendOneWay(ipc::Message request) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   lk.unlock();
-  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, std::move(request));
+  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, request);
   if (sent.code() != ErrorCode::kNotConnected) return sent;
   lk.lock();
   return AfterFailedSend(lk, sent);
@@ -80,8 +88,8 @@ void Connection::Deliver(ipc::Frame frame) {
     broken_ = std::move(refused);  // the broker closes it: every call gets the reason
     return;
   }
-  if (waiting_.erase(rid) == 1) {
-    replies_.emplace(rid, Reply{std::move(env->body), std::move(frame.fds)});
+  if (Unwait(rid)) {
+    replies_.emplace_back(rid, Reply{std::move(env->body), std::move(frame.fds)});
     return;
   }
   if (auto it = abandoned_.find(rid); it != abandoned_.end()) {
@@ -140,17 +148,18 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
   };
   if (!broken_.ok()) return moved(broken_);
   const uint64_t generation = generation_;
-  waiting_.insert(rid);
+  waiting_.push_back(rid);
   lk.unlock();
   Status sent = Send(rid, 0, request, fds);
   lk.lock();
   if (!sent.ok()) {
-    waiting_.erase(rid);
+    Unwait(rid);
     if (generation != generation_ || sent.code() != ErrorCode::kNotConnected) return sent;
     return moved(AfterFailedSend(lk, sent));
   }
   for (;;) {
-    if (auto it = replies_.find(rid); it != replies_.end()) {
+    if (auto it = std::find_if(replies_.begin(), replies_.end(), [rid](const auto& r) { return r.first == rid; });
+        it != replies_.end()) {
       Reply r = std::move(it->second);
       replies_.erase(it);
       r.broker = generation;  // (Replace drops the replies of the socket it replaces)
@@ -161,7 +170,7 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
       return r;
     }
     if (!broken_.ok()) {
-      waiting_.erase(rid);
+      Unwait(rid);
       return moved(broken_);
     }
     if (generation != generation_) {  // sent to a broker that went away meanwhile
@@ -170,7 +179,7 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      waiting_.erase(rid);
+      Unwait(rid);
       abandoned_.emplace(rid, engine_import);
       return Status(ErrorCode::kTimeout,
                     std::string("the broker did not answer ") + name + " within " +

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "client/process_id.h"
@@ -74,7 +74,7 @@ class Connection {
   ipc::UniqueFd TakeSocket() { return std::move(sock_); }
 
  private:
-  Status Send(uint64_t rid, uint32_t flags, ipc::Message request, std::span<const int> fds = {});
+  Status Send(uint64_t rid, uint32_t flags, const ipc::Message& request, std::span<const int> fds = {});
   // One try of Call. *moved_at: the generation whose broker handed over
   // without reading the request (Call sends it again after the reattach).
   Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,
@@ -92,6 +92,8 @@ class Connection {
   // EngineRelease); any other grant is released with Free.
   void ReleaseLateGrant(bool engine_import, const ipc::Message& reply);
 
+  // Removes rid from waiting_ (mu_ held): whether it was there.
+  bool Unwait(uint64_t rid);
   // NOT_CONNECTED for a call from a forked child of the process that connected.
   Status NotOurs() const;
 
@@ -113,6 +115,7 @@ class Connection {
   bool timed_receive_;  // sock_ has the receive timeout (Replace sets it again)
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
+  ipc::MessageEncoder encoder_;  // under send_mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -121,10 +124,13 @@ class Connection {
   uint64_t generation_ = 1;  // sockets replaced so far, plus one
   uint64_t moved_generation_ = 0;
   bool resend_after_hand_over_ = true;  // the generation whose broker handed over (0: none)
-  std::unordered_set<uint64_t> waiting_;
+  // Calls waiting for their reply, and replies not yet taken by their call,
+  // by request id: a few at a time (one per waiting thread), so vectors,
+  // which keep their capacity, where hash tables allocated per call.
+  std::vector<uint64_t> waiting_;
+  std::vector<std::pair<uint64_t, Reply>> replies_;
   // Calls that timed out, by request id: whether each was an engine import.
   std::unordered_map<uint64_t, bool> abandoned_;
-  std::unordered_map<uint64_t, Reply> replies_;
   uint64_t async_errors_ = 0;
   Status last_async_error_;
 };

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -582,6 +583,22 @@ struct Envelope {
 // Serialises env into a self-contained byte buffer (at most kMaxFrameBytes for
 // any message whose strings respect the caps above).
 std::vector<uint8_t> Encode(const Envelope& env);
+// Encode of {kProtocolVersion, request_id, flags, body} with a builder it
+// keeps: a message costs no allocation beside its result, and body is not
+// copied into an Envelope. One per sender, used by one thread at a time (a
+// client's connection encodes under its send lock; the broker on its loop).
+class MessageEncoder {
+ public:
+  MessageEncoder();
+  ~MessageEncoder();
+  MessageEncoder(const MessageEncoder&) = delete;
+  MessageEncoder& operator=(const MessageEncoder&) = delete;
+  std::vector<uint8_t> operator()(uint64_t request_id, uint32_t flags, const Message& body);
+
+ private:
+  struct Builder;
+  std::unique_ptr<Builder> builder_;
+};
 // Encode, with a KV batch's keys as a table each, as clients before packed
 // keys sent them (a broker reads both; tests and the fuzz seeds write this).
 std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env);
