@@ -241,27 +241,68 @@ int main(int argc, char** argv) {
     Broker b;
     std::string echo_path = g_dir + "/echo.sock";
     pid_t echo = StartEchoServer(echo_path);
+    // Rounds of the two, in turns (the broker first in the first, third, ...): a drift of
+    // the machine moves both sides of a round alike, and the spread of the
+    // rounds' ratios tells a tie from a loss.
+    const int rounds = quick ? 3 : 5;
     for (int n : {1, 4, 16, 64, 256}) {
-      LoadResult broker = ClosedLoop(n, secs, [&] {
-        auto c = Client::Connect({b.socket, "load"});
-        if (!c.ok()) {
-          std::fprintf(stderr, "load: %s\n", c.status().ToString().c_str());
-          _exit(1);
+      auto run_broker = [&] {
+        return ClosedLoop(n, secs, [&] {
+          auto c = Client::Connect({b.socket, "load"});
+          if (!c.ok()) {
+            std::fprintf(stderr, "load: %s\n", c.status().ToString().c_str());
+            _exit(1);
+          }
+          auto shared = std::make_shared<Client>(std::move(*c));
+          return [shared] { (void)shared->Ping(); };
+        });
+      };
+      auto run_echo = [&] {
+        return ClosedLoop(n, secs, [&] {
+          int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+          sockaddr_un a{};
+          a.sun_family = AF_UNIX;
+          std::strncpy(a.sun_path, echo_path.c_str(), sizeof(a.sun_path) - 1);
+          if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) _exit(1);
+          return EchoOp{fd, std::vector<uint8_t>(48, 1)};
+        });
+      };
+      std::vector<LoadResult> broker, peer;
+      for (int r = 0; r < rounds; ++r) {
+        if (r % 2 == 0) {
+          broker.push_back(run_broker());
+          peer.push_back(run_echo());
+        } else {
+          peer.push_back(run_echo());
+          broker.push_back(run_broker());
         }
-        auto shared = std::make_shared<Client>(std::move(*c));
-        return [shared] { (void)shared->Ping(); };
-      });
-      LoadResult peer = ClosedLoop(n, secs, [&] {
-        int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        sockaddr_un a{};
-        a.sun_family = AF_UNIX;
-        std::strncpy(a.sun_path, echo_path.c_str(), sizeof(a.sun_path) - 1);
-        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) _exit(1);
-        return EchoOp{fd, std::vector<uint8_t>(48, 1)};
-      });
-      std::printf("{\"bench\": \"throughput\", \"clients\": %d, \"broker_rps\": %.0f, \"broker_p50_us\": %.1f, "
-                  "\"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, \"echo_p99_us\": %.1f}\n",
-                  n, broker.rps, broker.p50_us, broker.p99_us, peer.rps, peer.p50_us, peer.p99_us);
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      auto of = [&](const std::vector<LoadResult>& v, double LoadResult::*field) {
+        std::vector<double> out;
+        for (const LoadResult& x : v) out.push_back(x.*field);
+        return out;
+      };
+      std::string p99_ratios, rps_ratios;
+      std::vector<double> p99_each;
+      for (int r = 0; r < rounds; ++r) {
+        p99_each.push_back(broker[r].p99_us / peer[r].p99_us);
+        char one[48];
+        std::snprintf(one, sizeof(one), "%s%.3f", r == 0 ? "" : ", ", p99_each.back());
+        p99_ratios += one;
+        std::snprintf(one, sizeof(one), "%s%.3f", r == 0 ? "" : ", ", broker[r].rps / peer[r].rps);
+        rps_ratios += one;
+      }
+      std::printf("{\"bench\": \"throughput\", \"clients\": %d, \"rounds\": %d, \"broker_rps\": %.0f, "
+                  "\"broker_p50_us\": %.1f, \"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, "
+                  "\"echo_p99_us\": %.1f, \"p99_ratio\": %.3f, \"p99_ratios\": [%s], \"rps_ratios\": [%s]}\n",
+                  n, rounds, median(of(broker, &LoadResult::rps)), median(of(broker, &LoadResult::p50_us)),
+                  median(of(broker, &LoadResult::p99_us)), median(of(peer, &LoadResult::rps)),
+                  median(of(peer, &LoadResult::p50_us)), median(of(peer, &LoadResult::p99_us)), median(p99_each),
+                  p99_ratios.c_str(), rps_ratios.c_str());
       std::fflush(stdout);
     }
     ::kill(echo, SIGKILL);
