@@ -27,15 +27,7 @@ using ipc::UniqueFd;
 
 namespace {
 
-unsigned HugeFlags(uint64_t page_size) {
-  if (page_size == kHuge2MPageSize) return MFD_HUGETLB | MFD_HUGE_2MB;
-  if (page_size == kHuge1GPageSize) return MFD_HUGETLB | MFD_HUGE_1GB;
-  return 0;
-}
-
-// writable: where to map the memory read-write before it is sealed against
-// any further writer (F_SEAL_FUTURE_WRITE), or nullptr for memory every
-// holder may write.
+// Built with ThreadSanitizer (GCC says so one way, clang another): see CreateMemfd.
 #if defined(__SANITIZE_THREAD__)
 constexpr bool kUnderTsan = true;
 #elif defined(__has_feature)
@@ -48,6 +40,15 @@ constexpr bool kUnderTsan = false;
 constexpr bool kUnderTsan = false;
 #endif
 
+unsigned HugeFlags(uint64_t page_size) {
+  if (page_size == kHuge2MPageSize) return MFD_HUGETLB | MFD_HUGE_2MB;
+  if (page_size == kHuge1GPageSize) return MFD_HUGETLB | MFD_HUGE_1GB;
+  return 0;
+}
+
+// writable: where to map the memory read-write before it is sealed against
+// any further writer (F_SEAL_FUTURE_WRITE), or nullptr for memory every
+// holder may write.
 Result<PhysicalMemory> CreateWithPageSize(const std::string& name, uint64_t size, uint64_t page_size,
                                           void** writable, const std::function<Status(int fd)>& fill) {
   uint64_t rounded = RoundUp(size, page_size);
@@ -147,14 +148,16 @@ Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags, const std:
   const char* call = (flags & MFD_HUGETLB) != 0 ? "memfd_create(huge)" : "memfd_create";
   int raw = -1;
   MB_RETURN_IF_ERROR(ipc::CheckedCall(call, args, &raw, [&] { return ::memfd_create(name.c_str(), flags); }));
-  if constexpr (!kUnderTsan) return UniqueFd(raw);
-  std::array<char, 64> path{};
-  std::snprintf(path.data(), path.size(), "/proc/self/fd/%d", raw);
-  const int seen = ::open(path.data(), O_RDWR | ((flags & MFD_CLOEXEC) != 0 ? O_CLOEXEC : 0));
-  const int err = errno;
-  (void)::syscall(SYS_close, raw);  // unseen, as its creation was
-  if (seen < 0) return ipc::ErrnoStatus("open", path.data(), err);
-  return UniqueFd(seen);
+  if constexpr (kUnderTsan) {
+    std::array<char, 64> path{};
+    std::snprintf(path.data(), path.size(), "/proc/self/fd/%d", raw);
+    const int seen = ::open(path.data(), O_RDWR | ((flags & MFD_CLOEXEC) != 0 ? O_CLOEXEC : 0));
+    const int err = errno;
+    (void)::syscall(SYS_close, raw);  // unseen, as its creation was
+    if (seen < 0) return ipc::ErrnoStatus("open", path.data(), err);
+    raw = seen;
+  }
+  return UniqueFd(raw);
 }
 
 Result<UniqueFd> ReopenReadOnly(int fd) {
