@@ -21,10 +21,17 @@ Status RefusalIn(const ipc::Envelope& env) {
 }
 }  // namespace
 
-Status Connection::Send(uint64_t rid, uint32_t flags, const ipc::Message& request, std::span<const int> fds) {
+Status Connection::Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                        std::span<const int> fds) {
   std::lock_guard<std::mutex> lk(send_mu_);
   std::vector<uint8_t> bytes = encoder_(rid, flags, request);
-  Status st = ipc::SendFrame(sock_.get(), bytes, fds);
+  Status st;
+  for (bool full = true; full;) {
+    st = ipc::SendFrame(sock_.get(), bytes, fds, &full);  // (full: a slice passed without room)
+    if (full && Clock::now() >= deadline)
+      return Status(ErrorCode::kTimeout, std::string("the broker read nothing while ") + ipc::MessageName(request) +
+                                             " waited to be sent (stopped or overloaded?); it was not sent");
+  }
   if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
   return st;
@@ -69,7 +76,7 @@ Status Connection::SendOneWay(ipc::Message request) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   lk.unlock();
-  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, request);
+  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, request, Clock::now() + call_timeout_);
   if (sent.code() != ErrorCode::kNotConnected) return sent;
   lk.lock();
   return AfterFailedSend(lk, sent);
@@ -112,9 +119,10 @@ void Connection::ReleaseLateGrant(bool engine_import, const ipc::Message& reply)
   if (auto* m = std::get_if<ipc::ImportReply>(&reply)) handle = m->handle;
   if (handle == 0) return;
   if (engine_import)
-    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle});
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle},
+               Clock::now() + call_timeout_);
   else
-    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle});
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle}, Clock::now() + call_timeout_);
 }
 
 Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker,
@@ -150,7 +158,7 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
   const uint64_t generation = generation_;
   waiting_.push_back(rid);
   lk.unlock();
-  Status sent = Send(rid, 0, request, fds);
+  Status sent = Send(rid, 0, request, deadline, fds);
   lk.lock();
   if (!sent.ok()) {
     Unwait(rid);
@@ -210,16 +218,17 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
   }
 }
 
-bool Connection::SetReceiveSlice(int sock) {
-  timeval slice{0, static_cast<suseconds_t>(kReceiveSlice.count() * 1000)};
-  return ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice)) == 0;
+bool Connection::SetSlices(int sock) {
+  timeval slice{0, static_cast<suseconds_t>(kSlice.count() * 1000)};
+  return ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice)) == 0 &&
+         ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &slice, sizeof(slice)) == 0;
 }
 
 int Connection::ReadFrame(Clock::time_point deadline, ipc::Frame* frame, Status* st, int* poll_errno) {
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return 0;
-    if (timed_receive_ && left > kReceiveSlice) {
+    if (sliced_ && left > kSlice) {
       bool would_block = false;
       *st = ipc::RecvFrame(sock_.get(), frame, &would_block);
       if (!would_block) return 1;
@@ -255,7 +264,7 @@ void Connection::Replace(ipc::UniqueFd sock) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !reader_active_; });
   sock_ = std::move(sock);
-  timed_receive_ = SetReceiveSlice(sock_.get());
+  sliced_ = SetSlices(sock_.get());
   broken_ = Status::Ok();
   ++generation_;
   waiting_.clear();

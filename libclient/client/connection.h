@@ -36,7 +36,7 @@ class Connection {
   // Every Call waits at most call_timeout for its reply (plus what the request
   // itself asks to wait in the broker).
   Connection(ipc::UniqueFd sock, std::chrono::milliseconds call_timeout)
-      : sock_(std::move(sock)), call_timeout_(call_timeout), timed_receive_(SetReceiveSlice(sock_.get())) {}
+      : sock_(std::move(sock)), call_timeout_(call_timeout), sliced_(SetSlices(sock_.get())) {}
 
   // Sends request and waits for its reply, at most call_timeout + waits_in_broker
   // (the timeout of a Lookup, Connect or WaitEvents): TIMEOUT then, and the
@@ -74,7 +74,10 @@ class Connection {
   ipc::UniqueFd TakeSocket() { return std::move(sock_); }
 
  private:
-  Status Send(uint64_t rid, uint32_t flags, const ipc::Message& request, std::span<const int> fds = {});
+  // Sends one frame; TIMEOUT, with nothing sent, when the socket had no room
+  // for it until `deadline` (a SOCK_SEQPACKET frame goes whole or not at all).
+  Status Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+              std::span<const int> fds = {});
   // One try of Call. *moved_at: the generation whose broker handed over
   // without reading the request (Call sends it again after the reattach).
   Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,
@@ -98,12 +101,15 @@ class Connection {
   Status NotOurs() const;
 
   // A reply is waited for in recvmsg itself, which the socket's receive
-  // timeout (SO_RCVTIMEO, kReceiveSlice) bounds: one system call per reply
-  // where poll and then recvmsg were two. The last slice before a deadline
-  // is waited for in poll, which keeps the deadline exact. False where the
-  // socket took no timeout: every wait is then in poll.
-  static constexpr std::chrono::milliseconds kReceiveSlice{250};
-  static bool SetReceiveSlice(int sock);
+  // timeout (SO_RCVTIMEO, kSlice) bounds: one system call per reply where
+  // poll and then recvmsg were two. The last slice before a deadline is
+  // waited for in poll, which keeps the deadline exact. A send that finds the
+  // socket full (a broker that does not read) waits in slices too
+  // (SO_SNDTIMEO), until the call's deadline. False where the socket took
+  // neither timeout: every receive then waits in poll, and a send as long as
+  // the kernel makes it.
+  static constexpr std::chrono::milliseconds kSlice{250};
+  static bool SetSlices(int sock);
   // Waits for and reads one frame, until `deadline` at most: 1 with a frame
   // (or *st the reason none came), 0 when the time is up, -1 when poll failed
   // (errno in *poll_errno). Called without mu_, as the one reader.
@@ -112,7 +118,7 @@ class Connection {
   const pid_t owner_ = CurrentPid();
   ipc::UniqueFd sock_;
   const std::chrono::milliseconds call_timeout_;
-  bool timed_receive_;  // sock_ has the receive timeout (Replace sets it again)
+  bool sliced_;  // sock_ has both timeouts (Replace sets them again)
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
   ipc::MessageEncoder encoder_;  // under send_mu_

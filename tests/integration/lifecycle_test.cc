@@ -9,6 +9,7 @@
 #include <fstream>
 #include <atomic>
 #include <thread>
+#include <vector>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -162,6 +163,45 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
   EXPECT_EQ(c->async_errors(), 0u);
   EXPECT_EQ(b.Stat("clients_connected"), 2u);
+}
+
+// A broker that does not read fills the client's socket: a send then waits
+// no longer than its call's bound, says TIMEOUT and sends nothing, and the
+// connection serves again once the broker reads. One-way frees fill it
+// fastest (the kernel holds a few hundred).
+TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
+  BrokerProcess b;
+  ConnectOptions opt{b.socket(), "flooder"};
+  opt.call_timeout_ms = 300;
+  auto c = Client::Connect(opt);
+  ASSERT_TRUE(c.ok());
+  std::vector<PhysicalHandle> held;
+  for (int i = 0; i < 900; ++i) {
+    auto h = c->MallocPhysical(4096);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    held.push_back(std::move(*h));
+  }
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());
+  ASSERT_TRUE(WIFSTOPPED(status));
+  size_t freed = 0;
+  Status st;
+  while (freed < held.size() && (st = c->FreePhysical(held[freed])).ok()) ++freed;
+  ASSERT_LT(freed, held.size()) << "the socket never filled";
+  EXPECT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
+  EXPECT_NE(st.message().find("FreeRequest"), std::string::npos) << st.message();
+  Status ping = c->Ping();  // its request cannot be sent either
+  EXPECT_EQ(ping.code(), ErrorCode::kTimeout) << ping.ToString();
+  EXPECT_NE(ping.message().find("PingRequest waited to be sent"), std::string::npos) << ping.message();
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  EXPECT_TRUE(c->Ping().ok());
+  // The frees that were sent are done; the one that timed out was not sent,
+  // so its allocation stays the client's until the client leaves.
+  held.clear();
+  EXPECT_EQ(b.WaitForStat("allocations_live", 1), 1u);
+  *c = Client();
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
 }
 
 // --ready-fd 1 (stdout) is common: once READY is written the broker keeps fd 1
