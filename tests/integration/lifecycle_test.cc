@@ -129,6 +129,14 @@ TEST(Lifecycle, AnUnwritableReadyFdIsAFailedStart) {
   EXPECT_EQ(::rmdir(dir.c_str()), 0);
 }
 
+// SIGSTOPs the broker and returns once it is stopped (SIGCONT resumes it).
+void StopBroker(const BrokerProcess& b) {
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());
+  ASSERT_TRUE(WIFSTOPPED(status));
+}
+
 // A broker that stops answering but keeps its socket open (here: SIGSTOP)
 // gives every call TIMEOUT after call_timeout_ms, never a hang; once it runs
 // again, the late replies are dropped and what they granted is released.
@@ -143,10 +151,7 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   opt.call_timeout_ms = 1200;
   auto slow = Client::Connect(opt);
   ASSERT_TRUE(slow.ok());
-  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());  // the broker is stopped now
-  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_NO_FATAL_FAILURE(StopBroker(b));
   Status ping = c->Ping();
   EXPECT_EQ(ping.code(), ErrorCode::kTimeout) << ping.ToString();
   EXPECT_NE(ping.message().find("did not answer PingRequest"), std::string::npos) << ping.message();
@@ -181,10 +186,7 @@ TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     held.push_back(std::move(*h));
   }
-  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(b.pid(), &status, WUNTRACED), b.pid());
-  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_NO_FATAL_FAILURE(StopBroker(b));
   size_t freed = 0;
   Status st;
   while (freed < held.size() && (st = c->FreePhysical(held[freed])).ok()) ++freed;
