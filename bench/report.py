@@ -309,11 +309,12 @@ if channel:
            "for either peer in runs split 4:4 nearly every time; membroker 281 and 294 µs in runs mostly",
            "6:2, iceoryx 269 µs in one mostly 5:3). So the goals are judged on the placed",
            "rows: for one subscriber across and on one CPU, for eight spread. Ratio: membroker / iceoryx",
-           "(below 1: membroker faster). Each run of bench_channel makes a new channel, so its chunks are",
-           "fresh memory, where RouDi's segment is made once when it starts; on this VM fresh pages read at",
-           "one of two speeds (on 2026-12-04, `bench_channel --case futex:1:1048576 --cross-cpu`, the",
-           "subscriber read 1 MiB in 35.5-36.9 µs or in 60-68 µs: 3 of 18 runs slow with the broker and",
-           "client of 7cfe203, 4 of 18 with the builds after it, taking turns).", "",
+           "(below 1: membroker faster). Both peers' subscribers read with one summing loop, out of line",
+           "and 64-byte aligned (bench/payload.h). Until 2026-12-05 each binary inlined its own copy, and",
+           "a 1 MiB read from cache took 18.0 or 35.6 µs (one or two cycles per 16 bytes) by where that",
+           "copy's loop fell against a 64-byte boundary: bench_channel's subscriber had the slow one and",
+           "bench_iceoryx_handoff's the fast one, and a change to the publishers' code only swapped them.",
+           "That, not the memory, was the standing gap of the 1 MiB and 64 MiB rows before that date.", "",
            "| wake | subscribers | CPUs | size | membroker µs | iceoryx µs | ratio | each round's ratio |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     def key(x):
@@ -441,8 +442,8 @@ if kv:
            "`bench_kv` (docs/KV.md): batches of blocks through a `KvStore`, medians of each case's rounds",
            "(a get and its floor in turns; as many rounds as read about 256 MiB a side in a quick run, 20 to 1024).",
            "Get: `Get` (leases), every byte read, the leases released; its floor is one round trip (`Ping`)",
-           "plus reading the same blocks through the mapping the client made once (the same pages: on this VM",
-           "two sets of fresh pages read the same bytes at speeds up to 2x apart). Acquire: the same `Get` without reading,",
+           "plus reading the same blocks through the mapping the client made once (the same pages, read",
+           "by the same out-of-line summing loop, bench/payload.h). Acquire: the same `Get` without reading,",
            "against one round trip, in interleaved pairs (medians of 200 pairs in a quick run). Put: `Reserve`, fill the staging blocks, `Seal` (the broker copies them",
            "in) into a store kept full (each batch evicts the oldest); its floor is one round trip plus",
            "writing the bytes once.", "",
@@ -843,11 +844,9 @@ def tie_text(m, i, behind, rounds):
     ours, theirs = channel_split("membroker-channel", m), channel_split("iceoryx", m)
     speeds = f"{m['gb_per_s']:.1f} against {i['gb_per_s']:.1f} GB/s"
     if ours and theirs and ours[1] > 1.2 * theirs[1]:
-        # Seen on 2026-12-04: the same broker and client builds read a fresh channel's
-        # 1 MiB in 35.6 or in 60-68 us from run to run; RouDi's segment is made once.
-        text = (f"the subscriber's read of the chunk ({speeds}): each run's channel is new memory, RouDi's "
-                "segment was made once at its start, and on this VM fresh pages read at one of two speeds for "
-                "any build of the broker (docs/BENCHMARKS.md, channels)")
+        text = (f"the subscriber's read of the chunk ({speeds}), with the same summing loop at the same "
+                "place in both (bench/payload.h): each run's channel is new memory, RouDi's segment was "
+                "made once at its start; not profiled further")
     else:
         text = f"both read every byte at about memory speed ({speeds})"
     if ours and theirs:
