@@ -22,15 +22,30 @@ Status RefusalIn(const ipc::Envelope& env) {
 }  // namespace
 
 Status Connection::Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
-                        std::span<const int> fds) {
+                        std::span<const int> fds, bool one_way) {
   std::lock_guard<std::mutex> lk(send_mu_);
+  size_t sent = 0;
+  Status st;
+  while (sent < unsent_.size() && st.ok()) {
+    st = SendFrame(unsent_[sent].first, ipc::kFlagNoReplyOnSuccess, unsent_[sent].second, deadline, {});
+    if (st.ok()) ++sent;
+  }
+  unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<std::ptrdiff_t>(sent));
+  if (st.ok()) st = SendFrame(rid, flags, request, deadline, fds);
+  if (st.code() != ErrorCode::kTimeout) return st;
+  if (one_way) unsent_.emplace_back(rid, request);
+  return Status(ErrorCode::kTimeout, std::string("the broker read nothing while ") + ipc::MessageName(request) +
+                                         " waited to be sent (stopped or overloaded?); " +
+                                         (one_way ? "it goes first with the next message" : "it was not sent"));
+}
+
+Status Connection::SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                             std::span<const int> fds) {
   std::vector<uint8_t> bytes = encoder_(rid, flags, request);
   Status st;
   for (bool full = true; full;) {
     st = ipc::SendFrame(sock_.get(), bytes, fds, &full);  // (full: a slice passed without room)
-    if (full && Clock::now() >= deadline)
-      return Status(ErrorCode::kTimeout, std::string("the broker read nothing while ") + ipc::MessageName(request) +
-                                             " waited to be sent (stopped or overloaded?); it was not sent");
+    if (full && Clock::now() >= deadline) return Status(ErrorCode::kTimeout, "no room until the deadline");
   }
   if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
     return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
@@ -76,7 +91,7 @@ Status Connection::SendOneWay(ipc::Message request) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!broken_.ok()) return broken_;
   lk.unlock();
-  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, request, Clock::now() + call_timeout_);
+  Status sent = Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, request, Clock::now() + call_timeout_, {}, true);
   if (sent.code() != ErrorCode::kNotConnected) return sent;
   lk.lock();
   return AfterFailedSend(lk, sent);
@@ -118,11 +133,11 @@ void Connection::ReleaseLateGrant(bool engine_import, const ipc::Message& reply)
   if (auto* m = std::get_if<ipc::MallocReply>(&reply)) handle = m->handle;
   if (auto* m = std::get_if<ipc::ImportReply>(&reply)) handle = m->handle;
   if (handle == 0) return;
+  const auto deadline = Clock::now() + call_timeout_;
   if (engine_import)
-    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle},
-               Clock::now() + call_timeout_);
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::EngineReleaseRequest{handle}, deadline, {}, true);
   else
-    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle}, Clock::now() + call_timeout_);
+    (void)Send(next_rid_++, ipc::kFlagNoReplyOnSuccess, ipc::FreeRequest{handle}, deadline, {}, true);
 }
 
 Result<Reply> Connection::Call(ipc::Message request, std::chrono::milliseconds waits_in_broker,
@@ -265,6 +280,7 @@ void Connection::Replace(ipc::UniqueFd sock) {
   cv_.wait(lk, [&] { return !reader_active_; });
   sock_ = std::move(sock);
   sliced_ = SetSlices(sock_.get());
+  unsent_.clear();  // the old broker's: the new one holds what the client presents
   broken_ = Status::Ok();
   ++generation_;
   waiting_.clear();

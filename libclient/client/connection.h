@@ -47,7 +47,9 @@ class Connection {
   Result<Reply> Call(ipc::Message request,
                      std::chrono::milliseconds waits_in_broker = std::chrono::milliseconds(0),
                      std::span<const int> fds = {});
-  // Sends request without waiting; a failure reply is counted later.
+  // Sends request (a release: Free, Goodbye, ...) without waiting; a failure
+  // reply is counted later. One that finds no room until call_timeout says
+  // TIMEOUT and is kept: it goes first, in order, with the next message sent.
   Status SendOneWay(ipc::Message request);
 
   uint64_t async_errors() const;
@@ -74,10 +76,13 @@ class Connection {
   ipc::UniqueFd TakeSocket() { return std::move(sock_); }
 
  private:
-  // Sends one frame; TIMEOUT, with nothing sent, when the socket had no room
-  // for it until `deadline` (a SOCK_SEQPACKET frame goes whole or not at all).
+  // Sends the releases kept before, then one frame; TIMEOUT, with nothing
+  // more sent, when the socket had no room until `deadline` (a SOCK_SEQPACKET
+  // frame goes whole or not at all). one_way: a release, kept on TIMEOUT.
   Status Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
-              std::span<const int> fds = {});
+              std::span<const int> fds = {}, bool one_way = false);
+  Status SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                   std::span<const int> fds);  // send_mu_ held
   // One try of Call. *moved_at: the generation whose broker handed over
   // without reading the request (Call sends it again after the reattach).
   Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,
@@ -122,6 +127,12 @@ class Connection {
   std::atomic<uint64_t> next_rid_{1};
   std::mutex send_mu_;
   ipc::MessageEncoder encoder_;  // under send_mu_
+  // Releases that found no room (under send_mu_), by request id, in the order
+  // they were made: a later request may count on them (a Free before the
+  // Malloc that needs its memory). Each releases something this client held,
+  // so there are never more than it held. Dropped by Replace: a new broker
+  // holds only what the client presents when it reattaches.
+  std::vector<std::pair<uint64_t, ipc::Message>> unsent_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
