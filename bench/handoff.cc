@@ -10,7 +10,9 @@
 // consumer has read its last byte (CLOCK_MONOTONIC is one clock for both);
 // what the consumer does after, unmapping or freeing, is off the clock.
 //   handoff --socket BROKER_SOCKET [--sizes 4K,1M,64M,1G] [--huge] [--quick]
-// Prints one JSON object per (method, size) line.
+// membroker and memfd+fd run in five interleaved rounds (the order swapped each
+// round); membroker's line has each round's ratio to the floor, which the
+// report judges. Prints one JSON object per (method, size) line.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -309,17 +311,39 @@ Timing Run(Method& m, size_t size, int iterations) {
   return t;
 }
 
+void Append(Timing* all, const Timing& round) {
+  all->us.insert(all->us.end(), round.us.begin(), round.us.end());
+  if (all->error.empty()) all->error = round.error;
+}
+
+// One line of the table; round_ratios: each interleaved round's ratio to the floor.
+void Print(const Method& m, size_t size, const Timing& t, const std::vector<double>& round_ratios = {}) {
+  const double us = Median(t.us);
+  std::string ratios;
+  for (double r : round_ratios) ratios += (ratios.empty() ? "" : ", ") + std::to_string(r);
+  std::printf(
+      "{\"bench\": \"handoff\", \"method\": \"%s\", \"pages\": \"%s\", \"size\": %zu, "
+      "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"round_ratios\": [%s], "
+      "\"error\": \"%s\"}\n",
+      m.name(), g_huge ? "2M" : "4K", size, t.us.size(), us, us > 0 ? size / us / 1e3 : 0.0, ratios.c_str(),
+      t.error.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
+  std::vector<size_t> sizes;  // all when empty
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--socket") && i + 1 < argc) g_socket = argv[++i];
     else if (!std::strcmp(argv[i], "--huge")) g_huge = true;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc)
+      sizes = bench::ParseSizes(argv[++i]);
   }
   if (g_socket.empty()) {
-    std::fprintf(stderr, "usage: handoff --socket BROKER_SOCKET [--huge] [--quick]\n");
+    std::fprintf(stderr, "usage: handoff --socket BROKER_SOCKET [--sizes 4K,1M,64M,1G] [--huge] [--quick]\n");
     return 2;
   }
   struct Case {
@@ -332,22 +356,34 @@ int main(int argc, char** argv) {
                              {size_t{1} << 30, quick ? 2 : 5}};
   for (const Case& c : cases) {
     if (g_huge && c.size < (2u << 20)) continue;  // huge pages start at 2 MiB
+    if (!sizes.empty() && std::find(sizes.begin(), sizes.end(), c.size) == sizes.end()) continue;
     BrokerMethod broker;
     MemfdMethod memfd;
     SocketCopyMethod copy;
     ShmOpenMethod shm;
     BoostSegmentMethod boost;
-    std::vector<Method*> methods = {&broker, &memfd, &copy, &shm, &boost};
-    if (g_huge) methods = {&broker, &memfd};
-    for (Method* m : methods) {
-      Timing t = Run(*m, c.size, c.iterations);
-      double us = Median(t.us);
-      std::printf("{\"bench\": \"handoff\", \"method\": \"%s\", \"pages\": \"%s\", \"size\": %zu, "
-                  "\"iterations\": %zu, \"median_us\": %.1f, \"gb_per_s\": %.2f, \"error\": \"%s\"}\n",
-                  m->name(), g_huge ? "2M" : "4K", c.size, t.us.size(), us,
-                  us > 0 ? c.size / us / 1e3 : 0.0, t.error.c_str());
-      std::fflush(stdout);
+    // membroker and its floor in interleaved rounds (the order swapped every
+    // round), so the ratio the goal judges compares runs made moments apart:
+    // one run of each, one after the other, differed by up to 2x here.
+    const int rounds = std::min(c.iterations, 5);
+    Timing ours, floor;
+    std::vector<double> ratios;
+    for (int r = 0; r < rounds; ++r) {
+      const int n = c.iterations / rounds + (r < c.iterations % rounds ? 1 : 0);
+      Timing a, b;
+      if (r % 2 == 0)
+        a = Run(broker, c.size, n), b = Run(memfd, c.size, n);
+      else
+        b = Run(memfd, c.size, n), a = Run(broker, c.size, n);
+      if (!a.us.empty() && !b.us.empty()) ratios.push_back(Median(a.us) / Median(b.us));
+      Append(&ours, a);
+      Append(&floor, b);
     }
+    Print(broker, c.size, ours, ratios);
+    Print(memfd, c.size, floor);
+    std::vector<Method*> others = {&copy, &shm, &boost};
+    if (g_huge) others.clear();
+    for (Method* m : others) Print(*m, c.size, Run(*m, c.size, c.iterations));
   }
   return 0;
 }

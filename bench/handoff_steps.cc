@@ -26,17 +26,8 @@ using bench::Median;
 
 namespace {
 
-uint64_t NowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-uint64_t Sum(const void* p, size_t n) {
-  const auto* b = static_cast<const uint64_t*>(p);
-  uint64_t s = 0;
-  for (size_t i = 0; i < n / 8; ++i) s += b[i];
-  return s;
-}
+using bench::NowNs;
+using bench::Sum;
 constexpr int kSteps = 7;
 const char* kStepNames[kSteps] = {"export_us", "wakeup_us", "import_us", "reserve_us", "map_us", "read_us", "teardown_us"};
 

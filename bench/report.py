@@ -764,10 +764,13 @@ for pages, size in (("4K", 1 << 20), ("4K", 64 << 20), ("4K", 1 << 30), ("2M", 6
     # mapped once is itself only 3-8x faster than the copy here; the table above shows both.)
     m, f = by.get((pages, size, "membroker")), by.get((pages, size, "memfd+fd"))
     if m and f and m["median_us"] and f["median_us"]:
-        r = m["median_us"] / f["median_us"]
-        goal("hand-off", f"{human(size)}, {pages} pages: <= 1.2x the memfd+fd hand-off", f"{r:.2f}x", r <= 1.2,
+        # Judged on the interleaved rounds' own ratios (bench_handoff), as the other goals are.
+        rr = m.get("round_ratios") or []
+        r = median(rr) if rr else m["median_us"] / f["median_us"]
+        goal("hand-off", f"{human(size)}, {pages} pages: <= 1.2x the memfd+fd hand-off"
+             + (" (median of interleaved rounds)" if rr else ""), f"{r:.2f}x", r <= 1.2,
              round_trips(size, pages, m["median_us"] - f["median_us"], f["median_us"]),
-             f"one run, medians of {m['iterations']} and {f['iterations']} hand-offs")
+             spread(rr, what=f" rounds ({m['iterations']} hand-offs a side)") if rr else f"one run, medians of {m['iterations']} and {f['iterations']} hand-offs")
 ready = us("BM_Consumer_ImportMapTouch/1024/1/real_time")
 goal("hand-off", "1 GiB of 2 MiB pages imported, mapped and touched in a consumer < 5 ms",
      None if ready is None else f"{ready / 1000:.2f} ms", ready is not None and ready < 5000, "")
