@@ -1011,8 +1011,9 @@ Result<Message> DecodeBody(const w::Envelope* env) {
 }  // namespace
 
 namespace {
-std::vector<uint8_t> EncodeWith(fb::FlatBufferBuilder& b, uint16_t version, uint64_t request_id, uint32_t flags,
-                                const Message& body, bool key_tables) {
+// The encoded bytes, in b's buffer until its next use.
+std::span<const uint8_t> EncodeWith(fb::FlatBufferBuilder& b, uint16_t version, uint64_t request_id, uint32_t flags,
+                                    const Message& body, bool key_tables) {
   b.Clear();  // (keeps the buffer it grew to)
   auto [type, offset] = std::visit(
       [&](const auto& m) {
@@ -1022,7 +1023,7 @@ std::vector<uint8_t> EncodeWith(fb::FlatBufferBuilder& b, uint16_t version, uint
       body);
   auto root = w::CreateEnvelope(b, version, request_id, static_cast<w::EnvelopeFlags>(flags), type, offset);
   b.Finish(root);
-  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+  return {b.GetBufferPointer(), b.GetSize()};
 }
 // (A batch of keys outgrows less: each growth copies the buffer.)
 constexpr size_t kFirstBuffer = 1024;
@@ -1030,11 +1031,13 @@ constexpr size_t kFirstBuffer = 1024;
 
 std::vector<uint8_t> Encode(const Envelope& env) {
   fb::FlatBufferBuilder b(kFirstBuffer);
-  return EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, false);
+  const auto bytes = EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, false);
+  return {bytes.begin(), bytes.end()};
 }
 std::vector<uint8_t> EncodeWithKeyTables(const Envelope& env) {
   fb::FlatBufferBuilder b(kFirstBuffer);
-  return EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, true);
+  const auto bytes = EncodeWith(b, env.protocol_version, env.request_id, env.flags, env.body, true);
+  return {bytes.begin(), bytes.end()};
 }
 
 struct MessageEncoder::Builder {
@@ -1042,7 +1045,7 @@ struct MessageEncoder::Builder {
 };
 MessageEncoder::MessageEncoder() : builder_(std::make_unique<Builder>()) {}
 MessageEncoder::~MessageEncoder() = default;
-std::vector<uint8_t> MessageEncoder::operator()(uint64_t request_id, uint32_t flags, const Message& body) {
+std::span<const uint8_t> MessageEncoder::operator()(uint64_t request_id, uint32_t flags, const Message& body) {
   return EncodeWith(builder_->b, kProtocolVersion, request_id, flags, body, false);
 }
 

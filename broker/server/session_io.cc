@@ -65,7 +65,7 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
                   std::span<const int> fds) {
   if (s.closing) return;
   ++s.frames_sent;
-  std::vector<uint8_t> bytes = encoder_(request_id, 0, body);
+  const std::span<const uint8_t> bytes = encoder_(request_id, 0, body);  // (the encoder's until its next use)
   if (s.outbound.empty()) {
     bool would_block = false;
     Status st = ipc::SendFrame(s.fd.get(), bytes, fds, &would_block);
@@ -94,7 +94,7 @@ void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
     return;
   }
   // Queued: the frame needs its own fds, since the originals may close first.
-  OutFrame out{std::move(bytes), {}};
+  OutFrame out{{bytes.begin(), bytes.end()}, {}};
   for (int fd : fds) {
     int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {

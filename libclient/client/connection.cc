@@ -24,32 +24,46 @@ Status RefusalIn(const ipc::Envelope& env) {
 Status Connection::Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
                         std::span<const int> fds, bool one_way) {
   std::lock_guard<std::mutex> lk(send_mu_);
-  size_t sent = 0;
-  Status st;
-  while (sent < unsent_.size() && st.ok()) {
-    st = SendFrame(unsent_[sent].first, ipc::kFlagNoReplyOnSuccess, unsent_[sent].second, deadline, {});
-    if (st.ok()) ++sent;
-  }
-  unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<std::ptrdiff_t>(sent));
-  if (st.ok()) st = SendFrame(rid, flags, request, deadline, fds);
-  if (st.code() != ErrorCode::kTimeout) return st;
+  Status why;
+  if (unsent_.empty() ? SendFrame(rid, flags, request, deadline, fds, &why)
+                      : SendAfterUnsent(rid, flags, request, deadline, fds, &why))
+    return Status::Ok();
+  if (why.code() != ErrorCode::kTimeout) return why;
   if (one_way) unsent_.emplace_back(rid, request);
   return Status(ErrorCode::kTimeout, std::string("the broker read nothing while ") + ipc::MessageName(request) +
                                          " waited to be sent (stopped or overloaded?); " +
                                          (one_way ? "it goes first with the next message" : "it was not sent"));
 }
 
-Status Connection::SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
-                             std::span<const int> fds) {
-  std::vector<uint8_t> bytes = encoder_(rid, flags, request);
-  Status st;
+bool Connection::SendAfterUnsent(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                                 std::span<const int> fds, Status* why) {
+  size_t sent = 0;
+  while (sent < unsent_.size() &&
+         SendFrame(unsent_[sent].first, ipc::kFlagNoReplyOnSuccess, unsent_[sent].second, deadline, {}, why))
+    ++sent;
+  const bool all = sent == unsent_.size();
+  unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<std::ptrdiff_t>(sent));
+  return all && SendFrame(rid, flags, request, deadline, fds, why);
+}
+
+bool Connection::SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                           std::span<const int> fds, Status* why) {
+  const std::span<const uint8_t> bytes = encoder_(rid, flags, request);  // (send_mu_ held: none encodes meanwhile)
   for (bool full = true; full;) {
-    st = ipc::SendFrame(sock_.get(), bytes, fds, &full);  // (full: a slice passed without room)
-    if (full && Clock::now() >= deadline) return Status(ErrorCode::kTimeout, "no room until the deadline");
+    Status st = ipc::SendFrame(sock_.get(), bytes, fds, &full);  // (full: a slice passed without room)
+    if (st.ok()) return true;
+    if (full && Clock::now() >= deadline) {
+      *why = Status(ErrorCode::kTimeout, "no room until the deadline");
+      return false;
+    }
+    if (!full) {
+      *why = st.code() == ErrorCode::kParamInvalid
+                 ? std::move(st)
+                 : Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
+      return false;
+    }
   }
-  if (!st.ok() && st.code() != ErrorCode::kParamInvalid)
-    return Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
-  return st;
+  return true;
 }
 
 Status Connection::AfterFailedSend(std::unique_lock<std::mutex>& lk, Status sent) {

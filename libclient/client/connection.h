@@ -81,8 +81,13 @@ class Connection {
   // frame goes whole or not at all). one_way: a release, kept on TIMEOUT.
   Status Send(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
               std::span<const int> fds = {}, bool one_way = false);
-  Status SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
-                   std::span<const int> fds);  // send_mu_ held
+  // (send_mu_ held) One frame; the kept releases first, then one frame.
+  // Whether it was sent; *why says why not (the Status only on failure: a
+  // request costs no Status moves).
+  bool SendFrame(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                 std::span<const int> fds, Status* why);
+  bool SendAfterUnsent(uint64_t rid, uint32_t flags, const ipc::Message& request, Clock::time_point deadline,
+                       std::span<const int> fds, Status* why);
   // One try of Call. *moved_at: the generation whose broker handed over
   // without reading the request (Call sends it again after the reattach).
   Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,

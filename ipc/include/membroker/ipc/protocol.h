@@ -584,16 +584,18 @@ struct Envelope {
 // any message whose strings respect the caps above).
 std::vector<uint8_t> Encode(const Envelope& env);
 // Encode of {kProtocolVersion, request_id, flags, body} with a builder it
-// keeps: a message costs no allocation beside its result, and body is not
-// copied into an Envelope. One per sender, used by one thread at a time (a
-// client's connection encodes under its send lock; the broker on its loop).
+// keeps: a message costs no allocation, and body is not copied into an
+// Envelope. The bytes returned stay in the encoder's buffer until its next
+// call: send them, or copy them to keep them. One per sender, used by one
+// thread at a time (a client's connection encodes under its send lock; the
+// broker on its loop).
 class MessageEncoder {
  public:
   MessageEncoder();
   ~MessageEncoder();
   MessageEncoder(const MessageEncoder&) = delete;
   MessageEncoder& operator=(const MessageEncoder&) = delete;
-  std::vector<uint8_t> operator()(uint64_t request_id, uint32_t flags, const Message& body);
+  std::span<const uint8_t> operator()(uint64_t request_id, uint32_t flags, const Message& body);
 
  private:
   struct Builder;
