@@ -58,7 +58,8 @@ inline uint64_t NowNs() {
 // binary must run the same loop at the same place. Inlined, each caller got
 // its own copy wherever the code around it put it, and the read of 1 MiB from
 // cache took 18.0 or 35.6 us (one or two cycles per 16 bytes) by where the
-// loop fell against a 64-byte boundary: bench_channel's subscriber was slow
+// copy's loop fell (the same instructions; in the slow copy the loop's last
+// branch straddled a 64-byte boundary): bench_channel's subscriber was slow
 // and bench_iceoryx_handoff's fast, and a change of the publisher's code
 // only swapped them (2026-12-05). Out of line and 64-byte aligned, the loop
 // sits at the same offset in every binary.
