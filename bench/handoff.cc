@@ -366,7 +366,7 @@ int main(int argc, char** argv) {
     // round), so the ratio the goal judges compares runs made moments apart:
     // one run of each, one after the other, differed by up to 2x here.
     const int rounds = std::min(c.iterations, 5);
-    Timing ours, floor;
+    Timing ours, floor_times;
     std::vector<double> ratios;
     for (int r = 0; r < rounds; ++r) {
       const int n = c.iterations / rounds + (r < c.iterations % rounds ? 1 : 0);
@@ -377,10 +377,10 @@ int main(int argc, char** argv) {
         b = Run(memfd, c.size, n), a = Run(broker, c.size, n);
       if (!a.us.empty() && !b.us.empty()) ratios.push_back(Median(a.us) / Median(b.us));
       Append(&ours, a);
-      Append(&floor, b);
+      Append(&floor_times, b);
     }
     Print(broker, c.size, ours, ratios);
-    Print(memfd, c.size, floor);
+    Print(memfd, c.size, floor_times);
     std::vector<Method*> others = {&copy, &shm, &boost};
     if (g_huge) others.clear();
     for (Method* m : others) Print(*m, c.size, Run(*m, c.size, c.iterations));
