@@ -772,7 +772,8 @@ for pages, size in (("4K", 1 << 20), ("4K", 64 << 20), ("4K", 1 << 30), ("2M", 6
         goal("hand-off", f"{human(size)}, {pages} pages: <= 1.2x the memfd+fd hand-off"
              + (" (median of interleaved rounds)" if rr else ""), f"{r:.2f}x", r <= 1.2,
              round_trips(size, pages, m["median_us"] - f["median_us"], f["median_us"]),
-             spread(rr, what=f" rounds ({m['iterations']} hand-offs a side)") if rr else f"one run, medians of {m['iterations']} and {f['iterations']} hand-offs")
+             spread(rr, what=f" rounds ({m['iterations']} hand-offs a side)") if rr
+             else f"one run, medians of {m['iterations']} and {f['iterations']} hand-offs")
 ready = us("BM_Consumer_ImportMapTouch/1024/1/real_time")
 goal("hand-off", "1 GiB of 2 MiB pages imported, mapped and touched in a consumer < 5 ms",
      None if ready is None else f"{ready / 1000:.2f} ms", ready is not None and ready < 5000, "")
@@ -858,8 +859,8 @@ def tie_text(m, i, behind, rounds):
                 "for either peer on this VM by the memory it drew (docs/BENCHMARKS.md, channels)")
     elif ours and theirs and ours[1] > 1.2 * theirs[1]:
         text = (f"the subscriber's read of the chunk ({speeds}), with the same summing loop at the same "
-                "place in both (bench/payload.h): each run's channel is new memory, RouDi's segment was "
-                "made once at its start; not profiled further")
+                "place in both (bench/payload.h), and new memory for both in each round (a new channel, a "
+                "new RouDi): not profiled further")
     else:
         text = f"both read every byte at about memory speed ({speeds})"
     if ours and theirs:
