@@ -205,6 +205,41 @@ TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
   EXPECT_EQ(c->async_errors(), 0u);  // none of them was refused
 }
 
+// A free kept unsent for a broker that then dies belongs to that broker: the
+// client does not send it to the next one (which would refuse a handle the
+// client no longer presents), and the next one holds exactly what the client
+// still holds.
+TEST(Lifecycle, AKeptFreeIsDroppedWhenTheClientReattaches) {
+  BrokerProcess b;
+  ConnectOptions opt{b.socket(), "flooder"};
+  opt.call_timeout_ms = 300;
+  auto c = Client::Connect(opt);
+  ASSERT_TRUE(c.ok());
+  std::vector<PhysicalHandle> held;
+  for (int i = 0; i < 900; ++i) {
+    auto h = c->MallocPhysical(4096);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    held.push_back(std::move(*h));
+  }
+  ASSERT_NO_FATAL_FAILURE(StopBroker(b));
+  size_t freed = 0;
+  Status st;
+  while (freed < held.size() && (st = c->FreePhysical(held[freed])).ok()) ++freed;
+  ASSERT_LT(freed, held.size()) << "the socket never filled";
+  ASSERT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
+  const uint64_t still_held = held.size() - freed - 1;  // the one that timed out is freed here too
+  b.Kill();                                             // with every free in its socket unread
+  b.Restart();
+  ASSERT_TRUE(c->WaitForReattach(1, 10000).ok());
+  EXPECT_TRUE(c->Ping().ok());  // would carry the kept free first
+  EXPECT_EQ(b.Stat("handles_adopted"), still_held);
+  EXPECT_EQ(b.Stat("allocations_live"), still_held);
+  EXPECT_EQ(c->async_errors(), 0u);  // nothing was refused
+  held.clear();
+  EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
+  EXPECT_EQ(c->async_errors(), 0u);
+}
+
 // --ready-fd 1 (stdout) is common: once READY is written the broker keeps fd 1
 // open on /dev/null, so an accepted connection never gets that number (one
 // that did was never served).
