@@ -123,12 +123,20 @@ ThreadTimes BrokerThreadTimes(pid_t pid) {
 }
 
 // Runs `clients` processes doing `op` in a closed loop for `seconds`; returns
-// requests per second and the p99 latency in µs (from every client's samples).
+// requests per second, the p50 and p99 latency in µs (from every client's
+// samples), and the CPU time per request of the clients (their loops only)
+// and of the server (`server`'s main thread, over the whole run): on two
+// vCPUs shared by both, requests/s follow the sum.
 struct LoadResult {
-  double rps = 0, p50_us = 0, p99_us = 0;
+  double rps = 0, p50_us = 0, p99_us = 0, client_cpu_us = 0, server_cpu_us = 0;
 };
+double CpuUs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
 template <typename Op>
-LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
+LoadResult ClosedLoop(int clients, double seconds, pid_t server, Op make_op) {
   int go[2];
   if (::pipe(go) != 0) std::exit(1);
   std::vector<pid_t> pids;
@@ -140,6 +148,7 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
       char b;
       (void)!::read(go[0], &b, 1);  // everyone starts together
       std::vector<float> lat;
+      const double cpu_before = CpuUs();
       auto end = Clock::now() + std::chrono::duration<double>(seconds);
       for (auto t = Clock::now(); t < end;) {
         op();
@@ -147,9 +156,10 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
         lat.push_back(std::chrono::duration<float, std::micro>(t2 - t).count());
         t = t2;
       }
-      // Report a sample of latencies (at most 2000) and the count.
+      const double cpu_us = CpuUs() - cpu_before;
+      // Report the count, the loop's CPU time and a sample of latencies (at most 2000).
       std::sort(lat.begin(), lat.end());
-      std::string line = std::to_string(lat.size());
+      std::string line = std::to_string(lat.size()) + ' ' + std::to_string(cpu_us);
       size_t step = std::max<size_t>(1, lat.size() / 2000);
       for (size_t i = 0; i < lat.size(); i += step) {
         line += ' ';
@@ -164,9 +174,12 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
     }
     pids.push_back(pid);
   }
+  const std::string server_stat = "/proc/" + std::to_string(server) + "/schedstat";
+  const double server_before = bench::ReadSchedStat(server_stat).cpu_us;
   ::close(go[0]);
   ::close(go[1]);  // EOF: go
   for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  const double server_us = bench::ReadSchedStat(server_stat).cpu_us - server_before;
   std::string all;
   for (int c = 0; c < clients; ++c) {
     std::string path = g_dir + "/out." + std::to_string(c);
@@ -178,6 +191,7 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
     }
   }
   uint64_t total = 0;
+  double client_us = 0;
   std::vector<float> lat;
   size_t pos = 0;
   while (pos < all.size()) {
@@ -186,11 +200,16 @@ LoadResult ClosedLoop(int clients, double seconds, Op make_op) {
     pos = nl + 1;
     char* p = line.data();
     total += std::strtoull(p, &p, 10);
+    client_us += std::strtod(p, &p);
     while (*p) lat.push_back(std::strtof(p, &p));
   }
   std::sort(lat.begin(), lat.end());
   LoadResult r;
   r.rps = total / seconds;
+  if (total > 0) {
+    r.client_cpu_us = client_us / total;
+    r.server_cpu_us = server_us / total;
+  }
   if (!lat.empty()) {
     r.p50_us = lat[lat.size() / 2];
     r.p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
@@ -247,7 +266,7 @@ int main(int argc, char** argv) {
     const int rounds = quick ? 3 : 5;
     for (int n : {1, 4, 16, 64, 256}) {
       auto run_broker = [&] {
-        return ClosedLoop(n, secs, [&] {
+        return ClosedLoop(n, secs, b.pid, [&] {
           auto c = Client::Connect({b.socket, "load"});
           if (!c.ok()) {
             std::fprintf(stderr, "load: %s\n", c.status().ToString().c_str());
@@ -258,7 +277,7 @@ int main(int argc, char** argv) {
         });
       };
       auto run_echo = [&] {
-        return ClosedLoop(n, secs, [&] {
+        return ClosedLoop(n, secs, echo, [&] {
           int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
           sockaddr_un a{};
           a.sun_family = AF_UNIX;
@@ -296,13 +315,18 @@ int main(int argc, char** argv) {
         std::snprintf(one, sizeof(one), "%s%.3f", r == 0 ? "" : ", ", broker[r].rps / peer[r].rps);
         rps_ratios += one;
       }
-      std::printf("{\"bench\": \"throughput\", \"clients\": %d, \"rounds\": %d, \"broker_rps\": %.0f, "
-                  "\"broker_p50_us\": %.1f, \"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, "
-                  "\"echo_p99_us\": %.1f, \"p99_ratio\": %.3f, \"p99_ratios\": [%s], \"rps_ratios\": [%s]}\n",
-                  n, rounds, median(of(broker, &LoadResult::rps)), median(of(broker, &LoadResult::p50_us)),
-                  median(of(broker, &LoadResult::p99_us)), median(of(peer, &LoadResult::rps)),
-                  median(of(peer, &LoadResult::p50_us)), median(of(peer, &LoadResult::p99_us)), median(p99_each),
-                  p99_ratios.c_str(), rps_ratios.c_str());
+      std::printf(
+          "{\"bench\": \"throughput\", \"clients\": %d, \"rounds\": %d, \"broker_rps\": %.0f, "
+          "\"broker_p50_us\": %.1f, \"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, "
+          "\"echo_p99_us\": %.1f, \"p99_ratio\": %.3f, \"p99_ratios\": [%s], \"rps_ratios\": [%s], "
+          "\"broker_client_cpu_us\": %.2f, \"broker_server_cpu_us\": %.2f, \"echo_client_cpu_us\": %.2f, "
+          "\"echo_server_cpu_us\": %.2f}\n",
+          n, rounds, median(of(broker, &LoadResult::rps)), median(of(broker, &LoadResult::p50_us)),
+          median(of(broker, &LoadResult::p99_us)), median(of(peer, &LoadResult::rps)),
+          median(of(peer, &LoadResult::p50_us)), median(of(peer, &LoadResult::p99_us)), median(p99_each),
+          p99_ratios.c_str(), rps_ratios.c_str(), median(of(broker, &LoadResult::client_cpu_us)),
+          median(of(broker, &LoadResult::server_cpu_us)), median(of(peer, &LoadResult::client_cpu_us)),
+          median(of(peer, &LoadResult::server_cpu_us)));
       std::fflush(stdout);
     }
     ::kill(echo, SIGKILL);
@@ -331,7 +355,7 @@ int main(int argc, char** argv) {
         }
       }
       ThreadTimes before = BrokerThreadTimes(b.pid);
-      LoadResult r = ClosedLoop(8, secs, pinger);
+      LoadResult r = ClosedLoop(8, secs, b.pid, pinger);
       ThreadTimes after = BrokerThreadTimes(b.pid);
       if (big > 0) {
         ::kill(big, SIGKILL);

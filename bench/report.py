@@ -180,12 +180,17 @@ md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPA
        "Each client count runs in rounds, the broker and the echo server in turns; the figures",
        "are the rounds' medians, and a fairness goal is judged on the median of the rounds' own",
        "p99 ratios (a run from before rounds has one).", "",
-       "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs |",
-       "| --- | --- | --- | --- | --- | --- |"]
+       "The CPU time per request is the clients' (their loops, `CLOCK_PROCESS_CPUTIME_ID`) and the",
+       "server's (its main thread over the round, `/proc/PID/schedstat`), divided by the requests served.", "",
+       "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs | "
+       "CPU µs per request: membroker's clients + broker | echo's clients + echo |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
 for t in (x for x in load if x["bench"] == "throughput"):
+    cpu = (f"{t['broker_client_cpu_us']:.1f} + {t['broker_server_cpu_us']:.1f} | "
+           f"{t['echo_client_cpu_us']:.1f} + {t['echo_server_cpu_us']:.1f}" if "broker_client_cpu_us" in t else "- | -")
     md.append(f"| {t['clients']} | {t['broker_rps']:.0f} | {t['echo_rps']:.0f} | "
               f"{t['broker_rps'] / t['echo_rps']:.2f}x | {t['broker_p50_us']:.0f} / {t['broker_p99_us']:.0f} | "
-              f"{t['echo_p50_us']:.0f} / {t['echo_p99_us']:.0f} |")
+              f"{t['echo_p50_us']:.0f} / {t['echo_p99_us']:.0f} | {cpu} |")
 for h in (x for x in load if x["bench"] == "head_of_line"):
     md += ["", "## Head-of-line blocking", "",
            "p99 of Ping from 8 clients, idle and while another client creates 1 GiB allocations in a loop" +
@@ -784,6 +789,19 @@ goal("throughput", "16 clients: >= 0.7x the echo server's requests/s",
      "the broker does more per request than the echo server (libuv poll, decode, dispatch, encode: "
      f"{instr.get('ping', '?')} user-space instructions per ping, instructions table) on the same 2 cores as "
      "the 16 clients, which keep both busy" + ping_cpu())
+def load_cpu_text(t):
+    # Where a request's time goes when the server and the clients share the two vCPUs.
+    if "broker_client_cpu_us" not in t:
+        return ""
+    b = t["broker_client_cpu_us"] + t["broker_server_cpu_us"]
+    e = t["echo_client_cpu_us"] + t["echo_server_cpu_us"]
+    return (f". Per request the broker's clients used {t['broker_client_cpu_us']:.1f} µs of CPU and the broker "
+            f"{t['broker_server_cpu_us']:.1f}, the echo's clients {t['echo_client_cpu_us']:.1f} and the echo "
+            f"{t['echo_server_cpu_us']:.1f} (throughput table): the {t['clients']} clients and the server share the two vCPUs, "
+            f"so requests/s follow the sum, {b:.1f} against {e:.1f} µs ({e / b:.2f}x), and the client library's call "
+            f"is {t['broker_client_cpu_us'] - t['echo_client_cpu_us']:.1f} µs of the "
+            f"{b - e:.1f} µs difference, spread over its encode, decode, locks and reply hand-over (callgrind, "
+            "2026-12-07: about 2,950 instructions per Ping, no function above a tenth of them)")
 for n in (64, 256):
     tn = next((t for t in load if t["bench"] == "throughput" and t["clients"] == n), None)
     r = None if tn is None or not tn["echo_p99_us"] else tn.get("p99_ratio", tn["broker_p99_us"] / tn["echo_p99_us"])
@@ -795,7 +813,7 @@ for n in (64, 256):
          f"so the p99 follows the cost of a request, not the order of service: at {n} clients the broker "
          f"serves {tn['broker_rps'] / tn['echo_rps']:.2f}x the echo's requests/s, so each of the {n} queued "
          f"requests takes {tn['echo_rps'] / tn['broker_rps']:.2f}x as long (p50 ratio "
-         f"{tn['broker_p50_us'] / tn['echo_p50_us']:.2f}x)" +
+         f"{tn['broker_p50_us'] / tn['echo_p50_us']:.2f}x)" + load_cpu_text(tn) +
          ("" if tn.get("p99_ratios") else "; a quick run's 0.7 s per case moves p99 by tens of percent between "
           "runs on 2 shared cores"),
          spread(tn.get("p99_ratios"), what=" rounds") if tn else "one")
