@@ -80,9 +80,8 @@ void Connection::DrainLocked() {
   for (int i = 0; i < 1024 && broken_.ok(); ++i) {
     pollfd p{sock_.get(), POLLIN, 0};
     if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) break;
-    ipc::Frame frame;
-    if (!ipc::RecvFrame(sock_.get(), &frame).ok()) break;
-    Deliver(std::move(frame));
+    if (!ipc::RecvFrame(sock_.get(), &frame_).ok()) break;
+    Deliver(frame_.bytes, std::move(frame_.fds));
   }
 }
 
@@ -111,8 +110,8 @@ Status Connection::SendOneWay(ipc::Message request) {
   return AfterFailedSend(lk, sent);
 }
 
-void Connection::Deliver(ipc::Frame frame) {
-  auto env = ipc::Decode(frame.bytes);
+void Connection::Deliver(std::span<const uint8_t> bytes, std::vector<ipc::UniqueFd> fds) {
+  auto env = ipc::Decode(bytes);
   if (!env.ok()) {
     broken_ = Status(ErrorCode::kProtocolError, "bad reply from broker: " + env.status().message());
     return;
@@ -125,11 +124,11 @@ void Connection::Deliver(ipc::Frame frame) {
     return;
   }
   if (Unwait(rid)) {
-    replies_.emplace_back(rid, Reply{std::move(env->body), std::move(frame.fds)});
+    replies_.emplace_back(rid, Reply{std::move(env->body), std::move(fds)});
     return;
   }
   if (auto it = abandoned_.find(rid); it != abandoned_.end()) {
-    // Its caller gave up (TIMEOUT); its fds close with `frame`.
+    // Its caller gave up (TIMEOUT); its fds close with `fds`.
     ReleaseLateGrant(it->second, env->body);
     abandoned_.erase(it);
     return;
@@ -229,15 +228,14 @@ Result<Reply> Connection::CallOnce(const ipc::Message& request, Clock::time_poin
     }
     reader_active_ = true;
     lk.unlock();
-    ipc::Frame frame;
     Status st;
     int poll_errno = 0;
-    const int ready = ReadFrame(deadline, &frame, &st, &poll_errno);
+    const int ready = ReadFrame(deadline, &frame_, &st, &poll_errno);
     lk.lock();
     reader_active_ = false;
     if (ready > 0) {
       if (st.ok())
-        Deliver(std::move(frame));
+        Deliver(frame_.bytes, std::move(frame_.fds));
       else
         broken_ = Status(ErrorCode::kNotConnected, "broker connection lost: " + st.message());
     } else if (ready < 0 && poll_errno != EINTR) {

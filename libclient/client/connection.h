@@ -92,7 +92,8 @@ class Connection {
   // without reading the request (Call sends it again after the reattach).
   Result<Reply> CallOnce(const ipc::Message& request, Clock::time_point deadline, std::chrono::milliseconds total,
                          std::span<const int> fds, uint64_t* moved_at);
-  void Deliver(ipc::Frame frame);  // called with mu_ held
+  // Files a reply for its caller (mu_ held); fds it does not hand on close here.
+  void Deliver(std::span<const uint8_t> bytes, std::vector<ipc::UniqueFd> fds);
 
   // After a send failed for a lost connection (mu_ held): reads what the
   // broker sent before closing, breaks the connection with its reason (a
@@ -124,6 +125,10 @@ class Connection {
   // (or *st the reason none came), 0 when the time is up, -1 when poll failed
   // (errno in *poll_errno). Called without mu_, as the one reader.
   int ReadFrame(Clock::time_point deadline, ipc::Frame* frame, Status* st, int* poll_errno);
+  // The frame the one reader reads into (the reader with reader_active_, or
+  // DrainLocked with mu_ held and no reader): its buffer is kept, so a reply
+  // costs no allocation.
+  ipc::Frame frame_;
 
   const pid_t owner_ = CurrentPid();
   ipc::UniqueFd sock_;
