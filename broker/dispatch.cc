@@ -9,7 +9,7 @@
 
 namespace membroker::broker {
 
-void Broker::HandleFrame(Session& s, ipc::Frame frame) {
+void Broker::HandleFrame(Session& s, ipc::Frame&& frame) {
   ++counters_.requests;
   auto decoded = ipc::Decode(frame.bytes);
   if (!decoded.ok()) {
@@ -20,7 +20,7 @@ void Broker::HandleFrame(Session& s, ipc::Frame frame) {
   }
   ipc::Envelope& env = *decoded;
   const uint64_t rid = env.request_id;
-  if (frame.fds.size() != ipc::ExpectedFds(env.body)) {  // the fds close with `frame`
+  if (frame.fds.size() != ipc::ExpectedFds(env.body)) {  // (its fds close in ReadFrames)
     ++counters_.protocol_errors;
     CloseSession(s, CloseReason::kProtocolViolation,
                  std::string(ipc::MessageName(env.body)) + " carried " + std::to_string(frame.fds.size()) +

@@ -41,11 +41,14 @@ void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
 }
 
 void Broker::ReadFrames(Session& s) {
+  // The buffer of an earlier frame: a request costs no allocation. (A nested
+  // ReadFrames, from a handler that reaps a session, takes a new one.)
   ipc::Frame frame;
+  frame.bytes.swap(spare_bytes_);
   for (int i = 0; i < kFramesPerTurn && !s.closing; ++i) {
     bool would_block = false;
     Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
-    if (would_block) return;
+    if (would_block) break;
     if (!st.ok()) {
       if (st.code() == ErrorCode::kProtocolError) {
         ++counters_.protocol_errors;
@@ -53,12 +56,14 @@ void Broker::ReadFrames(Session& s) {
       } else {
         CloseSession(s, st.code() == ErrorCode::kNotConnected ? PeerEnded(s) : CloseReason::kIoError, st.message());
       }
-      return;
+      break;
     }
     const uint64_t sent_before = s.frames_sent;
     HandleFrame(s, std::move(frame));
-    if (s.frames_sent != sent_before) return;  // answered: the turn ends (level-triggered poll comes back)
+    frame.fds.clear();                        // the fds the request did not keep close now
+    if (s.frames_sent != sent_before) break;  // answered: the turn ends (level-triggered poll comes back)
   }
+  spare_bytes_.swap(frame.bytes);
 }
 
 void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
