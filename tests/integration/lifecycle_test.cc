@@ -170,39 +170,50 @@ TEST(Lifecycle, AStoppedBrokerGivesTimeoutNotAHang) {
   EXPECT_EQ(b.Stat("clients_connected"), 2u);
 }
 
-// A broker that does not read fills the client's socket: a send then waits
-// no longer than its call's bound, says TIMEOUT and sends nothing, and the
-// connection serves again once the broker reads. One-way frees fill it
-// fastest (the kernel holds a few hundred).
-TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
-  BrokerProcess b;
+// A client of a stopped broker that frees until its socket is full: 900
+// allocations, then frees until one waits past its call's bound (TIMEOUT).
+// One-way frees fill a socket fastest (the kernel holds a few hundred).
+struct Flooded {
+  Client client;
+  std::vector<PhysicalHandle> held;
+  size_t freed = 0;  // the frees that went into the socket
+  Status last;       // the free that found no room
+};
+void FloodAStoppedBroker(const BrokerProcess& b, Flooded* f) {
   ConnectOptions opt{b.socket(), "flooder"};
   opt.call_timeout_ms = 300;
   auto c = Client::Connect(opt);
   ASSERT_TRUE(c.ok());
-  std::vector<PhysicalHandle> held;
+  f->client = std::move(*c);
   for (int i = 0; i < 900; ++i) {
-    auto h = c->MallocPhysical(4096);
+    auto h = f->client.MallocPhysical(4096);
     ASSERT_TRUE(h.ok()) << h.status().ToString();
-    held.push_back(std::move(*h));
+    f->held.push_back(std::move(*h));
   }
   ASSERT_NO_FATAL_FAILURE(StopBroker(b));
-  size_t freed = 0;
-  Status st;
-  while (freed < held.size() && (st = c->FreePhysical(held[freed])).ok()) ++freed;
-  ASSERT_LT(freed, held.size()) << "the socket never filled";
-  EXPECT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
-  EXPECT_NE(st.message().find("FreeRequest waited to be sent"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("it goes first with the next message"), std::string::npos) << st.message();
-  Status ping = c->Ping();  // its request cannot be sent either
+  while (f->freed < f->held.size() && (f->last = f->client.FreePhysical(f->held[f->freed])).ok()) ++f->freed;
+  ASSERT_LT(f->freed, f->held.size()) << "the socket never filled";
+  ASSERT_EQ(f->last.code(), ErrorCode::kTimeout) << f->last.ToString();
+}
+
+// A broker that does not read fills the client's socket: a send then waits
+// no longer than its call's bound, says TIMEOUT and sends nothing, and the
+// connection serves again once the broker reads.
+TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
+  BrokerProcess b;
+  Flooded f;
+  ASSERT_NO_FATAL_FAILURE(FloodAStoppedBroker(b, &f));
+  EXPECT_NE(f.last.message().find("FreeRequest waited to be sent"), std::string::npos) << f.last.message();
+  EXPECT_NE(f.last.message().find("it goes first with the next message"), std::string::npos) << f.last.message();
+  Status ping = f.client.Ping();  // its request cannot be sent either
   EXPECT_EQ(ping.code(), ErrorCode::kTimeout) << ping.ToString();
   EXPECT_NE(ping.message().find("PingRequest waited to be sent"), std::string::npos) << ping.message();
   ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
-  EXPECT_TRUE(c->Ping().ok());  // the kept free went first
+  EXPECT_TRUE(f.client.Ping().ok());  // the kept free went first
   // Every free is done, the one that timed out too, while the client stays.
-  held.clear();
+  f.held.clear();
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
-  EXPECT_EQ(c->async_errors(), 0u);  // none of them was refused
+  EXPECT_EQ(f.client.async_errors(), 0u);  // none of them was refused
 }
 
 // A free kept unsent for a broker that then dies belongs to that broker: the
@@ -211,33 +222,19 @@ TEST(Lifecycle, AStoppedBrokerBoundsTheSendsToo) {
 // still holds.
 TEST(Lifecycle, AKeptFreeIsDroppedWhenTheClientReattaches) {
   BrokerProcess b;
-  ConnectOptions opt{b.socket(), "flooder"};
-  opt.call_timeout_ms = 300;
-  auto c = Client::Connect(opt);
-  ASSERT_TRUE(c.ok());
-  std::vector<PhysicalHandle> held;
-  for (int i = 0; i < 900; ++i) {
-    auto h = c->MallocPhysical(4096);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    held.push_back(std::move(*h));
-  }
-  ASSERT_NO_FATAL_FAILURE(StopBroker(b));
-  size_t freed = 0;
-  Status st;
-  while (freed < held.size() && (st = c->FreePhysical(held[freed])).ok()) ++freed;
-  ASSERT_LT(freed, held.size()) << "the socket never filled";
-  ASSERT_EQ(st.code(), ErrorCode::kTimeout) << st.ToString();
-  const uint64_t still_held = held.size() - freed - 1;  // the one that timed out is freed here too
-  b.Kill();                                             // with every free in its socket unread
+  Flooded f;
+  ASSERT_NO_FATAL_FAILURE(FloodAStoppedBroker(b, &f));
+  const uint64_t still_held = f.held.size() - f.freed - 1;  // the one that timed out is freed here too
+  b.Kill();                                                 // with every free in its socket unread
   b.Restart();
-  ASSERT_TRUE(c->WaitForReattach(1, 10000).ok());
-  EXPECT_TRUE(c->Ping().ok());  // would carry the kept free first
+  ASSERT_TRUE(f.client.WaitForReattach(1, 10000).ok());
+  EXPECT_TRUE(f.client.Ping().ok());  // would carry the kept free first
   EXPECT_EQ(b.Stat("handles_adopted"), still_held);
   EXPECT_EQ(b.Stat("allocations_live"), still_held);
-  EXPECT_EQ(c->async_errors(), 0u);  // nothing was refused
-  held.clear();
+  EXPECT_EQ(f.client.async_errors(), 0u);  // nothing was refused
+  f.held.clear();
   EXPECT_EQ(b.WaitForStat("allocations_live", 0), 0u);
-  EXPECT_EQ(c->async_errors(), 0u);
+  EXPECT_EQ(f.client.async_errors(), 0u);
 }
 
 // --ready-fd 1 (stdout) is common: once READY is written the broker keeps fd 1
