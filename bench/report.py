@@ -17,6 +17,8 @@ paired = [json.loads(l) for l in open(sys.argv[6]) if l.strip()] if len(sys.argv
 server_cpu = [json.loads(l) for l in open(sys.argv[7]) if l.strip()] if len(sys.argv) > 7 else []
 handoff = [json.loads(l) for l in open(handoff_path) if l.strip()]
 load = [json.loads(l) for l in open(load_path) if l.strip()]
+instr = {i["op"]: i["per_request"] for i in load if i["bench"] == "instructions"}
+client_instr = {i["op"]: i["per_request"] for i in load if i["bench"] == "client_instructions"}
 
 def us(name):
     # bench/run asks for three repetitions and their aggregates: take the median.
@@ -418,16 +420,18 @@ for sc in (x for x in load if x["bench"] == "scale"):
            f"| p50 ratio, with / mean of the two empty runs (Ping, Malloc) | "
            f"{sc['full_p50_us'] / ((sc['empty_p50_us'] + sc['after_p50_us']) / 2):.2f}x, "
            f"{sc['full_malloc_p50_us'] / ((sc['empty_malloc_p50_us'] + sc['after_malloc_p50_us']) / 2):.2f}x |"]
-md += ["", "## Broker instructions per request (callgrind)", "",
+md += ["", "## Instructions per request, the broker's and the client's (callgrind)", "",
        "User-space instructions the broker executes per request, all threads, from two runs",
-       "of the same script with 200 and 400 requests. Stable on noisy machines: compare across runs.", "",
-       "| request | instructions |", "| --- | --- |"]
+       "of the same script with 200 and 400 requests, and the client's (the script's process,",
+       "all threads, 2000 and 4000 requests, a fresh broker each). Stable on noisy machines:",
+       "compare across runs.", "",
+       "| request | broker instructions | client instructions |", "| --- | --- | --- |"]
 names = {"ping": "Ping", "malloc": "MallocPhysical 4 KiB + one-way free",
          "export": "ExportToShareableHandle", "import": "ImportFromShareableHandle + one-way free",
          "connect": "connect + hello + goodbye (a client's whole session)",
          "kv_get64": "KV get of 64 blocks, leased + one-way release"}
 for i in (x for x in load if x["bench"] == "instructions"):
-    md.append(f"| {names.get(i['op'], i['op'])} | {i['per_request']} |")
+    md.append(f"| {names.get(i['op'], i['op'])} | {i['per_request']} | {client_instr.get(i['op'], '-')} |")
 transfers = [x for x in load if x["bench"] == "transfer"]
 if transfers:
     md += ["", "## Transfer engine", "",
@@ -630,7 +634,6 @@ redis_row = next((k for k in kv_redis if k["block_bytes"] == 256 << 10 and k["ba
 goal("kv", "get of 64 x 256 KiB from Python: at least 30x Redis's throughput (MGET, every byte read)",
      f"{redis_row['ratio']:.1f}x" if redis_row else None, redis_row is not None and redis_row["ratio"] >= 30,
      "Redis's MGET copies each value through its socket and into a bytes object; the gap is that copy")
-instr = {i["op"]: i["per_request"] for i in load if i["bench"] == "instructions"}
 def kv_get_limit(k):
     """What a get does beside its floor's one round trip and read."""
     return (f"the acquire took {k['acquire_us']:.0f} us against a {k['round_trip_us']:.0f} us round trip (pairs); "
@@ -800,8 +803,9 @@ def load_cpu_text(t):
             f"{t['echo_server_cpu_us']:.1f} (throughput table): the {t['clients']} clients and the server share the two vCPUs, "
             f"so requests/s follow the sum, {b:.1f} against {e:.1f} µs ({e / b:.2f}x), and the client library's call "
             f"is {t['broker_client_cpu_us'] - t['echo_client_cpu_us']:.1f} µs of the "
-            f"{b - e:.1f} µs difference, spread over its encode, decode, locks and reply hand-over (callgrind, "
-            "2026-12-07: about 2,950 instructions per Ping, no function above a tenth of them)")
+            f"{b - e:.1f} µs difference, spread over its encode, decode, locks and reply hand-over "
+            f"({client_instr.get('ping', '?')} instructions per Ping, instructions table; callgrind "
+            "2026-12-07: no function above a tenth of them)")
 for n in (64, 256):
     tn = next((t for t in load if t["bench"] == "throughput" and t["clients"] == n), None)
     r = None if tn is None or not tn["echo_p99_us"] else tn.get("p99_ratio", tn["broker_p99_us"] / tn["echo_p99_us"])
