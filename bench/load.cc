@@ -34,6 +34,7 @@
 #include "broker_launch.h"
 #include "membroker/client.h"
 #include "membroker/ipc/admin_client.h"
+#include "membroker/ipc/protocol.h"
 #include "schedstat.h"
 
 using namespace membroker;
@@ -217,6 +218,16 @@ LoadResult ClosedLoop(int clients, double seconds, pid_t server, Op make_op) {
   return r;
 }
 
+// A SEQPACKET connection to `path`; exits the client process if it fails.
+int ConnectSeqpacket(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) _exit(1);
+  return fd;
+}
+
 struct EchoOp {
   int fd;
   std::vector<uint8_t> frame;
@@ -228,6 +239,17 @@ struct EchoOp {
     }
   }
 };
+
+// A broker client with no library: a hello, then one encoded Ping sent again
+// and again, its reply read into a plain buffer. The broker does all it does
+// for a library client; the client does what the echo server's clients do.
+EchoOp ConnectRaw(const std::string& path) {
+  int fd = ConnectSeqpacket(path);
+  const std::vector<uint8_t> hello = ipc::Encode({ipc::kProtocolVersion, 1, 0, ipc::HelloRequest{"load-raw"}});
+  char reply[4096];
+  if (::send(fd, hello.data(), hello.size(), 0) <= 0 || ::recv(fd, reply, sizeof(reply), 0) <= 0) _exit(1);
+  return EchoOp{fd, ipc::Encode({ipc::kProtocolVersion, 2, 0, ipc::PingRequest{}})};
+}
 
 }  // namespace
 
@@ -278,21 +300,21 @@ int main(int argc, char** argv) {
       };
       auto run_echo = [&] {
         return ClosedLoop(n, secs, echo, [&] {
-          int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-          sockaddr_un a{};
-          a.sun_family = AF_UNIX;
-          std::strncpy(a.sun_path, echo_path.c_str(), sizeof(a.sun_path) - 1);
-          if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) _exit(1);
-          return EchoOp{fd, std::vector<uint8_t>(48, 1)};
+          return EchoOp{ConnectSeqpacket(echo_path), std::vector<uint8_t>(48, 1)};
         });
       };
-      std::vector<LoadResult> broker, peer;
+      // The broker again, its clients without the library: how much of the
+      // difference is the client's.
+      auto run_raw = [&] { return ClosedLoop(n, secs, b.pid, [&] { return ConnectRaw(b.socket); }); };
+      std::vector<LoadResult> broker, peer, raw;
       for (int r = 0; r < rounds; ++r) {
         if (r % 2 == 0) {
           broker.push_back(run_broker());
+          raw.push_back(run_raw());
           peer.push_back(run_echo());
         } else {
           peer.push_back(run_echo());
+          raw.push_back(run_raw());
           broker.push_back(run_broker());
         }
       }
@@ -320,13 +342,16 @@ int main(int argc, char** argv) {
           "\"broker_p50_us\": %.1f, \"broker_p99_us\": %.1f, \"echo_rps\": %.0f, \"echo_p50_us\": %.1f, "
           "\"echo_p99_us\": %.1f, \"p99_ratio\": %.3f, \"p99_ratios\": [%s], \"rps_ratios\": [%s], "
           "\"broker_client_cpu_us\": %.2f, \"broker_server_cpu_us\": %.2f, \"echo_client_cpu_us\": %.2f, "
-          "\"echo_server_cpu_us\": %.2f}\n",
+          "\"echo_server_cpu_us\": %.2f, \"raw_rps\": %.0f, \"raw_p99_us\": %.1f, \"raw_client_cpu_us\": %.2f, "
+          "\"raw_server_cpu_us\": %.2f}\n",
           n, rounds, median(of(broker, &LoadResult::rps)), median(of(broker, &LoadResult::p50_us)),
           median(of(broker, &LoadResult::p99_us)), median(of(peer, &LoadResult::rps)),
           median(of(peer, &LoadResult::p50_us)), median(of(peer, &LoadResult::p99_us)), median(p99_each),
           p99_ratios.c_str(), rps_ratios.c_str(), median(of(broker, &LoadResult::client_cpu_us)),
           median(of(broker, &LoadResult::server_cpu_us)), median(of(peer, &LoadResult::client_cpu_us)),
-          median(of(peer, &LoadResult::server_cpu_us)));
+          median(of(peer, &LoadResult::server_cpu_us)), median(of(raw, &LoadResult::rps)),
+          median(of(raw, &LoadResult::p99_us)), median(of(raw, &LoadResult::client_cpu_us)),
+          median(of(raw, &LoadResult::server_cpu_us)));
       std::fflush(stdout);
     }
     ::kill(echo, SIGKILL);

@@ -181,7 +181,9 @@ md += ["", "## Throughput: closed loops of small requests (Ping) against a SEQPA
        "p99 say how long every client waits, not how fast a few are served again and again.",
        "Each client count runs in rounds, the broker and the echo server in turns; the figures",
        "are the rounds' medians, and a fairness goal is judged on the median of the rounds' own",
-       "p99 ratios (a run from before rounds has one).", "",
+       "p99 ratios (a run from before rounds has one). Each round also runs the broker with clients",
+       "that use no library (a ready-made Ping frame sent and its reply read, as the echo's clients",
+       "do); the fairness rows say what it gave.", "",
        "The CPU time per request is the clients' (their loops, `CLOCK_PROCESS_CPUTIME_ID`) and the",
        "server's (its main thread over the round, `/proc/PID/schedstat`), divided by the requests served.", "",
        "| clients | membroker req/s | echo req/s | ratio | membroker p50 / p99 µs | echo p50 / p99 µs | "
@@ -805,7 +807,13 @@ def load_cpu_text(t):
             f"is {t['broker_client_cpu_us'] - t['echo_client_cpu_us']:.1f} µs of the "
             f"{b - e:.1f} µs difference, spread over its encode, decode, locks and reply hand-over "
             f"({client_instr.get('ping', '?')} instructions per Ping, instructions table; callgrind "
-            "2026-12-07: no function above a tenth of them)")
+            "2026-12-07: no function above a tenth of them)" +
+            ("" if "raw_rps" not in t else
+             f". The same broker with clients that send a ready-made Ping and read its reply as the echo's "
+             f"clients do (no client library; bench_load, the third side of each round) served "
+             f"{t['raw_rps'] / t['echo_rps']:.2f}x the echo's requests/s with a p99 "
+             f"{t['raw_p99_us'] / t['echo_p99_us']:.2f}x the echo's ({t['raw_client_cpu_us']:.1f} + "
+             f"{t['raw_server_cpu_us']:.1f} µs of CPU per request)"))
 for n in (64, 256):
     tn = next((t for t in load if t["bench"] == "throughput" and t["clients"] == n), None)
     r = None if tn is None or not tn["echo_p99_us"] else tn.get("p99_ratio", tn["broker_p99_us"] / tn["echo_p99_us"])
