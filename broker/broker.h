@@ -80,9 +80,7 @@ class Broker {
   bool ReapIfExited(uint64_t session_id);
 
   // Requests (dispatch.cc, the *_requests.cc files, restart/reattach.cc): check, call a component, answer.
-  // It takes from `frame` what it keeps (the fds a request holds on to, or all
-  // of it for later); the caller closes the rest and reuses the buffer.
-  void HandleFrame(Session& s, ipc::Frame&& frame);
+  void HandleFrame(Session& s, ipc::Frame&& frame);  // takes what it keeps; ReadFrames closes the rest
 #define MEMBROKER_HANDLER(T, direction, fds) \
   MEMBROKER_IF_##direction(Answer Handle(Session& s, uint64_t rid, const ipc::T& m);)
   MEMBROKER_MESSAGES(MEMBROKER_HANDLER)
@@ -131,7 +129,6 @@ class Broker {
   bool stopping_ = false;
   BrokerCounters counters_;
   ipc::MessageEncoder encoder_;  // every reply and notice Send encodes (on the loop)
-  std::vector<uint8_t> spare_bytes_;  // ReadFrames' receive buffer, kept from frame to frame
   std::unique_ptr<StateFile> state_file_ = StateFile::Ephemeral();
   ipc::UniqueFd proc_fd_dir_;  // /proc/self/fd, where reattach reads memfd names
   Admission admission_;

@@ -41,10 +41,12 @@ void Broker::OnSessionEvent(uv_poll_t* h, int status, int events) {
 }
 
 void Broker::ReadFrames(Session& s) {
-  // The buffer of an earlier frame: a request costs no allocation. (A nested
-  // ReadFrames, from a handler that reaps a session, takes a new one.)
+  // The loop thread's receive buffer, kept from frame to frame: a request
+  // costs no allocation. (A nested ReadFrames, from a handler that reaps a
+  // session, finds it taken and makes its own.)
+  thread_local std::vector<uint8_t> spare_bytes;
   ipc::Frame frame;
-  frame.bytes.swap(spare_bytes_);
+  frame.bytes.swap(spare_bytes);
   for (int i = 0; i < kFramesPerTurn && !s.closing; ++i) {
     bool would_block = false;
     Status st = ipc::RecvFrame(s.fd.get(), &frame, &would_block);
@@ -63,7 +65,7 @@ void Broker::ReadFrames(Session& s) {
     frame.fds.clear();                        // the fds the request did not keep close now
     if (s.frames_sent != sent_before) break;  // answered: the turn ends (level-triggered poll comes back)
   }
-  spare_bytes_.swap(frame.bytes);
+  spare_bytes.swap(frame.bytes);
 }
 
 void Broker::Send(Session& s, uint64_t request_id, ipc::Message body,
